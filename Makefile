@@ -1,0 +1,34 @@
+# Quick start: `make run` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint bench clean
+
+install: $(STAMP)
+
+# torch first (==2.13.0 takes the local CPU build), then mlagents-envs 1.1.0 the only way that
+# works on Python >= 3.11 (no deps, its pins ignored), then the project with every extra but npu.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0
+	$(PY) -m pip install -q -e ".[onnx,unity,serve,dev]"
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/huggy rollout --episodes 20
+
+test: install
+	RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

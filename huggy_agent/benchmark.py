@@ -1,0 +1,157 @@
+"""`huggy benchmark`: our compute_action against onnxruntime and a plain eager torch forward,
+measured in one run with one thread count, plus the machine's own float32 matmul rate."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from huggy_agent.agent import HuggyAgent
+from huggy_agent.formats.export_onnx import export_onnx
+from huggy_agent.reference import canonical_observations
+
+
+@dataclass
+class Candidate:
+    """One implementation under test: `single(obs_row)` and `batch(obs_batch)`."""
+
+    name: str
+    single: Callable[[np.ndarray], object]
+    batch: Callable[[np.ndarray], object]
+
+
+def flops_per_observation(agent: HuggyAgent) -> int:
+    """Multiply-adds x 2 of the Linear layers for one observation (~1.13 MFLOP for Huggy)."""
+    return 2 * sum(p.numel() for name, p in agent.net.named_parameters() if name.endswith("weight"))
+
+
+def matmul_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float:
+    """This machine's float32 matrix-multiply rate (GFLOP/s) at `threads`, measured now."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    torch.mm(a, b, out=out)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b, out=out)
+        calls += 1
+    return 2 * size**3 * calls / (time.perf_counter() - start) / 1e9
+
+
+def _plain_eager(agent: HuggyAgent) -> Callable[[np.ndarray], np.ndarray]:
+    """What a user writes by hand: nn.Sequential of the same weights, under torch.no_grad()."""
+    net = agent.net
+    layers: list[nn.Module] = []
+    for module in [*net.body, net.mu]:
+        layers.append(module)
+    sequential = nn.Sequential(*layers).eval()
+    mean = net.normalizer.mean if net.normalizer is not None else torch.zeros(agent.obs_size)
+    std = net.normalizer.std if net.normalizer is not None else torch.ones(agent.obs_size)
+
+    def forward(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            x = torch.clamp((torch.as_tensor(obs) - mean) / std, -5, 5)
+            return (torch.clamp(sequential(x), -3, 3) / 3).numpy()
+
+    return forward
+
+
+def _onnxruntime(onnx_path: Path, threads: int) -> Callable[[np.ndarray], object]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    return lambda obs: session.run(["deterministic_continuous_actions"], {"obs_0": obs})
+
+
+def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls: int
+               ) -> dict[str, np.ndarray]:
+    """Interleaved rounds, so noise from other processes hits every candidate alike."""
+    times: dict[str, list[float]] = {c.name: [] for c in candidates}
+    for candidate in candidates:  # warm-up
+        for _ in range(max(50, calls // 4)):
+            candidate.single(row)
+    for _ in range(rounds):
+        for candidate in candidates:
+            for _ in range(calls):
+                start = time.perf_counter()
+                candidate.single(row)
+                times[candidate.name].append(time.perf_counter() - start)
+    return {name: np.array(values) for name, values in times.items()}
+
+
+def _throughput(candidate: Candidate, batch: np.ndarray, repeats: int) -> float:
+    candidate.batch(batch)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        candidate.batch(batch)
+        best = min(best, time.perf_counter() - start)
+    return len(batch) / best
+
+
+def _load_ms(policy: str | Path | None, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        HuggyAgent(policy, device="cpu")
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
+def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
+                  rounds: int = 10, calls: int = 200, batch_size: int = 4096,
+                  batch_repeats: int = 5) -> dict:
+    """All figures of `huggy benchmark` as a dict (see the README for what each means)."""
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    agent = HuggyAgent(policy, device="cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = agent.loaded.origin if agent.loaded.file_format == "mlagents-onnx" \
+            else export_onnx(agent.net, Path(tmp) / "policy.onnx")
+        ort_run = _onnxruntime(Path(onnx_path), threads)
+        eager = _plain_eager(agent)
+        candidates = [
+            Candidate("huggy compute_action", lambda o: agent.compute_action(o),
+                      lambda o: agent.compute_action(o)),
+            Candidate("onnxruntime", lambda o: ort_run(o[None]), ort_run),
+            Candidate("torch eager Sequential", lambda o: eager(o[None]), eager),
+        ]
+        if torch.cuda.is_available():
+            cuda_agent = HuggyAgent(policy, device="cuda")
+            candidates.append(Candidate("huggy compute_action (cuda)", cuda_agent.compute_action,
+                                        cuda_agent.compute_action))
+        obs = canonical_observations(agent.loaded, batch_size, seed=1)
+        latencies = _latencies(candidates, obs[1], rounds, calls)
+        throughputs = {c.name: _throughput(c, obs, batch_repeats) for c in candidates}
+    gflops = matmul_gflops(threads)
+    flops = flops_per_observation(agent)
+    results = []
+    for candidate in candidates:
+        lat = latencies[candidate.name] * 1e6
+        results.append({
+            "name": candidate.name,
+            "p50_us": float(np.percentile(lat, 50)), "p95_us": float(np.percentile(lat, 95)),
+            "p99_us": float(np.percentile(lat, 99)),
+            "batch_obs_per_s": throughputs[candidate.name],
+            "matmul_efficiency": throughputs[candidate.name] * flops / (gflops * 1e9),
+        })
+    ours, ort_result, eager_result = results[0], results[1], results[2]
+    return {
+        "threads": threads, "batch_size": batch_size, "flops_per_obs": flops,
+        "matmul_gflops": gflops, "load_ms": _load_ms(policy), "results": results,
+        "ratios": {
+            "p50_vs_onnxruntime": ours["p50_us"] / ort_result["p50_us"],
+            "p50_vs_eager": ours["p50_us"] / eager_result["p50_us"],
+            "batch_vs_matmul_rate": ours["matmul_efficiency"],
+        },
+    }

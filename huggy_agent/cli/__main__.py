@@ -1,0 +1,5 @@
+import sys
+
+from huggy_agent.cli import main
+
+sys.exit(main())

@@ -1,0 +1,311 @@
+"""`huggy` subcommands about the policy itself: info, act, sample, batch, precision, onnx-compare,
+fingerprint, stats, benchmark, export-onnx, checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="a .onnx, a .pt or a results folder (default: the bundled Huggy policy)")
+    if device:
+        parser.add_argument("--device", default="auto",
+                            help="auto (NPU, then CUDA, then CPU), cpu, cuda[:N] or npu[:N]")
+        parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                            help="precision of the layers; the normalizer stays float32")
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _agent(args: argparse.Namespace, seed: int | None = None):  # noqa: ANN202 - lazy import
+    from huggy_agent import HuggyAgent
+
+    return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=seed)
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _observation(args: argparse.Namespace, agent) -> np.ndarray:  # noqa: ANN001
+    if args.obs is not None:
+        return np.asarray(json.loads(args.obs), dtype=np.float32)
+    from huggy_agent.reference import canonical_observations
+
+    return canonical_observations(agent.loaded, 2, seed=args.obs_seed)[1]
+
+
+def _add_observation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--obs", default=None,
+                        help="one observation as a JSON list (default: a random one drawn from the "
+                             "normalizer's statistics)")
+    parser.add_argument("--obs-seed", type=int, default=0,
+                        help="seed of the random observation when --obs is not given")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from huggy_agent.tables import format_table
+
+    info = _agent(args).describe()
+    if args.json:
+        _print_json(info)
+        return 0
+    params = info["parameters"]
+    rows = [("source", info["source"]), ("format", info["format"]), ("step", info["step"]),
+            ("network", info["summary"]), ("linear parameters", params["linear"]),
+            ("log-sigma parameters", params["log_sigma"]),
+            ("normalizer values", params["normalizer"]), ("fingerprint", info["fingerprint"]),
+            ("device", info["device"]), ("precision", info["precision"])]
+    print(format_table(["field", "value"], rows))
+    return 0
+
+
+def cmd_act(args: argparse.Namespace) -> int:
+    agent = _agent(args)
+    obs = _observation(args, agent)
+    actions = agent.compute_action(obs, deterministic=not args.stochastic, seed=args.seed)
+    if args.json:
+        _print_json({"obs": obs.tolist(), "actions": actions.tolist(),
+                     "deterministic": not args.stochastic, "seed": args.seed})
+    else:
+        print("actions:", np.array2string(actions, precision=4, max_line_width=100))
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from huggy_agent.tables import format_table
+
+    agent = _agent(args, seed=args.seed)
+    obs = _observation(args, agent)
+    samples = agent.compute_action(np.repeat(obs[None], args.samples, axis=0), deterministic=False,
+                                   seed=args.seed)
+    mean_action = agent.compute_action(obs)
+    summary = {"deterministic": mean_action.tolist(), "mean": samples.mean(0).tolist(),
+               "std": samples.std(0).tolist(), "samples": args.samples, "seed": args.seed}
+    if args.json:
+        _print_json(summary)
+        return 0
+    rows = [(i, float(mean_action[i]), float(samples[:, i].mean()), float(samples[:, i].std()))
+            for i in range(agent.act_size)]
+    print(format_table(["action", "deterministic", "sample mean", "sample std"], rows))
+    return 0
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    agent = _agent(args)
+    if args.input is not None:
+        obs = np.load(args.input)
+    else:
+        from huggy_agent.reference import canonical_observations
+
+        obs = canonical_observations(agent.loaded, args.count, seed=args.obs_seed)
+    start = time.perf_counter()
+    actions = agent.compute_action(obs, deterministic=not args.stochastic, seed=args.seed)
+    seconds = time.perf_counter() - start
+    if args.output is not None:
+        np.save(args.output, actions)
+    summary = {"rows": len(actions), "seconds": seconds, "obs_per_s": len(actions) / seconds,
+               "action_mean": float(actions.mean()), "action_std": float(actions.std()),
+               "output": str(args.output) if args.output else None}
+    if args.json:
+        _print_json(summary)
+    else:
+        print(f"{len(actions):,} observations in {seconds * 1e3:.1f} ms "
+              f"({summary['obs_per_s']:,.0f} obs/s); actions mean {summary['action_mean']:+.4f}, "
+              f"std {summary['action_std']:.4f}" + (f"; written to {args.output}" if args.output
+                                                      else ""))
+    return 0
+
+
+def _agreement_table(rows: list) -> str:
+    from huggy_agent.tables import format_table
+
+    return format_table(
+        ["run", "max abs error", "mean abs error", "cosine", "tolerance", "ok"],
+        [(r.label, r.max_abs_error, r.mean_abs_error, f"{r.cosine_similarity:.6f}", r.tolerance,
+          {True: "yes", False: "NO", None: "-"}[r.passed]) for r in rows])
+
+
+def cmd_precision(args: argparse.Namespace) -> int:
+    from huggy_agent.diagnostics import precision_report
+
+    rows = precision_report(args.policy, args.devices, args.count)
+    if args.json:
+        _print_json([r.as_dict() for r in rows])
+    else:
+        print(f"each precision against a float64 reference on {args.count} observations "
+              "(+64 scaled by 1e3):")
+        print(_agreement_table(rows))
+    return 0 if all(r.passed for r in rows) else 1
+
+
+def cmd_onnx_compare(args: argparse.Namespace) -> int:
+    from huggy_agent.diagnostics import onnx_compare
+
+    onnx_path = args.onnx
+    if args.policy is None:
+        args.policy = onnx_path
+    result = onnx_compare(_agent(args), onnx_path, args.count)
+    if args.json:
+        _print_json(result.as_dict())
+    else:
+        print(_agreement_table([result]))
+    return 0 if result.passed else 1
+
+
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    from huggy_agent.diagnostics import fingerprints
+
+    result = fingerprints(_agent(args))
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"weights  {result['weights']}\noutputs  {result['outputs']}\nsource   "
+              f"{result['source']}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from huggy_agent.diagnostics import policy_stats
+    from huggy_agent.tables import format_table
+
+    stats = policy_stats(_agent(args))
+    if args.json:
+        _print_json(stats)
+        return 0
+    rows = [(layer["name"], "x".join(map(str, layer["shape"])), layer["count"])
+            for layer in stats["layers"]]
+    print(format_table(["parameter", "shape", "count"], rows))
+    for section in ("parameters", "normalizer", "log_sigma"):
+        if section in stats:
+            print(f"\n{section}:")
+            print(format_table(["statistic", "value"], list(stats[section].items())))
+    return 0
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from huggy_agent.benchmark import run_benchmark
+    from huggy_agent.tables import format_table
+
+    print("benchmarking (about 20 s)...", file=sys.stderr)
+    report = run_benchmark(args.policy, args.threads, args.rounds, args.calls, args.batch)
+    if args.json:
+        _print_json(report)
+        return 0
+    print(f"threads {report['threads']}, float32 matmul {report['matmul_gflops']:.1f} GFLOP/s, "
+          f"{report['flops_per_obs'] / 1e6:.2f} MFLOP per observation, "
+          f"weight load {report['load_ms']:.1f} ms")
+    print(format_table(
+        ["implementation", "p50 us", "p95 us", "p99 us", f"batch {report['batch_size']} obs/s",
+         "of matmul rate"],
+        [(r["name"], r["p50_us"], r["p95_us"], r["p99_us"], r["batch_obs_per_s"],
+          f"{100 * r['matmul_efficiency']:.0f}%") for r in report["results"]]))
+    ratios = report["ratios"]
+    print(f"\nours/onnxruntime p50: {ratios['p50_vs_onnxruntime']:.2f}x   "
+          f"ours/eager p50: {ratios['p50_vs_eager']:.2f}x   "
+          f"batch throughput: {100 * ratios['batch_vs_matmul_rate']:.0f}% of the matmul rate")
+    return 0
+
+
+def cmd_export_onnx(args: argparse.Namespace) -> int:
+    from huggy_agent.formats.export_onnx import export_onnx
+
+    agent = _agent(args)
+    path = export_onnx(agent.net, args.output)
+    print(f"wrote {path} (ML-Agents interface, opset 9; weights fingerprint {agent.fingerprint})")
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from huggy_agent.formats.results import list_checkpoints
+    from huggy_agent.tables import format_table
+
+    entries = list_checkpoints(args.folder)
+    if args.json:
+        _print_json([{"behavior": e.behavior, "step": e.step, "reward": e.reward,
+                      "path": str(e.path) if e.path else None} for e in entries])
+        return 0
+    print(format_table(["behavior", "step", "reward", "file"],
+                       [(e.behavior, e.step, e.reward if e.reward is not None else "-",
+                         str(e.path) if e.path else "(not in this copy)") for e in entries]))
+    return 0
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """Register the policy subcommands."""
+    def command(name: str, handler, help_text: str, device: bool = True,  # noqa: ANN001
+                json_flag: bool = True) -> argparse.ArgumentParser:
+        parser = subparsers.add_parser(name, help=help_text, description=help_text)
+        if device is not None:
+            _add_policy_options(parser, device)
+        if json_flag:
+            _add_json(parser)
+        parser.set_defaults(handler=handler)
+        return parser
+
+    command("info", cmd_info, "show a policy's architecture, parameter counts and fingerprint")
+
+    act = command("act", cmd_act, "compute the actions for one observation")
+    _add_observation_options(act)
+    act.add_argument("--stochastic", action="store_true", help="sample instead of the mean action")
+    act.add_argument("--seed", type=int, default=None, help="seed of the stochastic noise")
+
+    sample = command("sample", cmd_sample,
+                     "draw many stochastic actions for one observation and summarise them")
+    _add_observation_options(sample)
+    sample.add_argument("--samples", type=int, default=1000, help="how many samples (default 1000)")
+    sample.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+
+    batch = command("batch", cmd_batch, "compute actions for many observations at once")
+    batch.add_argument("--input", type=Path, default=None,
+                       help=".npy file of shape (N, obs) (default: random observations)")
+    batch.add_argument("--output", type=Path, default=None, help="write actions to this .npy")
+    batch.add_argument("--count", type=int, default=4096, help="random observations (default 4096)")
+    batch.add_argument("--obs-seed", type=int, default=0, help="seed of the random observations")
+    batch.add_argument("--stochastic", action="store_true", help="sample instead of the mean")
+    batch.add_argument("--seed", type=int, default=None, help="seed of the stochastic noise")
+
+    precision = command("precision", cmd_precision,
+                        "max abs error and cosine similarity of fp32/fp16/bf16 against float64",
+                        device=False)
+    precision.add_argument("--devices", nargs="+", default=None,
+                           help="devices to test (default: every available kind)")
+    precision.add_argument("--count", type=int, default=1024, help="observations (default 1024)")
+
+    compare = command("onnx-compare", cmd_onnx_compare,
+                      "our network against onnxruntime on an ML-Agents ONNX file")
+    compare.add_argument("onnx", type=Path, help="the ML-Agents .onnx file (also the policy by "
+                         "default; pass --policy to compare a .pt against it)")
+    compare.add_argument("--count", type=int, default=1000, help="observations (default 1000)")
+
+    command("fingerprint", cmd_fingerprint,
+            "stable hashes of the weights and of the outputs on canonical inputs")
+    command("stats", cmd_stats, "parameter counts per layer, normalizer and log-sigma statistics")
+
+    bench = command("benchmark", cmd_benchmark,
+                    "latency and throughput against onnxruntime and plain eager torch",
+                    device=False)
+    bench.add_argument("--threads", type=int, default=None,
+                       help="torch and onnxruntime threads (default: torch's default)")
+    bench.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
+    bench.add_argument("--calls", type=int, default=200, help="calls per round (default 200)")
+    bench.add_argument("--batch", type=int, default=4096, help="batch size (default 4096)")
+
+    export = command("export-onnx", cmd_export_onnx,
+                     "export the policy in ML-Agents' ONNX interface (drops back into Unity)",
+                     json_flag=False)
+    export.add_argument("output", type=Path, help="the .onnx file to write")
+
+    checkpoints = command("checkpoints", cmd_checkpoints,
+                          "list a results folder's checkpoints with step and recorded reward",
+                          device=None)
+    checkpoints.add_argument("folder", type=Path, help="an ML-Agents results/<run_id>/ folder")

@@ -1,0 +1,37 @@
+"""Policy file formats: one module per format, all producing a `LoadedPolicy`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from huggy_agent.formats.loaded import LoadedPolicy
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """Load an ML-Agents `.onnx` export, `.pt` checkpoint or `results/<run>/` folder.
+
+    A folder resolves to its final `<Behavior>.onnx`, else its newest checkpoint.
+    Raises FileNotFoundError for a missing path and PolicyLoadError for anything unusable.
+    """
+    from huggy_agent.errors import PolicyLoadError
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"policy not found: {path} (expected a .onnx, a .pt or a results folder)")
+    if path.is_dir():
+        from huggy_agent.formats.results import resolve_results_folder
+
+        return load_policy(resolve_results_folder(path))
+    if path.suffix == ".onnx":
+        from huggy_agent.formats.mlagents_onnx import load_onnx
+
+        return load_onnx(path)
+    if path.suffix == ".pt":
+        from huggy_agent.formats.mlagents_pt import load_pt
+
+        return load_pt(path)
+    raise PolicyLoadError(f"{path}: unknown policy format {path.suffix!r}; expected .onnx, .pt or a "
+                          "results folder")
+
+
+__all__ = ["LoadedPolicy", "load_policy"]
