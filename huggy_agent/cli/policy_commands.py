@@ -220,7 +220,7 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
     from huggy_agent.formats.export_onnx import export_onnx
 
     agent = _agent(args)
-    path = export_onnx(agent.net, args.output)
+    path = export_onnx(agent.loaded.build(), args.output)  # the source weights, in float32
     print(f"wrote {path} (ML-Agents interface, opset 9; weights fingerprint {agent.fingerprint})")
     return 0
 

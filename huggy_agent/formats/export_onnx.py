@@ -110,7 +110,8 @@ class MLAgentsExportModule(nn.Module):
 
 
 def export_onnx(net: PolicyNet, path: str | Path) -> Path:
-    """Write `net` (any precision; exported in float32) to `path` in ML-Agents' ONNX interface."""
+    """Write `net` to `path` in ML-Agents' ONNX interface, as float32 (a half-precision net's
+    weights are exported as rounded; export `LoadedPolicy.build()` to keep the source weights)."""
     path = Path(path)
     module = MLAgentsExportModule(_float_copy(net)).eval()
     dummy = torch.zeros(1, net.arch.obs_size)

@@ -1,0 +1,142 @@
+"""The policy subcommands of `huggy`, run in-process through `main` (one real subprocess too)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import fixtures_dir
+
+from huggy_agent.cli import build_parser, main
+
+BASELINE = fixtures_dir() / "ppo_baseline"
+
+
+def run_json(capsys, *argv: str) -> object:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_every_subcommand_has_help(capsys) -> None:
+    subcommands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
+    assert {"info", "act", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats",
+            "benchmark", "export-onnx", "checkpoints"} <= set(subcommands)
+    for name in subcommands:
+        with pytest.raises(SystemExit) as exit_info:
+            main([name, "--help"])
+        assert exit_info.value.code == 0
+        assert "usage: huggy " + name in capsys.readouterr().out
+
+
+def test_info_shows_the_three_parameter_counts(capsys) -> None:
+    assert main(["info", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "566,805" in text and "log-sigma parameters" in text and "normalizer values" in text
+    info = run_json(capsys, "info", "--policy", str(BASELINE / "Huggy" / "Huggy-2000343.pt"))
+    assert info["parameters"] == {"linear": 566_805, "log_sigma": 21, "normalizer": 118}
+    assert info["step"] == 2_000_343
+
+
+def test_act_matches_onnxruntime(capsys) -> None:
+    obs = np.random.default_rng(3).standard_normal(59).astype(np.float32)
+    out = run_json(capsys, "act", "--obs", json.dumps(obs.tolist()), "--device", "cpu")
+    session = ort.InferenceSession(str(BASELINE / "Huggy.onnx"), providers=["CPUExecutionProvider"])
+    (reference,) = session.run(["deterministic_continuous_actions"], {"obs_0": obs[None]})
+    assert np.abs(np.array(out["actions"]) - reference[0]).max() <= 1e-5
+
+
+def test_act_rejects_a_wrong_shape(capsys) -> None:
+    assert main(["act", "--obs", "[1, 2, 3]"]) == 2
+    assert "expected (59,) or (N, 59)" in capsys.readouterr().err
+
+
+def test_sample_spread_follows_log_sigma(capsys) -> None:
+    out = run_json(capsys, "sample", "--samples", "4000", "--seed", "1", "--device", "cpu")
+    # Sigma is ~1 (log-sigma ~0) on a [-3, 3] / 3 scale: the spread per action is ~0.3 unless clipped.
+    assert 0.15 < float(np.median(out["std"])) < 0.4
+    assert np.abs(np.array(out["mean"]) - np.array(out["deterministic"])).max() < 0.1
+
+
+def test_batch_writes_actions(capsys, tmp_path) -> None:
+    obs = np.random.default_rng(0).standard_normal((300, 59)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", obs)
+    out = run_json(capsys, "batch", "--input", str(tmp_path / "obs.npy"), "--output",
+                   str(tmp_path / "actions.npy"), "--device", "cpu")
+    assert out["rows"] == 300
+    session = ort.InferenceSession(str(BASELINE / "Huggy.onnx"), providers=["CPUExecutionProvider"])
+    (reference,) = session.run(["deterministic_continuous_actions"], {"obs_0": obs})
+    assert np.abs(np.load(tmp_path / "actions.npy") - reference).max() <= 1e-5
+
+
+def test_precision_table_meets_the_tolerances(capsys) -> None:
+    rows = run_json(capsys, "precision", "--count", "256")
+    by_label = {row["label"]: row for row in rows}
+    assert by_label["cpu fp32"]["max_abs_error"] <= 1e-5
+    assert by_label["cpu fp16"]["max_abs_error"] <= 5e-3
+    assert by_label["cpu bf16"]["max_abs_error"] <= 5e-2
+    assert all(row["finite"] and row["cosine_similarity"] > 0.999 for row in rows)
+    assert main(["precision", "--count", "64"]) == 0
+    table = capsys.readouterr().out
+    assert all(name in table for name in ("cpu fp32", "cpu fp16", "cpu bf16", "max abs error"))
+
+
+def test_onnx_compare_pt_against_the_runs_export(capsys) -> None:
+    result = run_json(capsys, "onnx-compare", str(BASELINE / "Huggy.onnx"), "--policy",
+                      str(BASELINE / "Huggy" / "Huggy-2000343.pt"), "--device", "cpu")
+    assert result["max_abs_error"] <= 1e-5 and result["passed"]
+
+
+def test_fingerprint_is_the_same_for_pt_and_onnx_of_one_run(capsys) -> None:
+    from_pt = run_json(capsys, "fingerprint", "--policy", str(BASELINE / "Huggy" / "Huggy-2000343.pt"))
+    from_onnx = run_json(capsys, "fingerprint", "--policy", str(BASELINE / "Huggy.onnx"))
+    other = run_json(capsys, "fingerprint", "--policy", str(fixtures_dir() / "ppo_num_layers_2"))
+    assert from_pt["weights"] == from_onnx["weights"] and from_pt["outputs"] == from_onnx["outputs"]
+    assert other["weights"] != from_onnx["weights"] and other["outputs"] != from_onnx["outputs"]
+    bf16 = run_json(capsys, "fingerprint", "--policy", str(BASELINE / "Huggy.onnx"),
+                    "--precision", "bf16")
+    assert bf16["weights"] == from_onnx["weights"]
+
+
+def test_stats_counts_each_layer(capsys) -> None:
+    stats = run_json(capsys, "stats", "--policy", str(BASELINE / "Huggy.onnx"))
+    counts = {layer["name"]: layer["count"] for layer in stats["layers"]}
+    assert counts["body.0.weight"] == 512 * 59 and counts["mu.weight"] == 21 * 512
+    assert sum(v for k, v in counts.items() if k != "log_sigma") == 566_805
+    assert stats["normalizer"]["std_min"] > 0
+
+
+def test_export_then_fingerprint(capsys, tmp_path) -> None:
+    assert main(["export-onnx", str(tmp_path / "out.onnx"), "--device", "cpu"]) == 0
+    capsys.readouterr()
+    exported = run_json(capsys, "fingerprint", "--policy", str(tmp_path / "out.onnx"))
+    bundled = run_json(capsys, "fingerprint")
+    assert exported["weights"] == bundled["weights"]
+
+
+def test_checkpoints_table_follows_training_status(capsys) -> None:
+    rows = run_json(capsys, "checkpoints", str(BASELINE))
+    status = json.loads((BASELINE / "run_logs" / "training_status.json").read_text())["Huggy"]
+    assert [r["step"] for r in rows] == [c["steps"] for c in status["checkpoints"]]
+    assert [r["reward"] for r in rows] == [c["reward"] for c in status["checkpoints"]]
+    assert rows[-1]["path"].endswith("Huggy-2000343.onnx")
+    assert all(r["path"] is None for r in rows[:-1])
+
+
+def test_benchmark_reports_every_implementation(capsys) -> None:
+    report = run_json(capsys, "benchmark", "--rounds", "1", "--calls", "20", "--batch", "256")
+    names = [r["name"] for r in report["results"]]
+    assert names[:3] == ["huggy compute_action", "onnxruntime", "torch eager Sequential"]
+    assert report["matmul_gflops"] > 1 and report["load_ms"] > 0
+    ours = report["results"][0]
+    assert report["ratios"]["p50_vs_onnxruntime"] == pytest.approx(
+        ours["p50_us"] / report["results"][1]["p50_us"])
+
+
+def test_entry_point_runs_as_a_process() -> None:
+    done = subprocess.run([sys.executable, "-m", "huggy_agent.cli", "info", "--json"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(done.stdout)["parameters"]["linear"] == 566_805
