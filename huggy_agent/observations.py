@@ -19,7 +19,8 @@ def as_observation_batch(obs: Any, obs_size: int) -> tuple[np.ndarray, bool]:
     if hasattr(obs, "detach") and hasattr(obs, "cpu"):  # torch.Tensor, without importing torch here
         obs = obs.detach().cpu().numpy()
     try:
-        array = np.asarray(obs, dtype=np.float32)
+        with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, refused below
+            array = np.asarray(obs, dtype=np.float32)
     except (TypeError, ValueError) as error:
         raise ValueError(f"observation must be numeric with shape ({obs_size},) or "
                          f"(N, {obs_size}); could not convert it: {error}") from error

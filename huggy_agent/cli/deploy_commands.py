@@ -25,11 +25,14 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-cpus", type=float, default=1.0, help="CPUs each replica holds")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="also serve the gRPC ingress (/huggy.v1.Policy/Act) on this port")
     parser.add_argument("--address", default=None,
                         help="join this Ray cluster (e.g. 127.0.0.1:6379) instead of starting one")
     parser.add_argument("--ingress", choices=("haproxy", "proxy", "direct"), default="haproxy",
-                        help="HTTP path into the replicas: haproxy (fastest, default), Serve's "
-                             "Python proxy, or direct (replicas' own ports, no proxy)")
+                        help="HTTP path into the replicas: haproxy (fastest, default), proxy "
+                             "(Serve's Python proxy), or direct (each replica also listens on its "
+                             "own port from 30000; --port stays Serve's proxy)")
     parser.add_argument("--max-batch-size", type=int, default=256,
                         help="most observations in one forward pass (default: 256)")
     parser.add_argument("--batch-wait-ms", type=float, default=0.0,
@@ -54,4 +57,5 @@ def _serve(args: argparse.Namespace) -> int:
         batch_wait_timeout_s=args.batch_wait_ms / 1000, max_rows=args.max_rows,
         max_body_bytes=args.max_body_bytes)
     return serve_forever(app_args, host=args.host, port=args.port, ingress=args.ingress,
-                         address=args.address, start_timeout_s=args.start_timeout)
+                         address=args.address, start_timeout_s=args.start_timeout,
+                         grpc_port=args.grpc_port)

@@ -28,22 +28,23 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Evaluate each POLICY (a .pt checkpoint, an .onnx file, or an ML-Agents results "
             "folder: every checkpoint in it, by step) on the Huggy environment with Ray runners. "
-            "Item i of every policy runs with seed SEED+i, so the numbers do not depend on "
+            "Item i of every policy runs with seed S+i (--seed S), so the numbers do not depend on "
             "--runners. Writes evaluation.csv, evaluation.json and learning_curve.png to --out."),
     )
     parser.add_argument("policies", nargs="*", metavar="POLICY",
                         help="checkpoint, ONNX file or results folder (omit with --policy-url)")
-    parser.add_argument("--env", default="builtin",
+    parser.add_argument("--env", metavar="builtin|PATH", default="builtin",
                         help="'builtin' (the headless stand-in, default) or a Unity build's path")
-    parser.add_argument("--episodes", type=_positive_int, default=36,
+    parser.add_argument("--episodes", metavar="N", type=_positive_int, default=36,
                         help="episodes per policy (default 36)")
-    parser.add_argument("--episodes-per-item", type=_positive_int, default=18,
+    parser.add_argument("--episodes-per-item", metavar="N", type=_positive_int, default=18,
                         help="episodes per work item, one environment reset each (default 18)")
-    parser.add_argument("--runners", type=_positive_int, default=1,
+    parser.add_argument("--runners", metavar="K", type=_positive_int, default=1,
                         help="Ray runners, each with its own environment (default 1)")
-    parser.add_argument("--address", default=None,
+    parser.add_argument("--address", metavar="ADDRESS", default=None,
                         help="Ray cluster to use: 'auto', HOST:PORT or ray://HOST:PORT "
-                             "(default: start a local Ray and stop it at the end)")
+                             "(default: $RAY_ADDRESS, else a cluster started with `ray start` "
+                             "here, else a new local Ray, stopped at the end)")
     parser.add_argument("--accelerator", choices=ACCELERATOR_CHOICES, default="auto",
                         help="Ray resource per runner: auto (npu, else gpu, else cpu), cpu, gpu "
                              "(num_gpus=1) or npu (NPU: 1)")
@@ -51,17 +52,17 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                         help="precision of the runners' policy copies (default fp32)")
     parser.add_argument("--stochastic", action="store_true",
                         help="sample actions (seeded per step) instead of the mean action")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="base seed: item i of every policy uses SEED+i (default 0)")
-    parser.add_argument("--out", type=Path, default=Path("out/evaluate"),
+    parser.add_argument("--seed", metavar="S", type=int, default=0,
+                        help="base seed: item i of every policy uses S+i (default 0)")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=Path("out/evaluate"),
                         help="folder for evaluation.csv, evaluation.json, learning_curve.png "
                              "(default out/evaluate)")
-    parser.add_argument("--policy-url", default=None,
+    parser.add_argument("--policy-url", metavar="URL", default=None,
                         help="evaluate the policy a `huggy serve` deployment serves at this URL "
                              "(runners query it instead of loading a copy)")
-    parser.add_argument("--num-agents", type=_positive_int, default=None,
+    parser.add_argument("--num-agents", metavar="N", type=_positive_int, default=None,
                         help="agents per environment (stand-in parameter; default the scene's 18)")
-    parser.add_argument("--max-steps", type=_positive_int, default=None,
+    parser.add_argument("--max-steps", metavar="N", type=_positive_int, default=None,
                         help="decisions per episode before it is cut (stand-in parameter)")
     parser.add_argument("--no-ray", action="store_true",
                         help="run every item in this process on one environment, without Ray")
