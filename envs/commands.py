@@ -1,0 +1,95 @@
+"""The work behind `huggy rollout` (its parser lives in huggy_agent/cli/env_commands.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from envs.rollout import EpisodeResult, RolloutInterrupted, RolloutResult, rollout
+from envs.vector_env import HuggyVectorEnv
+
+
+def load_agent(args: argparse.Namespace) -> Any:
+    """The policy to drive: a remote one (`--policy-url`) or a local HuggyAgent."""
+    if args.policy_url:
+        from deploy.client import RemoteAgent
+
+        return RemoteAgent(args.policy_url)
+    from huggy_agent import HuggyAgent
+
+    if args.policy is None:
+        return HuggyAgent(device=args.device, precision=args.precision, seed=args.seed)
+    return HuggyAgent.from_checkpoint(args.policy, device=args.device, precision=args.precision,
+                                      seed=args.seed)
+
+
+def summary_rows(result: RolloutResult) -> list[tuple[str, object]]:
+    """(statistic, value) rows describing a rollout's episodes."""
+    returns = [e.episode_return for e in result.episodes]
+    lengths = [e.length for e in result.episodes]
+    reached = sum(e.reached_stick for e in result.episodes)
+    return [
+        ("episodes", len(returns)),
+        ("mean return", statistics.fmean(returns) if returns else float("nan")),
+        ("std return", statistics.pstdev(returns) if returns else float("nan")),
+        ("min return", min(returns) if returns else float("nan")),
+        ("max return", max(returns) if returns else float("nan")),
+        ("mean length", statistics.fmean(lengths) if lengths else float("nan")),
+        ("reached stick", f"{reached}/{len(returns)}"),
+        ("agent-steps", result.agent_steps),
+        ("agent-steps/s", result.agent_steps_per_second),
+        ("seconds", result.seconds),
+    ]
+
+
+def episode_record(index: int, episode: EpisodeResult, context: dict[str, Any]) -> str:
+    """One JSON line for the `--record` file."""
+    return json.dumps({"episode": index, "return": episode.episode_return,
+                       "length": episode.length, "reached_stick": episode.reached_stick,
+                       **context})
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    """Run `huggy rollout`; prints a summary table, returns the exit code."""
+    from tqdm import tqdm
+
+    from huggy_agent.tables import format_table
+
+    if args.episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    agent = load_agent(args)
+    file_name = None if args.env == "builtin" else str(Path(args.env))
+    context = {"env": args.env, "policy": args.policy_url or str(args.policy or "bundled"),
+               "deterministic": not args.stochastic, "seed": args.seed}
+    record = open(args.record, "w", encoding="utf-8") if args.record else None  # noqa: SIM115
+    bar = tqdm(total=args.episodes, unit="episode", file=sys.stderr, disable=args.no_progress)
+    finished = 0
+
+    def progress(episode: EpisodeResult) -> None:
+        nonlocal finished
+        if record is not None:
+            record.write(episode_record(finished, episode, context) + "\n")
+        finished += 1
+        bar.update(1)
+        bar.set_postfix(last_return=f"{episode.episode_return:.3f}")
+
+    env = HuggyVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
+                         timeout_wait=args.timeout_wait, base_port=args.base_port)
+    status = 0
+    try:
+        result = rollout(agent, env, episodes=args.episodes, deterministic=not args.stochastic,
+                         seed=args.seed, progress=progress)
+    except RolloutInterrupted as error:
+        result, status = error.result, 1
+        print(f"huggy rollout: {error}", file=sys.stderr)
+    finally:
+        bar.close()
+        env.close()
+        if record is not None:
+            record.close()
+    print(format_table(["statistic", "value"], summary_rows(result)))
+    return status

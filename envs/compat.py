@@ -1,0 +1,377 @@
+"""Make mlagents-envs 1.1.0 run on a current stack (Python 3.11+, protobuf 5-7, numpy 2).
+
+`apply()` is called once by `import envs`; it imports nothing from `mlagents_envs.envs` (which
+would fetch a registry over the network and import gym/pettingzoo). It does three things:
+
+1. **Protobuf.** The `*_pb2.py` modules of mlagents-envs use the pre-3.20 generated-code style that
+   protobuf >= 4.21 rejects. Each embeds its serialized file descriptor; we read those bytes from
+   the module source (without executing it), add them to the default descriptor pool and build the
+   message classes with `google.protobuf.internal.builder`, exactly as current protoc output does.
+   The rebuilt modules are installed in `sys.modules` under their original names.
+2. **distutils.** `mlagents_envs.environment` imports `distutils.version.StrictVersion`, gone from
+   Python 3.12; when it is missing a minimal equivalent is installed.
+3. **Speed** (same results, checked against the originals in tests): the servicer hands messages
+   to the main thread through in-process queues instead of a pickling `multiprocessing.Pipe`,
+   `steps_from_proto` reads float observations with one bulk copy per agent, and the step input is
+   encoded to protobuf wire bytes with numpy instead of one `extend` per agent and field.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import queue
+import re
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_PACKAGE = "mlagents_envs.communicator_objects"
+_applied = False
+_lock = threading.Lock()
+
+
+def apply() -> None:
+    """Apply every fix once (idempotent, thread-safe)."""
+    global _applied
+    with _lock:
+        if _applied:
+            return
+        _install_distutils_shim()
+        _install_protobuf_modules()
+        _install_fast_paths()
+        _applied = True
+
+
+# --- 1. protobuf --------------------------------------------------------------------------------
+
+
+def _serialized_descriptor(source: str, path: Path) -> bytes:
+    """The descriptor bytes of a generated module, read with `ast` (never executed).
+
+    Old-style modules pass them as `serialized_pb=_b('...')`, newer ones (mlagents-envs ships one)
+    to `AddSerializedFile(b'...')`.
+    """
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        value = None
+        if isinstance(node, ast.keyword) and node.arg == "serialized_pb":
+            value = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "AddSerializedFile"
+        ):
+            value = node
+        if value is not None:
+            if isinstance(value, ast.Call) and value.args:
+                value = value.args[0]
+            if isinstance(value, ast.Constant) and isinstance(value.value, (str, bytes)):
+                raw = value.value
+                return raw.encode("latin1") if isinstance(raw, str) else raw
+    raise RuntimeError(f"no serialized_pb descriptor found in {path}")
+
+
+def _install_protobuf_modules() -> None:
+    """Rebuild every `mlagents_envs.communicator_objects.*_pb2` module for the installed protobuf."""
+    if f"{_PACKAGE}.unity_message_pb2" in sys.modules:
+        return  # already imported (by us, or by an old protobuf that accepts the originals)
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf.internal import builder
+
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "mlagents-envs is not installed; install it with "
+            "`pip install --no-deps --ignore-requires-python mlagents-envs==1.1.0`"
+        )
+    package = importlib.import_module(_PACKAGE)
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files: dict[str, tuple[str, bytes]] = {}  # proto file name -> (module name, descriptor bytes)
+    for path in sorted(folder.glob("*_pb2.py")):
+        data = _serialized_descriptor(path.read_text(encoding="utf-8"), path)
+        proto = descriptor_pb2.FileDescriptorProto.FromString(data)
+        files[proto.name] = (f"{_PACKAGE}.{path.stem}", data)
+
+    pool = descriptor_pool.Default()
+    done: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in done or name not in files:
+            return  # google/protobuf/*.proto dependencies are in the pool already
+        module_name, data = files[name]
+        for dependency in descriptor_pb2.FileDescriptorProto.FromString(data).dependency:
+            add(dependency)
+        try:
+            file_descriptor = pool.FindFileByName(name)
+        except KeyError:
+            file_descriptor = pool.AddSerializedFile(data)
+        module = types.ModuleType(module_name)
+        module.__file__ = str(folder / f"{module_name.rsplit('.', 1)[1]}.py")
+        namespace = module.__dict__
+        namespace["DESCRIPTOR"] = file_descriptor
+        builder.BuildMessageAndEnumDescriptors(file_descriptor, namespace)
+        builder.BuildTopDescriptorsAndMessages(file_descriptor, module_name, namespace)
+        sys.modules[module_name] = module
+        setattr(package, module_name.rsplit(".", 1)[1], module)
+        done.add(name)
+
+    for name in files:
+        add(name)
+
+
+# --- 2. distutils -------------------------------------------------------------------------------
+
+
+class StrictVersion:
+    """The part of distutils' StrictVersion that mlagents-envs uses: `.version` as ints."""
+
+    def __init__(self, text: str) -> None:
+        match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+        if match is None:
+            raise ValueError(f"invalid version number {text!r}")
+        self.version = tuple(int(part or 0) for part in match.groups())
+
+
+def _install_distutils_shim() -> None:
+    """Provide `distutils.version.StrictVersion` where Python (3.12+) no longer has it."""
+    try:
+        from distutils.version import StrictVersion as _  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    distutils = sys.modules.get("distutils") or types.ModuleType("distutils")
+    version = types.ModuleType("distutils.version")
+    version.StrictVersion = StrictVersion  # type: ignore[attr-defined]
+    distutils.version = version  # type: ignore[attr-defined]
+    sys.modules["distutils"] = distutils
+    sys.modules["distutils.version"] = version
+
+
+# --- 3. speed -----------------------------------------------------------------------------------
+
+
+class _QueueConnection:
+    """One end of an in-process duplex channel with the `Connection` methods the servicer uses."""
+
+    _CLOSED = object()
+
+    def __init__(self, incoming: queue.SimpleQueue, outgoing: queue.SimpleQueue) -> None:
+        self._incoming = incoming
+        self._outgoing = outgoing
+        self._peeked: list[Any] = []
+
+    def send(self, obj: Any) -> None:
+        self._outgoing.put(obj)
+
+    def recv(self) -> Any:
+        item = self._peeked.pop() if self._peeked else self._incoming.get()
+        if item is self._CLOSED:
+            self._peeked.append(item)
+            raise EOFError("connection closed")
+        return item
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        if self._peeked:
+            return True
+        try:
+            self._peeked.append(self._incoming.get(timeout=max(float(timeout), 0.0)))
+        except queue.Empty:
+            return False
+        return True
+
+    def close(self) -> None:
+        self._outgoing.put(self._CLOSED)
+
+
+def _fast_servicer_class() -> type:
+    from mlagents_envs import rpc_communicator
+
+    base = rpc_communicator.UnityToExternalServicerImplementation
+
+    class QueueServicer(base):  # type: ignore[misc, valid-type]
+        """Hands each request to the main thread and waits for its answer, without pickling."""
+
+        def __init__(self) -> None:  # noqa: D107 (does not call the Pipe-creating base init)
+            to_parent: queue.SimpleQueue = queue.SimpleQueue()
+            to_child: queue.SimpleQueue = queue.SimpleQueue()
+            self.parent_conn = _QueueConnection(to_parent, to_child)
+            self.child_conn = _QueueConnection(to_child, to_parent)
+
+    return QueueServicer
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _packed_floats_header(field: int, count: int) -> bytes:
+    return _varint(field << 3 | 2) + _varint(4 * count)
+
+
+def encode_agent_actions(continuous: np.ndarray, deprecated: bool = True) -> bytes:
+    """Wire bytes of a `ListAgentActionProto` holding one `AgentActionProto` per row.
+
+    Each row goes into `continuous_actions` (and, as mlagents-envs does, `vector_actions_deprecated`
+    when `deprecated`). Parsing the result gives exactly the message mlagents-envs builds.
+    """
+    from mlagents_envs.communicator_objects.agent_action_pb2 import AgentActionProto
+
+    rows = np.ascontiguousarray(continuous, dtype="<f4")
+    n, width = rows.shape
+    if n == 0:
+        return b""
+    fields = AgentActionProto.DESCRIPTOR.fields_by_name
+    parts: list[bytes] = []
+    header = _packed_floats_header(fields["continuous_actions"].number, width) if width else b""
+    if deprecated and width:
+        parts.append(_packed_floats_header(fields["vector_actions_deprecated"].number, width))
+    body_len = (len(parts[0]) + 4 * width if parts else 0) + (len(header) + 4 * width if width else 0)
+    action_prefix = _varint(1 << 3 | 2) + _varint(body_len)  # ListAgentActionProto.value = 1
+    row_bytes = rows.view(np.uint8).reshape(n, 4 * width)
+    segments: list[np.ndarray] = [np.frombuffer(action_prefix, np.uint8)[None].repeat(n, 0)]
+    if deprecated and width:
+        segments += [np.frombuffer(parts[0], np.uint8)[None].repeat(n, 0), row_bytes]
+    if width:
+        segments += [np.frombuffer(header, np.uint8)[None].repeat(n, 0), row_bytes]
+    return np.concatenate(segments, axis=1).tobytes()
+
+
+_ORIGINALS: dict[str, Any] = {}
+_FAST: dict[str, Any] = {}
+
+
+def _install_fast_paths() -> None:
+    from mlagents_envs import environment, rpc_communicator, rpc_utils
+
+    environment.StrictVersion = StrictVersion  # same result, without distutils' deprecation
+    _ORIGINALS.update(
+        servicer=rpc_communicator.UnityToExternalServicerImplementation,
+        steps_from_proto=rpc_utils.steps_from_proto,
+        generate_step_input=environment.UnityEnvironment._generate_step_input,
+    )
+    _FAST.update(
+        servicer=_fast_servicer_class(),
+        steps_from_proto=_steps_from_proto,
+        generate_step_input=_generate_step_input,
+    )
+    set_fast_paths(True)
+
+
+def set_fast_paths(enabled: bool) -> None:
+    """Switch the speed-ups of part 3 on (the default) or back to mlagents-envs' originals.
+
+    For measuring them (bench/bench_envs.py) and checking they change nothing (tests); takes
+    effect for environments created afterwards (the servicer is chosen at creation).
+    """
+    from mlagents_envs import environment, rpc_communicator, rpc_utils
+
+    chosen = _FAST if enabled else _ORIGINALS
+    rpc_communicator.UnityToExternalServicerImplementation = chosen["servicer"]
+    rpc_utils.steps_from_proto = chosen["steps_from_proto"]
+    environment.steps_from_proto = chosen["steps_from_proto"]
+    environment.UnityEnvironment._generate_step_input = chosen["generate_step_input"]
+
+
+def original_steps_from_proto(agent_info_list: Any, behavior_spec: Any) -> Any:
+    """mlagents-envs' own `rpc_utils.steps_from_proto`."""
+    return _ORIGINALS["steps_from_proto"](agent_info_list, behavior_spec)
+
+
+def _steps_from_proto(agent_info_list: Any, behavior_spec: Any) -> Any:
+    """`rpc_utils.steps_from_proto` with a bulk path for one flat float observation."""
+    specs = behavior_spec.observation_specs
+    if (
+        len(specs) != 1
+        or len(specs[0].shape) != 1
+        or behavior_spec.action_spec.discrete_size > 0
+        or len(agent_info_list) == 0
+    ):
+        return original_steps_from_proto(agent_info_list, behavior_spec)
+    return _fast_steps_from_proto(agent_info_list, behavior_spec, original_steps_from_proto)
+
+
+def _generate_step_input(self: Any, vector_action: dict) -> Any:
+    """`UnityEnvironment._generate_step_input` encoding continuous actions with numpy."""
+    from mlagents_envs.communicator_objects.command_pb2 import STEP
+    from mlagents_envs.communicator_objects.unity_rl_input_pb2 import UnityRLInputProto
+
+    if any(a.discrete is not None and a.discrete.size for a in vector_action.values()):
+        return _ORIGINALS["generate_step_input"](self, vector_action)
+    rl_in = UnityRLInputProto()
+    for name, action in vector_action.items():
+        if len(self._env_state[name][0]) == 0:
+            continue
+        rl_in.agent_actions[name].MergeFromString(encode_agent_actions(action.continuous))
+        rl_in.command = STEP
+    rl_in.side_channel = bytes(self._side_channel_manager.generate_side_channel_messages())
+    return self._wrap_unity_input(rl_in)
+
+
+def _float_rows(agent_infos: list, width: int) -> np.ndarray | None:
+    """(len(agent_infos), width) float32 of every agent's first observation, read as packed bytes;
+    None when any agent's float data is not exactly `width` floats (as with compressed ones)."""
+    try:
+        joined = b"".join([info.observations[0].float_data.SerializeToString()
+                           for info in agent_infos])
+    except IndexError:  # an agent without observations
+        return None
+    head = bytes([0x0A]) + _varint(4 * width)  # FloatData.data = 1, packed
+    row = len(head) + 4 * width
+    if len(joined) != row * len(agent_infos):
+        return None
+    table = np.frombuffer(joined, dtype=np.uint8).reshape(len(agent_infos), row)
+    if not (table[:, : len(head)] == np.frombuffer(head, np.uint8)).all():
+        return None
+    return table[:, len(head):].copy().view("<f4").astype(np.float32, copy=False)
+
+
+def _check_finite(values: np.ndarray, source: str) -> None:
+    """mlagents-envs' NaN/Inf error (same messages), after a cheaper test."""
+    if not np.isfinite(values).all():
+        from mlagents_envs.rpc_utils import _raise_on_nan_and_inf
+
+        _raise_on_nan_and_inf(values, source)
+
+
+def _fast_steps_from_proto(agent_info_list: Any, behavior_spec: Any, fallback: Any) -> Any:
+    """`steps_from_proto` for one (width,) float observation: one pass over the agents for the
+    scalars, one bulk copy for the observations. Anything else goes to `fallback`."""
+    from mlagents_envs.base_env import DecisionSteps, TerminalSteps
+
+    infos = list(agent_info_list)
+    (width,) = behavior_spec.observation_specs[0].shape
+    obs = _float_rows(infos, width)
+    if obs is None:
+        return fallback(agent_info_list, behavior_spec)
+    scalars = np.array([(i.reward, i.group_reward, i.id, i.group_id, i.done, i.max_step_reached)
+                        for i in infos], dtype=np.float64).reshape(len(infos), 6)
+    done = scalars[:, 4] != 0
+    steps = []
+    for mask in (~done, done):
+        part = scalars[mask]
+        rows = obs[mask]
+        rewards = part[:, 0].astype(np.float32)
+        group_rewards = part[:, 1].astype(np.float32)
+        _check_finite(rows, "observations")
+        _check_finite(rewards, "rewards")
+        _check_finite(group_rewards, "group_rewards")
+        steps.append((rows, rewards, group_rewards, part[:, 2].astype(np.int32),
+                      part[:, 3].astype(np.int64).tolist(), part[:, 5] != 0))
+    (obs_d, rew_d, grew_d, ids_d, gid_d, _), (obs_t, rew_t, grew_t, ids_t, gid_t, cut) = steps
+    return (
+        DecisionSteps([obs_d], rew_d, ids_d, None, gid_d, grew_d),
+        TerminalSteps([obs_t], rew_t, cut, ids_t, gid_t, grew_t),
+    )

@@ -1,0 +1,235 @@
+"""The stand-in's Unity side of the ML-Agents protocol: a gRPC client driving `HuggySim`.
+
+Started like a Unity player: `FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]`
+(unknown arguments are ignored, as Unity does). Exchange sequence (communication 1.5.0):
+initialization output -> initialization input (seed); empty message -> first command; then one
+observation message per command (RESET or STEP) until Python answers with status 400 or QUIT.
+It exits by itself when the Python side disappears: a failed call, or its parent process gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TextIO
+
+import numpy as np
+
+from envs.standin.sim import ACT_SIZE, OBS_SIZE, HuggySim, SimConfig
+from envs.standin.wire import ObservationEncoder, empty_message
+
+BEHAVIOR = "Huggy?team=0"
+COMMUNICATION_VERSION = "1.5.0"
+PACKAGE_VERSION = "2.2.1-exp.1"
+ENVIRONMENT_PARAMETERS_CHANNEL = uuid.UUID("534c891e-810f-11ea-a9d0-822485860400")
+EXCHANGE = "/communicator_objects.UnityToExternalProto/Exchange"
+CONNECT_TIMEOUT_S = 60.0
+PARAMETERS = {"num_agents", "max_steps", "arena_size", "seed"}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="huggy-standin", add_help=True)
+    parser.add_argument("--mlagents-port", type=int, default=5004)
+    parser.add_argument("-logFile", "-logfile", dest="log_file", default=None)
+    args, _unknown = parser.parse_known_args(list(argv))
+    return args
+
+
+def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
+    """Float parameters sent on the EnvironmentParameters channel; other channels are skipped."""
+    values: dict[str, float] = {}
+    offset = 0
+    while offset + 20 <= len(side_channel):
+        channel = uuid.UUID(bytes_le=side_channel[offset : offset + 16])
+        (length,) = struct.unpack_from("<i", side_channel, offset + 16)
+        payload = side_channel[offset + 20 : offset + 20 + length]
+        offset += 20 + length
+        if channel != ENVIRONMENT_PARAMETERS_CHANNEL:
+            continue
+        (key_len,) = struct.unpack_from("<i", payload, 0)
+        key = payload[4 : 4 + key_len].decode("ascii")
+        (kind,) = struct.unpack_from("<i", payload, 4 + key_len)
+        if kind == 0:  # FLOAT; samplers are not supported by the stand-in
+            (values[key],) = struct.unpack_from("<f", payload, 8 + key_len)
+    return values
+
+
+class StandIn:
+    """Protocol state: the simulation, the agents awaiting decisions, pending parameters."""
+
+    def __init__(self, log: TextIO) -> None:
+        self.log = log
+        self.sim: HuggySim | None = None
+        self.config = SimConfig()
+        self.pending_seed: int | None = None
+        self.encoder = ObservationEncoder(BEHAVIOR, OBS_SIZE)
+        self.announced = False
+        self.order = np.zeros(0, dtype=np.int64)  # slot of each decision row, in message order
+
+    def initialization_output(self, with_brain: bool) -> bytes:
+        from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
+            UnityRLInitializationOutputProto,
+        )
+
+        out = UnityRLInitializationOutputProto(
+            name="Huggy", communication_version=COMMUNICATION_VERSION,
+            package_version=PACKAGE_VERSION,
+        )
+        caps = out.capabilities
+        caps.baseRLCapabilities = caps.concatenatedPngObservations = True
+        caps.compressedChannelMapping = caps.hybridActions = caps.trainingAnalytics = True
+        caps.variableLengthObservation = caps.multiAgentGroups = True
+        if with_brain:
+            brain = out.brain_parameters.add()
+            brain.brain_name = BEHAVIOR
+            brain.is_training = True
+            brain.action_spec.num_continuous_actions = ACT_SIZE
+        return out.SerializeToString()
+
+    def handshake_message(self) -> bytes:
+        from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+        from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
+            UnityRLInitializationOutputProto,
+        )
+
+        message = UnityMessageProto()
+        message.header.status = 200
+        message.unity_output.rl_initialization_output.CopyFrom(
+            UnityRLInitializationOutputProto.FromString(self.initialization_output(False))
+        )
+        return message.SerializeToString()
+
+    def apply_parameters(self, side_channel: bytes) -> None:
+        for key, value in parse_environment_parameters(side_channel).items():
+            if key not in PARAMETERS:
+                self.log.write(f"ignoring unknown environment parameter {key}={value}\n")
+            elif key == "seed":
+                self.pending_seed = int(value)
+            else:
+                candidate = SimConfig(**{**vars(self.config), key: value})
+                try:
+                    self.config = candidate.validated()
+                except ValueError as error:  # keep the previous value, as Unity would
+                    self.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
+
+    def reset(self, seed: int) -> bytes:
+        if self.pending_seed is not None:
+            seed, self.pending_seed = self.pending_seed, None
+            if self.sim is not None:
+                self.sim.reseed(seed)
+        config = self.config
+        if self.sim is None:
+            self.sim = HuggySim(config, seed)
+            obs = self.sim.observe()
+        else:
+            obs = self.sim.reset(config)
+        self.log.write(f"reset: {config}\n")
+        zeros = np.zeros(self.sim.num_agents)
+        self.order = np.arange(self.sim.num_agents)
+        return self._message(self.sim.agent_id, zeros, zeros.astype(bool), zeros.astype(bool), obs)
+
+    def step(self, actions: np.ndarray) -> bytes:
+        sim = self.sim
+        assert sim is not None
+        r = sim.step(actions)
+        if not r.done.any():
+            self.order = np.arange(sim.num_agents)
+            return self._message(r.agent_id, r.reward, r.done, r.max_step_reached, r.obs)
+        # A finished agent reports its terminal step, and its successor (a new id, as Unity
+        # gives every episode) asks for its first decision in the same message.
+        fresh = np.flatnonzero(r.done)
+        self.order = np.concatenate([np.flatnonzero(~r.done), fresh])
+        return self._message(
+            np.concatenate([r.agent_id, r.new_agent_id[fresh]]),
+            np.concatenate([r.reward, np.zeros(len(fresh), np.float32)]),
+            np.concatenate([r.done, np.zeros(len(fresh), bool)]),
+            np.concatenate([r.max_step_reached, np.zeros(len(fresh), bool)]),
+            np.concatenate([r.obs, r.new_obs[fresh]]),
+        )
+
+    def _message(self, ids: np.ndarray, reward: np.ndarray, done: np.ndarray,
+                 max_step: np.ndarray, obs: np.ndarray) -> bytes:
+        infos = self.encoder.agent_infos(ids, reward, done, max_step, obs)
+        init = b""
+        if not self.announced:
+            init, self.announced = self.initialization_output(True), True
+        return self.encoder.message(infos, init)
+
+    def actions_from(self, rl_input: object) -> np.ndarray:
+        sim = self.sim
+        assert sim is not None
+        n = sim.num_agents
+        listing = rl_input.agent_actions.get(BEHAVIOR)  # type: ignore[attr-defined]
+        actions = np.zeros((n, ACT_SIZE), dtype=np.float32)
+        if listing is None or len(listing.value) == 0:
+            return actions
+        rows = [list(a.continuous_actions) for a in listing.value]
+        if len(rows) != n or any(len(row) != ACT_SIZE for row in rows):
+            self.log.write(f"unexpected actions: {len(rows)} rows for {n} agents; using zeros\n")
+            return actions
+        # Python answers in the order of the decision agents it received (`self.order`).
+        actions[self.order] = np.asarray(rows, dtype=np.float32)
+        return actions
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the process that started us is gone (Python side killed without closing)."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def run(port: int, log: TextIO) -> int:
+    """Connect to the Python trainer on 127.0.0.1:`port` and serve until told to stop."""
+    import grpc
+    from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    standin = StandIn(log)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    exchange = channel.unary_unary(EXCHANGE, response_deserializer=UnityMessageProto.FromString)
+    try:
+        reply = exchange(standin.handshake_message(), wait_for_ready=True,
+                         timeout=CONNECT_TIMEOUT_S)
+        seed = reply.unity_input.rl_initialization_input.seed
+        log.write(f"connected on port {port}, seed {seed}\n")
+        reply = exchange(empty_message())
+        while True:
+            if reply.header.status != 200:
+                log.write(f"closing: status {reply.header.status}\n")
+                return 0
+            rl_input = reply.unity_input.rl_input
+            if rl_input.command == QUIT:
+                log.write("closing: QUIT\n")
+                return 0
+            standin.apply_parameters(rl_input.side_channel)
+            if rl_input.command == RESET or standin.sim is None:
+                out = standin.reset(seed)
+            else:
+                out = standin.step(standin.actions_from(rl_input))
+            reply = exchange(out)
+    except grpc.RpcError as error:
+        log.write(f"exiting: the Python side is gone ({error.code().name})\n")
+        return 1
+    finally:
+        channel.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(args.log_file)), exist_ok=True)
+        log: TextIO = open(args.log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    else:
+        log = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+    with log:
+        log.write(f"Huggy stand-in {PACKAGE_VERSION} (pid {os.getpid()})\n")
+        return run(args.mlagents_port, log)

@@ -1,0 +1,56 @@
+"""`builtin_huggy_path()`: a file that starts the stand-in exactly as a Unity player is started."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds `envs/`
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "huggy-agent"
+
+
+def launcher_script(python: str = sys.executable) -> str:
+    """The POSIX shell text of the launcher for interpreter `python`."""
+    return (
+        "#!/bin/sh\n"
+        "# Huggy stand-in (huggy-agent): started like a Unity player,\n"
+        "#   FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]\n"
+        f"PYTHONPATH={shlex.quote(str(_PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        "export PYTHONPATH\n"
+        "GRPC_VERBOSITY=${GRPC_VERBOSITY:-NONE}  # no gRPC chatter when Python closes the server\n"
+        "export GRPC_VERBOSITY\n"
+        f'exec {shlex.quote(python)} -m envs.standin "$@"\n'
+    )
+
+
+def builtin_huggy_path() -> str:
+    """Path of an executable launcher for the built-in stand-in (created on first use).
+
+    `UnityEnvironment(file_name=builtin_huggy_path())` starts it like a Unity build. The launcher
+    runs the current interpreter; it lives in `$XDG_CACHE_HOME/huggy-agent` (else ~/.cache, else
+    the temp folder), named after the interpreter and package location so installs don't collide.
+    """
+    text = launcher_script()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "huggy-agent"):
+        path = folder / f"huggy-standin-{digest}" / "Huggy.x86_64"
+        try:
+            if path.is_file() and os.access(path, os.X_OK) and path.read_text() == text:
+                return str(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging = path.with_name(f".{path.name}.{os.getpid()}")
+            staging.write_text(text)
+            staging.chmod(0o755)
+            os.replace(staging, path)  # atomic: parallel callers never see a partial file
+            return str(path)
+        except OSError:
+            continue
+    raise RuntimeError("cannot write the stand-in launcher to the cache or the temp folder")

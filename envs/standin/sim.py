@@ -1,0 +1,254 @@
+"""A simple dog body, vectorized over agents with numpy, with Huggy's observations and actions.
+
+Not a physics engine: each leg joint moves toward its action target at a rate set by its strength,
+feet touch the ground when the leg is extended, legs that sweep backward while touching the ground
+push the body along its heading, and a turning force rotates it toward the stick. What matters is
+the interface, which follows Huggy (facts.md): 59 observations in the trained models' order and
+scales, 21 actions with Huggy's meaning, Huggy's reward, and an episode that ends at the stick.
+
+Observation layout (59): body ground contact; then for each leg (upper, lower) part: contact,
+normalized joint rotation X/Y/Z in [0, 1] (Z, and Y of lower legs, stay 0), strength in [0, 1];
+then direction to the stick (3, unit), body position (3, relative to the arena centre at standing
+height), velocity (3), angular velocity (3), forward (3), up (3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+OBS_SIZE = 59
+ACT_SIZE = 21
+DECISION_PERIOD = 4  # physics steps per decision, as Huggy's DecisionRequester
+DT = DECISION_PERIOD * 0.02  # seconds of simulated time per decision
+STICK_RADIUS = 1.5  # metres: reaching the stick within this distance ends the episode
+_STAND_HEIGHT = 0.93  # body height subtracted from the reported position
+
+# Joint columns: 0-3 upper legs X, 4-7 upper legs Y, 8-11 lower legs X (normalized [0, 1]).
+# Legs: 0 front left, 1 front right, 2 back left, 3 back right.
+# Columns of ext @ _POSE: mean extension, front minus back, left minus right.
+_POSE = np.array([[0.25, 0.5, 0.5], [0.25, 0.5, -0.5], [0.25, -0.5, 0.5], [0.25, -0.5, -0.5]])
+_UPPER = 1 + 10 * np.arange(4)  # first observation column of each upper leg part
+_LOWER = _UPPER + 5  # ... and of each lower leg part
+
+
+@dataclass
+class SimConfig:
+    """What the EnvironmentParameters side channel can set (applied at the next reset)."""
+
+    num_agents: int = 18
+    """Number of dogs (Huggy's training scene has 18)."""
+    max_steps: int = 500
+    """Decisions before an episode is interrupted (max_step_reached); 0 means never."""
+    arena_size: float = 7.0
+    """Half-width in metres of the square arena that holds the dogs and the sticks."""
+
+    def validated(self) -> SimConfig:
+        """This configuration, or ValueError naming the bad field."""
+        if int(self.num_agents) < 1:
+            raise ValueError(f"num_agents must be >= 1, got {self.num_agents}")
+        if int(self.max_steps) < 0:
+            raise ValueError(f"max_steps must be >= 0, got {self.max_steps}")
+        if not self.arena_size >= 2 * STICK_RADIUS:
+            raise ValueError(f"arena_size must be >= {2 * STICK_RADIUS}, got {self.arena_size}")
+        return SimConfig(int(self.num_agents), int(self.max_steps), float(self.arena_size))
+
+
+@dataclass
+class StepResult:
+    """One decision's output, one row per agent in slot order.
+
+    `obs`/`reward`/`done`/`max_step_reached`/`agent_id` describe the agents as the step left them
+    (for a finished agent: its terminal observation and final reward). `new_agent_id`/`new_obs`
+    hold, for finished slots only (`done`), the agent that replaced it and its first observation.
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    max_step_reached: np.ndarray
+    agent_id: np.ndarray
+    new_agent_id: np.ndarray
+    new_obs: np.ndarray
+
+
+class HuggySim:
+    """`num_agents` independent dogs; `reset()` then `step(actions)` once per decision."""
+
+    def __init__(self, config: SimConfig | None = None, seed: int = 0) -> None:
+        self.config = (config or SimConfig()).validated()
+        self.rng = np.random.default_rng(seed)
+        self._next_id = 0
+        self.reset()
+
+    def reseed(self, seed: int) -> None:
+        """Restart the random stream: everything after the next reset depends only on `seed`."""
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def num_agents(self) -> int:
+        return self.config.num_agents
+
+    def reset(self, config: SimConfig | None = None) -> np.ndarray:
+        """Start a new episode for every slot (new ids); returns the first observations."""
+        if config is not None:
+            self.config = config.validated()
+        n = self.config.num_agents
+        self.pos = np.zeros((n, 3))
+        self.yaw = np.zeros(n)
+        self.pitch = np.zeros(n)
+        self.roll = np.zeros(n)
+        self.vel = np.zeros((n, 3))
+        self.angvel = np.zeros((n, 3))
+        self.joints = np.full((n, 12), 0.5)
+        self.strength = np.full((n, 8), 0.5)
+        self.stick = np.zeros((n, 3))
+        self.steps = np.zeros(n, dtype=np.int64)
+        self.agent_id = np.zeros(n, dtype=np.int64)
+        self._respawn(np.ones(n, dtype=bool))
+        return self.observe()
+
+    def _respawn(self, mask: np.ndarray) -> None:
+        k = int(mask.sum())
+        if k == 0:
+            return
+        a = self.config.arena_size
+        self.pos[mask] = np.column_stack([self.rng.uniform(-a, a, k), np.zeros(k),
+                                          self.rng.uniform(-a, a, k)])
+        self.yaw[mask] = self.rng.uniform(-np.pi, np.pi, k)
+        self.vel[mask] = 0.0
+        self.angvel[mask] = 0.0
+        self.joints[mask] = 0.5
+        self.strength[mask] = 0.5
+        self.steps[mask] = 0
+        self.agent_id[mask] = np.arange(self._next_id, self._next_id + k)
+        self._next_id += k
+        self._place_sticks(mask)
+        self._pose(mask)
+
+    def _place_sticks(self, mask: np.ndarray) -> None:
+        """A stick anywhere in the arena, at least two stick radii from its dog."""
+        a = self.config.arena_size
+        todo = mask.copy()
+        while todo.any():
+            k = int(todo.sum())
+            self.stick[todo] = np.column_stack([self.rng.uniform(-a, a, k), np.zeros(k),
+                                                self.rng.uniform(-a, a, k)])
+            far = np.hypot(*(self.stick[:, [0, 2]] - self.pos[:, [0, 2]]).T) > 2 * STICK_RADIUS
+            todo &= ~far
+
+    def _extension(self) -> np.ndarray:
+        return 0.6 * self.joints[:, 8:12] + 0.4 * self.joints[:, 0:4]  # (N, 4) in [0, 1]
+
+    def _pose(self, mask: np.ndarray | None = None) -> None:
+        """Height, pitch and roll follow from the legs' extension."""
+        pose = self._extension() @ _POSE
+        height = 0.3 + pose[:, 0]
+        pitch = 0.13 + 2.0 * pose[:, 1]
+        roll = 2.0 * pose[:, 2]
+        if mask is None:
+            mask = slice(None)
+        self.pos[mask, 1] = height[mask]
+        self.pitch[mask] = pitch[mask]
+        self.roll[mask] = roll[mask]
+
+    def _frame(self) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and up unit vectors (N, 3) from yaw, pitch and roll."""
+        cy, sy = np.cos(self.yaw), np.sin(self.yaw)
+        cp, sp = np.cos(self.pitch), np.sin(self.pitch)
+        cr, sr = np.cos(self.roll), np.sin(self.roll)
+        forward = np.column_stack([sy * cp, sp, cy * cp])
+        # up = Ry(yaw) Rx(-pitch) Rz(roll) (0, 1, 0)
+        ux, uy, uz = -sr, cr * cp, cr * -sp
+        up = np.column_stack([ux * cy + uz * sy, uy, -ux * sy + uz * cy])
+        return forward, up
+
+    def _contacts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lower = self.joints[:, 8:12] >= 0.5
+        upper = self.joints[:, 0:4] > 0.7
+        body = (lower.sum(axis=1) <= 1) & (self._extension() @ _POSE[:, 0] < 0.45)
+        return body, upper, lower
+
+    def observe(self) -> np.ndarray:
+        """(N, 59) float32 observations of the current state."""
+        n = self.config.num_agents
+        body, upper, lower = self._contacts()
+        obs = np.zeros((n, OBS_SIZE), dtype=np.float32)
+        obs[:, 0] = body
+        # Each leg part's block: contact, rotation X, Y, Z, strength.
+        obs[:, _UPPER] = upper
+        obs[:, _UPPER + 1] = self.joints[:, 0:4]
+        obs[:, _UPPER + 2] = self.joints[:, 4:8]
+        obs[:, _UPPER + 4] = self.strength[:, 0::2]
+        obs[:, _LOWER] = lower
+        obs[:, _LOWER + 1] = self.joints[:, 8:12]
+        obs[:, _LOWER + 4] = self.strength[:, 1::2]
+        to_stick = self.stick - self.pos
+        obs[:, 41:44] = to_stick / np.linalg.norm(to_stick, axis=1, keepdims=True)
+        obs[:, 44:47] = self.pos - [0.0, _STAND_HEIGHT, 0.0]
+        obs[:, 47:50] = self.vel
+        obs[:, 50:53] = self.angvel
+        forward, up = self._frame()
+        obs[:, 53:56] = forward
+        obs[:, 56:59] = up
+        return obs
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        """Apply one decision's actions (N, 21) for DT seconds; finished slots restart at once."""
+        n = self.config.num_agents
+        actions = np.asarray(actions, dtype=np.float64)
+        if actions.shape != (n, ACT_SIZE):
+            raise ValueError(f"expected actions of shape ({n}, {ACT_SIZE}), got {actions.shape}")
+        a = np.clip(actions, -1.0, 1.0)
+        a[np.isnan(a)] = 0.0
+        targets = np.empty((n, 12))
+        targets[:, 0:4] = (a[:, 0:8:2] + 1) / 2  # upper legs X
+        targets[:, 4:8] = (a[:, 1:8:2] + 1) / 2  # upper legs Y
+        targets[:, 8:12] = (a[:, 8:12] + 1) / 2  # lower legs X
+        self.strength += 0.5 * ((a[:, 12:20] + 1) / 2 - self.strength)
+        joint_strength = np.concatenate([self.strength[:, 0::2], self.strength[:, 0::2],
+                                         self.strength[:, 1::2]], axis=1)
+        old_joints = self.joints.copy()
+        self.joints += (0.25 + 0.35 * joint_strength) * (targets - self.joints)
+        turn = np.clip(a[:, 20], 0.0, 1.0)
+
+        # Feet on the ground that sweep backward push the body along its heading.
+        _, _, lower = self._contacts()
+        sweep = (old_joints[:, 0:4] - self.joints[:, 0:4]) / DT
+        thrust = (lower * self.strength[:, 1::2] * sweep).sum(axis=1)
+        to_stick = self.stick - self.pos
+        bearing = np.arctan2(to_stick[:, 0], to_stick[:, 2]) - self.yaw
+        bearing = (bearing + np.pi) % (2 * np.pi) - np.pi
+        splay = self.joints[:, 4:8]
+        yaw_rate = 3.0 * turn * np.clip(bearing, -1, 1) + 8.0 * (splay @ _POSE[:, 2])
+        old_pos, old_pitch, old_roll = self.pos.copy(), self.pitch.copy(), self.roll.copy()
+        self.yaw = (self.yaw + yaw_rate * DT + np.pi) % (2 * np.pi) - np.pi
+        speed = 0.5 * np.hypot(self.vel[:, 0], self.vel[:, 2]) * np.sign(
+            self.vel[:, 0] * np.sin(self.yaw) + self.vel[:, 2] * np.cos(self.yaw)
+        ) + 1.0 * thrust
+        self._pose()
+        horizontal = np.column_stack([np.sin(self.yaw), np.cos(self.yaw)]) * speed[:, None]
+        arena = self.config.arena_size
+        self.pos[:, [0, 2]] = np.clip(old_pos[:, [0, 2]] + horizontal * DT, -arena, arena)
+        self.vel = (self.pos - old_pos) / DT
+        self.angvel = np.column_stack([
+            (self.pitch - old_pitch) / DT * np.cos(self.yaw),
+            yaw_rate,
+            (self.roll - old_roll) / DT * np.cos(self.yaw),
+        ])
+        self.steps += 1
+
+        to_stick = self.stick - self.pos
+        distance = np.linalg.norm(to_stick, axis=1)
+        direction = to_stick / distance[:, None]
+        reward = 0.01 * np.einsum("ij,ij->i", self.vel, direction) - 0.001 - 0.001 * turn
+        reached = distance < STICK_RADIUS
+        interrupted = ~reached & (self.config.max_steps > 0) & (self.steps >= self.config.max_steps)
+        done = reached | interrupted
+        obs = self.observe()
+        agent_id = self.agent_id.copy()
+        self._respawn(done)
+        new_obs = self.observe() if done.any() else obs
+        return StepResult(obs, reward.astype(np.float32), done, interrupted, agent_id,
+                          np.where(done, self.agent_id, -1), new_obs)

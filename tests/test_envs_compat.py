@@ -1,0 +1,179 @@
+"""mlagents-envs 1.1.0 on protobuf >= 5: rebuilt messages, and fast paths equal to the originals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import envs  # noqa: F401  (applies the compatibility layer)
+from envs import compat
+
+
+def test_protobuf_is_current_and_messages_round_trip() -> None:
+    import google.protobuf
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    assert int(google.protobuf.__version__.split(".")[0]) >= 5
+    message = UnityMessageProto()
+    message.header.status = 200
+    message.unity_input.rl_initialization_input.seed = 42
+    message.unity_input.rl_initialization_input.communication_version = "1.5.0"
+    parsed = UnityMessageProto.FromString(message.SerializeToString())
+    assert parsed.unity_input.rl_initialization_input.seed == 42
+    assert parsed == message
+
+
+def test_rebuilt_descriptors_are_the_shipped_ones() -> None:
+    """Each rebuilt module's descriptor serializes to the bytes embedded in the shipped file."""
+    import importlib.util
+    from pathlib import Path
+
+    from google.protobuf import descriptor_pb2
+
+    folder = Path(importlib.util.find_spec("mlagents_envs.communicator_objects").origin).parent
+    modules = sorted(folder.glob("*_pb2.py"))
+    assert len(modules) >= 20
+    for path in modules:
+        shipped = compat._serialized_descriptor(path.read_text(), path)
+        module = sys.modules[f"mlagents_envs.communicator_objects.{path.stem}"]
+        rebuilt = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(rebuilt)
+        assert rebuilt == descriptor_pb2.FileDescriptorProto.FromString(shipped), path.name
+
+
+def test_import_envs_needs_no_gym_pettingzoo_or_network() -> None:
+    code = (
+        "import socket\n"
+        "def refuse(*a, **k): raise AssertionError('network used at import')\n"
+        "socket.socket.connect = refuse\n"
+        "socket.create_connection = refuse\n"
+        "import sys, envs\n"
+        "from mlagents_envs.environment import UnityEnvironment\n"
+        "bad = [m for m in ('gym', 'pettingzoo', 'mlagents_envs.envs', 'ray') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_distutils_shim_compares_like_strictversion(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "distutils", None)  # makes `import distutils` fail
+    monkeypatch.setitem(sys.modules, "distutils.version", None)
+    compat._install_distutils_shim()
+    from distutils.version import StrictVersion  # the shim
+
+    assert StrictVersion is compat.StrictVersion
+
+    assert StrictVersion("1.5.0").version == (1, 5, 0)
+    assert StrictVersion("2.1").version == (2, 1, 0)
+    with pytest.raises(ValueError, match="invalid version number 'x.y'"):
+        StrictVersion("x.y")
+
+
+def test_encode_agent_actions_matches_the_protobuf_api() -> None:
+    from mlagents_envs.communicator_objects.agent_action_pb2 import AgentActionProto
+    from mlagents_envs.communicator_objects.unity_rl_input_pb2 import UnityRLInputProto
+
+    actions = np.random.default_rng(0).standard_normal((18, 21)).astype(np.float32)
+    fast = UnityRLInputProto()
+    fast.agent_actions["Huggy?team=0"].MergeFromString(compat.encode_agent_actions(actions))
+    slow = UnityRLInputProto()
+    for row in actions:
+        action = AgentActionProto()
+        action.vector_actions_deprecated.extend(row)
+        action.continuous_actions.extend(row)
+        slow.agent_actions["Huggy?team=0"].value.extend([action])
+    assert fast == slow
+    assert compat.encode_agent_actions(np.zeros((0, 21), np.float32)) == b""
+
+
+def _agent_infos(rng: np.random.Generator, n: int, width: int) -> list:
+    from mlagents_envs.communicator_objects.agent_info_pb2 import AgentInfoProto
+
+    infos = []
+    for i in range(n):
+        info = AgentInfoProto(id=int(rng.integers(0, 10_000)), reward=float(rng.normal()),
+                              done=bool(i % 3 == 0), max_step_reached=bool(i % 6 == 0),
+                              group_id=i % 2, group_reward=float(rng.normal()))
+        obs = info.observations.add()
+        obs.shape.append(width)
+        obs.dimension_properties.append(1)
+        obs.float_data.data.extend(rng.standard_normal(width).astype(np.float32))
+        infos.append(info)
+    return infos
+
+
+def test_fast_steps_from_proto_equals_the_original() -> None:
+    from mlagents_envs import rpc_utils
+    from mlagents_envs.base_env import (
+        ActionSpec,
+        BehaviorSpec,
+        DimensionProperty,
+        ObservationSpec,
+        ObservationType,
+    )
+
+    spec = BehaviorSpec(
+        [ObservationSpec((59,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "")],
+        ActionSpec(21, ()),
+    )
+    infos = _agent_infos(np.random.default_rng(1), 18, 59)
+    fast = rpc_utils.steps_from_proto(infos, spec)
+    slow = compat.original_steps_from_proto(infos, spec)
+    for mine, theirs in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(mine.obs[0], theirs.obs[0])
+        np.testing.assert_array_equal(mine.reward, theirs.reward)
+        np.testing.assert_array_equal(mine.agent_id, theirs.agent_id)
+        np.testing.assert_array_equal(mine.group_id, theirs.group_id)
+        np.testing.assert_array_equal(mine.group_reward, theirs.group_reward)
+        assert mine.obs[0].dtype == theirs.obs[0].dtype == np.float32
+    np.testing.assert_array_equal(fast[1].interrupted, slow[1].interrupted)
+    assert len(fast[0]) == 12 and len(fast[1]) == 6
+
+
+def test_fast_steps_from_proto_rejects_nan_like_the_original() -> None:
+    from mlagents_envs import rpc_utils
+    from mlagents_envs.base_env import (
+        ActionSpec,
+        BehaviorSpec,
+        DimensionProperty,
+        ObservationSpec,
+        ObservationType,
+    )
+
+    spec = BehaviorSpec(
+        [ObservationSpec((4,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "")],
+        ActionSpec(2, ()),
+    )
+    infos = _agent_infos(np.random.default_rng(2), 3, 4)
+    infos[1].observations[0].float_data.data[2] = float("nan")
+    with pytest.raises(RuntimeError, match="observations provided had NaN values"):
+        rpc_utils.steps_from_proto(infos, spec)
+
+
+def test_fast_paths_change_nothing_on_the_wire(tmp_path) -> None:
+    """The same seeded run with mlagents-envs' original code paths and with ours."""
+    from envs import HuggyVectorEnv
+    from tests.envs_support import env_kwargs
+
+    streams = []
+    for fast in (False, True):
+        compat.set_fast_paths(fast)
+        try:
+            with HuggyVectorEnv(**env_kwargs(tmp_path, max_steps=20, seed=8)) as env:
+                stream = [env.reset(seed=8)[0]]
+                rng = np.random.default_rng(3)
+                for _ in range(45):
+                    obs, reward, terminated, truncated, _ = env.step(
+                        rng.uniform(-1, 1, (18, 21)))
+                    stream += [obs, reward, terminated, truncated]
+        finally:
+            compat.set_fast_paths(True)
+        streams.append(stream)
+    for slow, fast in zip(*streams, strict=True):
+        np.testing.assert_array_equal(slow, fast)

@@ -1,0 +1,250 @@
+"""The built-in stand-in: real mlagents-envs `UnityEnvironment` over real gRPC, and its dog sim."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+from envs.standin.sim import ACT_SIZE, OBS_SIZE, STICK_RADIUS, HuggySim, SimConfig
+from envs.standin.wire import ObservationEncoder
+from tests.conftest import fixtures_dir, free_port
+from tests.envs_support import env_kwargs, wait_until_gone
+
+BEHAVIOR = "Huggy?team=0"
+
+
+def _fixture_normalizer() -> tuple[np.ndarray, np.ndarray]:
+    """Running mean and std of the observations the baseline policy was trained on."""
+    (path,) = (fixtures_dir() / "ppo_baseline" / "Huggy").glob("Huggy-*.pt")
+    policy = torch.load(path, weights_only=True)["Policy"]
+    prefix = "network_body.observation_encoder.processors.0.normalizer."
+    mean = policy[prefix + "running_mean"].double().numpy()
+    var = policy[prefix + "running_variance"].double().numpy()
+    steps = float(policy[prefix + "normalization_steps"])
+    return mean, np.sqrt(var / steps)
+
+
+@pytest.fixture(scope="module")
+def unity_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """1,000 random-action steps of the real UnityEnvironment against the stand-in."""
+    from mlagents_envs.base_env import ActionTuple
+    from mlagents_envs.environment import UnityEnvironment
+    from mlagents_envs.side_channel.environment_parameters_channel import (
+        EnvironmentParametersChannel,
+    )
+
+    log_folder = tmp_path_factory.mktemp("unity_run")
+    parameters = EnvironmentParametersChannel()
+    parameters.set_float_parameter("max_steps", 100)
+    env = UnityEnvironment(file_name=envs.builtin_huggy_path(), base_port=free_port(),
+                           seed=3, no_graphics=True, timeout_wait=20,
+                           side_channels=[parameters], log_folder=str(log_folder))
+    run: dict = {"decisions": [], "terminals": [], "obs": []}
+    try:
+        env.reset()
+        run["specs"] = dict(env.behavior_specs)
+        decision, _ = env.get_steps(BEHAVIOR)
+        run["first_ids"] = decision.agent_id.copy()
+        rng = np.random.default_rng(0)
+        for _ in range(1000):
+            actions = rng.uniform(-1, 1, (len(decision), ACT_SIZE)).astype(np.float32)
+            env.set_actions(BEHAVIOR, ActionTuple(continuous=actions))
+            env.step()
+            decision, terminal = env.get_steps(BEHAVIOR)
+            run["decisions"].append((decision.agent_id.copy(), decision.reward.copy()))
+            run["terminals"].append((terminal.agent_id.copy(), terminal.interrupted.copy()))
+            run["obs"].append(decision.obs[0].copy())
+        run["process"] = env._process
+    finally:
+        env.close()
+    run["log_folder"] = log_folder
+    return run
+
+
+def test_unity_environment_sees_huggys_behavior(unity_run: dict) -> None:
+    spec = unity_run["specs"][BEHAVIOR]
+    assert list(unity_run["specs"]) == [BEHAVIOR]
+    assert [o.shape for o in spec.observation_specs] == [(OBS_SIZE,)]
+    assert spec.action_spec.continuous_size == ACT_SIZE
+    assert spec.action_spec.discrete_size == 0
+    assert len(unity_run["first_ids"]) == 18
+
+
+def test_1000_steps_with_episode_ends_and_new_ids(unity_run: dict) -> None:
+    start = dict.fromkeys(unity_run["first_ids"].tolist(), 0)  # agent id -> first step
+    ended = interrupted_count = 0
+    for step, ((ids, _), (ended_ids, interrupted)) in enumerate(
+        zip(unity_run["decisions"], unity_run["terminals"], strict=True), start=1
+    ):
+        assert len(ids) == 18
+        assert not set(ended_ids.tolist()) & set(ids.tolist())  # successors get new ids
+        for agent, cut in zip(ended_ids.tolist(), interrupted.tolist(), strict=True):
+            length = step - start.pop(agent)  # only agents that existed can end
+            assert length <= 100
+            assert cut == (length == 100)  # max_steps=100 interrupts, reaching the stick ends
+            interrupted_count += cut
+        fresh = set(ids.tolist()) - set(start)
+        assert len(fresh) == len(ended_ids)
+        start.update(dict.fromkeys(fresh, step))
+        ended += len(ended_ids)
+    assert ended >= 170 and interrupted_count >= 150
+
+
+def test_standin_exits_on_close(unity_run: dict) -> None:
+    """It exits by itself (not killed by mlagents-envs after its grace period): on the status-400
+    answer, or, when the server stops before that answer is delivered, on the failed call."""
+    assert unity_run["process"].poll() in (0, 1)
+    assert wait_until_gone(str(unity_run["log_folder"])) == []
+    log = next(unity_run["log_folder"].glob("Player-*.log")).read_text()
+    assert "seed 3" in log
+    assert "closing: status 400" in log or "the Python side is gone" in log
+
+
+def test_observations_look_like_what_the_policies_saw(unity_run: dict) -> None:
+    """Each feature's mean and spread over a random-action rollout against the running mean
+    and variance in the trained policy's normalizer."""
+    obs = np.concatenate(unity_run["obs"]).astype(np.float64)
+    mean, std = _fixture_normalizer()
+    flags = [0] + [1 + 5 * part for part in range(8)]
+    assert set(np.unique(obs[:, flags])) <= {0.0, 1.0}
+    for start in (41, 53, 56):  # direction to stick, forward, up: unit vectors
+        np.testing.assert_allclose(np.linalg.norm(obs[:, start:start + 3], axis=1), 1, atol=1e-5)
+    assert np.abs(obs[:, [44, 46]]).max() <= SimConfig().arena_size + 1e-4
+    # Features whose spread the stand-in does not reproduce (means still must match):
+    # 42 direction-to-stick y (random dogs stay far from the stick, so it is near 0),
+    # 57 up y (the stand-in's body tilts less than Huggy's bounding gait).
+    loose = {42, 57}
+    for i in range(OBS_SIZE):
+        m, s = obs[:, i].mean(), obs[:, i].std()
+        assert abs(m - mean[i]) <= 0.5 * std[i] + 0.1, (i, m, mean[i])
+        if std[i] < 0.01:  # constant in Huggy (locked joint axes)
+            assert s < 0.01, (i, s)
+        elif i not in loose:
+            assert 1 / 3 <= s / std[i] <= 3, (i, s, std[i])
+
+
+def _stream(tmp_path, seed: int, reseed: int | None = None, steps: int = 150) -> list:
+    out = []
+    with envs.HuggyVectorEnv(**env_kwargs(tmp_path, seed=seed)) as env:
+        obs, _ = env.reset(seed=reseed)
+        out.append(obs)
+        rng = np.random.default_rng(11)
+        for _ in range(steps):
+            obs, reward, *_ = env.step(rng.uniform(-1, 1, (env.num_envs, ACT_SIZE)))
+            out += [obs, reward]
+    return out
+
+
+def test_same_seed_same_streams(tmp_path) -> None:
+    first, second = _stream(tmp_path, seed=5), _stream(tmp_path, seed=5)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    other = _stream(tmp_path, seed=6, steps=1)
+    assert not np.array_equal(first[0], other[0])
+
+
+def test_seed_parameter_reseeds_on_reset(tmp_path) -> None:
+    """reset(seed=s) gives the same stream whatever the handshake seed and history."""
+    a = _stream(tmp_path, seed=1, reseed=77, steps=50)
+    b = _stream(tmp_path, seed=2, reseed=77, steps=50)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_environment_parameters(tmp_path) -> None:
+    kwargs = env_kwargs(tmp_path, num_agents=5, max_steps=10, arena_size=4.0)
+    with envs.HuggyVectorEnv(**kwargs) as env:
+        assert env.num_envs == 5
+        env.reset()
+        for step in range(1, 21):
+            obs, _, terminated, truncated, _ = env.step(np.zeros((5, ACT_SIZE)))
+            assert np.abs(obs[:, [44, 46]]).max() <= 4.0 + 1e-5
+            if step % 10 == 0:
+                assert truncated.all() or (terminated | truncated).all()
+
+
+def test_reward_is_huggys() -> None:
+    """+0.01 velocity . direction to stick, -0.001 per step, -0.001 x turn (clamped to [0, 1])."""
+    sim = HuggySim(SimConfig(num_agents=6, max_steps=0), seed=4)
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        actions = rng.uniform(-1.5, 1.5, (6, ACT_SIZE))
+        result = sim.step(actions)
+        velocity, direction = result.obs[:, 47:50], result.obs[:, 41:44]
+        expected = (0.01 * (velocity.astype(np.float64) * direction).sum(1) - 0.001
+                    - 0.001 * np.clip(actions[:, 20], 0, 1))
+        np.testing.assert_allclose(result.reward, expected, atol=1e-6)
+
+
+def test_reaching_the_stick_ends_the_episode() -> None:
+    sim = HuggySim(SimConfig(num_agents=3, max_steps=0), seed=0)
+    first_ids = sim.agent_id.copy()
+    sim.stick[1] = sim.pos[1] + [0.5, -sim.pos[1, 1], 0.0]  # within STICK_RADIUS
+    result = sim.step(np.zeros((3, ACT_SIZE)))
+    assert result.done.tolist() == [False, True, False]
+    assert not result.max_step_reached.any()
+    assert result.agent_id[1] == first_ids[1]
+    assert result.new_agent_id[1] not in first_ids
+    assert np.linalg.norm(sim.stick[1] - sim.pos[1]) > 2 * STICK_RADIUS - 1e-9  # respawned
+
+
+def test_sim_rejects_bad_action_shapes() -> None:
+    with pytest.raises(ValueError, match=r"expected actions of shape \(2, 21\), got \(2, 20\)"):
+        HuggySim(SimConfig(num_agents=2)).step(np.zeros((2, 20)))
+    with pytest.raises(ValueError, match="num_agents must be >= 1, got 0"):
+        SimConfig(num_agents=0).validated()
+
+
+def test_wire_encoding_parses_as_the_protobuf_message() -> None:
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    encoder = ObservationEncoder(BEHAVIOR, OBS_SIZE)
+    obs = np.random.default_rng(0).standard_normal((2, OBS_SIZE)).astype(np.float32)
+    data = encoder.message(encoder.agent_infos(
+        np.array([7, 300]), np.array([0.25, -1.5]), np.array([False, True]),
+        np.array([False, True]), obs), b"")
+    message = UnityMessageProto.FromString(data)
+    assert message.header.status == 200
+    infos = message.unity_output.rl_output.agentInfos[BEHAVIOR].value
+    assert [i.id for i in infos] == [7, 300]
+    assert [i.reward for i in infos] == [0.25, -1.5]
+    assert [(i.done, i.max_step_reached) for i in infos] == [(False, False), (True, True)]
+    for info, row in zip(infos, obs, strict=True):
+        (o,) = info.observations
+        assert list(o.shape) == [OBS_SIZE] and list(o.dimension_properties) == [1]
+        np.testing.assert_array_equal(np.array(o.float_data.data, np.float32), row)
+
+
+def test_environment_parameters_channel_messages() -> None:
+    """Parameters as mlagents-envs encodes them; bad values and unknown keys are ignored."""
+    import io
+
+    from mlagents_envs.side_channel.environment_parameters_channel import (
+        EnvironmentParametersChannel,
+    )
+    from mlagents_envs.side_channel.side_channel_manager import SideChannelManager
+
+    from envs.standin.client import StandIn, parse_environment_parameters
+
+    channel = EnvironmentParametersChannel()
+    for key, value in (("num_agents", 4), ("max_steps", -2), ("seed", 9), ("gravity", 1)):
+        channel.set_float_parameter(key, value)
+    data = bytes(SideChannelManager([channel]).generate_side_channel_messages())
+    assert parse_environment_parameters(data) == {
+        "num_agents": 4.0, "max_steps": -2.0, "seed": 9.0, "gravity": 1.0}
+    log = io.StringIO()
+    standin = StandIn(log)
+    standin.apply_parameters(data)
+    assert (standin.config.num_agents, standin.config.max_steps) == (4, 500)
+    assert standin.pending_seed == 9
+    assert "ignoring environment parameter max_steps=-2.0" in log.getvalue()
+    assert "ignoring unknown environment parameter gravity=1.0" in log.getvalue()
+
+
+def test_vector_env_rejects_bad_parameters_before_starting() -> None:
+    with pytest.raises(ValueError, match="num_agents must be >= 1, got 0"):
+        envs.HuggyVectorEnv(num_agents=0)
+    with pytest.raises(ValueError, match="arena_size must be >= 3.0, got 1.0"):
+        envs.HuggyVectorEnv(arena_size=1.0)
