@@ -27,8 +27,12 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Benchmarks are not part of the test suite; each prints ratios against a baseline of the same run.
 bench: install
-	$(PY) bench/run_all.py
+	$(VENV)/bin/huggy benchmark
+	$(PY) bench/bench_envs.py
+	RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 $(PY) bench/bench_evaluate.py
+	RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 $(PY) bench/bench_serve.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

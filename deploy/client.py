@@ -1,0 +1,140 @@
+"""RemoteAgent: `compute_action` of a policy served over HTTP (`huggy serve`, deploy.serve).
+
+    agent = RemoteAgent("http://127.0.0.1:8000")
+    actions = agent.compute_action(obs, deterministic=True)    # same contract as HuggyAgent
+
+Observations are validated here with the same rules (and messages) as `HuggyAgent` before they
+are sent. Float32 values cross JSON exactly both ways (shortest float32 form), so a served answer
+equals the in-process one. One `requests.Session` keeps the connection alive; connection errors, timeouts
+and 502/503/504 are retried with a short backoff, other 4xx/5xx raise at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+import requests
+
+from deploy.api import ACT_PATH, HEALTH_PATH, INFO_PATH, SEED_LIMIT
+from huggy_agent.observations import as_observation_batch
+
+RETRIED_STATUS = (502, 503, 504)
+
+
+class RemoteRequestError(ValueError):
+    """The server refused the request (4xx): `status`, `kind` and the server's message."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(f"server refused the request ({status} {kind}): {message}")
+        self.status = status
+        self.kind = kind
+
+
+class RemoteServerError(RuntimeError):
+    """The server failed (5xx) or could not be reached after the retries."""
+
+
+class RemoteAgent:
+    """A served policy with the `compute_action` of `HuggyAgent`.
+
+    Args:
+        url: the server's base URL, e.g. `http://127.0.0.1:8000`.
+        timeout: seconds for connecting and for each answer.
+        retries: extra attempts after a connection error, a timeout or a 502/503/504.
+        backoff: seconds before the first retry; doubles after each.
+
+    Raises RemoteServerError at construction if the server cannot be reached.
+    """
+
+    def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
+                 backoff: float = 0.1) -> None:
+        if retries < 0 or timeout <= 0:
+            raise ValueError(f"need retries >= 0 and timeout > 0, received retries={retries}, "
+                             f"timeout={timeout}")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self._session = requests.Session()
+        info = self.describe()
+        self.obs_size: int = info["architecture"]["obs_size"]
+        self.act_size: int = info["architecture"]["act_size"]
+        self.fingerprint: str = info["fingerprint"]
+
+    def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
+                       row_offset: int = 0) -> np.ndarray:
+        """Actions for `obs`: (obs,) -> (act,), (N, obs) -> (N, act), float32 numpy.
+
+        Same contract as `HuggyAgent.compute_action`: ValueError on a wrong shape or a
+        non-finite value (checked before sending); with `seed`, row i gets the noise of row
+        `row_offset + i` of stream `seed`, so the answer does not depend on the server's batching.
+        """
+        batch, single = as_observation_batch(obs, self.obs_size)
+        if seed is not None and not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {seed}")
+        payload: dict[str, Any] = {"obs": batch, "deterministic": bool(deterministic),
+                                   "seed": None if seed is None else int(seed)}
+        if row_offset:
+            payload["row_offset"] = int(row_offset)
+        answer = self._request("POST", ACT_PATH,
+                               orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+        actions = np.asarray(answer["actions"], dtype=np.float32)
+        return actions[0] if single else actions
+
+    def describe(self) -> dict:
+        """The server's `/v1/info`: the policy's description, batching settings and counters."""
+        return self._request("GET", INFO_PATH)
+
+    def healthy(self) -> bool:
+        """Whether `/v1/healthz` answers 200 (one attempt, no retries)."""
+        try:
+            return self._session.get(self.url + HEALTH_PATH, timeout=self.timeout).ok
+        except requests.RequestException:
+            return False
+
+    def close(self) -> None:
+        """Close the kept-alive connections."""
+        self._session.close()
+
+    def __enter__(self) -> RemoteAgent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, body: bytes | None = None) -> dict:
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        failure: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = self._session.request(method, self.url + path, data=body,
+                                                 headers=headers, timeout=self.timeout)
+            except (requests.ConnectionError, requests.Timeout) as error:
+                failure = error
+                continue
+            if response.status_code in RETRIED_STATUS and attempt < self.retries:
+                continue
+            return _decode(method, self.url + path, response)
+        raise RemoteServerError(f"{method} {self.url}{path} failed after {self.retries + 1} "
+                                f"attempt(s): {failure}") from failure
+
+
+def _decode(method: str, url: str, response: requests.Response) -> dict:
+    try:
+        document = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        document = None
+    if response.ok and isinstance(document, dict):
+        return document
+    if isinstance(document, dict) and "message" in document:
+        kind, message = document.get("error", "error"), document["message"]
+    else:
+        kind, message = "error", response.text[:300] or response.reason
+    if 400 <= response.status_code < 500:
+        raise RemoteRequestError(response.status_code, kind, message)
+    raise RemoteServerError(f"{method} {url} answered {response.status_code} {kind}: {message}")

@@ -1,0 +1,171 @@
+"""Start Serve with a chosen HTTP ingress, deploy the policy app with bounded waits, run, stop.
+
+Ingresses (Ray 2.60 feature flags, given to the Serve controller as environment variables, from
+which the proxy and the replicas inherit them):
+
+    haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1)
+             -- the default: ~20x the default proxy's requests/s here (bench/bench_serve.py)
+    proxy    Serve's default Python HTTP proxy
+    direct   replicas listen on their own ports, no proxy in between
+             (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
+
+The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
+running Serve instance that has another ingress.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.serve.api import RunTarget
+
+from deploy.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
+from deploy.serve import AppArgs, build_app
+
+INGRESSES = ("haproxy", "proxy", "direct")
+DEFAULT_INGRESS = "haproxy"
+APP_NAME = "huggy"
+DRAIN_S = "1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def haproxy_dir(port: int) -> Path:
+    """Where HAProxy keeps its config, sockets and state for the Serve HTTP port `port`."""
+    return Path(f"/tmp/huggy-haproxy-{port}")
+
+
+def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
+    """Environment variables for the Serve controller that select `ingress` on HTTP `port`.
+
+    HAProxy's files and its metrics and stats ports are made specific to this server, so several
+    servers (and test sessions) on one machine do not collide on /tmp/haproxy-serve or on the fixed
+    ports 8404, 9101, 8500 and 9500.
+    """
+    if ingress not in INGRESSES:
+        raise ValueError(f"unknown ingress {ingress!r}; expected one of {', '.join(INGRESSES)}")
+    if ingress == "proxy":
+        return {}
+    env = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+           "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": DRAIN_S,
+           # the replica's HTTP server and our code share one event loop: no thread hop per request
+           "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+    if ingress == "haproxy":
+        folder = haproxy_dir(port)
+        env.update({
+            "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
+            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
+        })
+    return env
+
+
+def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAULT_INGRESS,
+                extra_env: dict[str, str] | None = None, grpc_port: int | None = None) -> None:
+    """Start Serve on the connected cluster: HTTP on `host:port` through `ingress`, and with
+    `grpc_port` the gRPC ingress (deploy.grpc_ingress) on that port.
+
+    The proxy runs on the head node only. Raises RuntimeError if Serve already runs there with
+    another port or ingress (the flags cannot change on a running controller).
+    """
+    env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
+    try:
+        running = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    except ValueError:
+        running = None
+    if running is not None:
+        raise RuntimeError("Serve is already running on this cluster; stop it first "
+                           "(`serve shutdown`) so that it restarts with the chosen ingress")
+    grpc_options = None if grpc_port is None else {
+        "port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
+    serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options,
+                proxy_location="HeadOnly",
+                controller_options={"runtime_env": {"env_vars": env}} if env else None)
+
+
+def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
+           timeout_s: float = 180.0) -> None:
+    """Deploy the policy app under `route_prefix` and wait (at most `timeout_s`) until it runs.
+
+    Redeploying an app whose only change is its batch settings reconfigures the running
+    replicas in place (`reconfigure`), without restarting them.
+
+    Raises RuntimeError with Serve's own messages if it fails to start (for example a replica
+    whose accelerator is unusable) or is still not running at the deadline (for example replicas
+    that cannot be scheduled).
+    """
+    application = build_app(args)
+    serve.run_many([RunTarget(target=application, name=name, route_prefix=route_prefix)],
+                   wait_for_ingress_deployment_creation=False,
+                   wait_for_applications_running=False)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status().applications.get(name)
+        state = str(status.status) if status else "NOT_STARTED"
+        if state.endswith("RUNNING"):
+            return
+        if state.endswith("DEPLOY_FAILED") or time.monotonic() > deadline:
+            raise RuntimeError(f"application {name!r} did not start ({state}): "
+                               f"{_status_messages(status)}")
+        time.sleep(0.5)
+
+
+def _status_messages(status: object) -> str:
+    if status is None:
+        return "no status"
+    parts = [status.message] if status.message else []
+    for deployment, detail in status.deployments.items():
+        if detail.message:
+            parts.append(f"{deployment}: {detail.message}")
+    return " | ".join(parts) or "no message"
+
+
+def stop_serve(port: int) -> None:
+    """Shut Serve down on the connected cluster and remove the HAProxy files of `port`."""
+    serve.shutdown()
+    shutil.rmtree(haproxy_dir(port), ignore_errors=True)
+
+
+def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
+                  ingress: str = DEFAULT_INGRESS, address: str | None = None,
+                  start_timeout_s: float = 180.0, grpc_port: int | None = None) -> int:
+    """Start (or join, with `address`) a cluster, serve until Ctrl-C, then shut down cleanly.
+
+    A cluster started here is stopped on exit; a joined one is left running, with Serve removed.
+    """
+    # "local": a new cluster even where `ray start` left one that a bare ray.init() would join
+    ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False,
+             **({} if address else {"include_dashboard": False}))
+    try:
+        start_serve(host, port, ingress, grpc_port=grpc_port)
+        try:
+            deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s)
+            grpc = f", gRPC {ACT_METHOD} on {host}:{grpc_port}" if grpc_port else ""
+            print(f"huggy serve: policy served at http://{host}:{port}/v1/act "
+                  f"(ingress {ingress}{grpc}); Ctrl-C to stop", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                print("huggy serve: shutting down", flush=True)
+        finally:
+            stop_serve(port)
+    finally:
+        ray.shutdown()
+    return 0

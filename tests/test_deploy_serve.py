@@ -1,0 +1,289 @@
+"""The policy served by real Ray Serve (default ingress: HAProxy) over real HTTP on 127.0.0.1.
+
+One Serve instance for the module on the session cluster: the bundled policy at `/` (default
+batch settings), again at `/batched` with a 100 ms batch wait (so concurrent requests surely share
+forward passes), and a fixture checkpoint (.pt) at `/fixture`. The in-process
+`HuggyAgent.compute_action` is the reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+import pytest
+import requests
+
+from deploy.client import RemoteAgent, RemoteRequestError
+from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+from deploy.serve import AppArgs
+from huggy_agent import HuggyAgent
+from tests.conftest import RayCluster, fixtures_dir, free_port
+
+FIXTURE_PT = ("ppo_num_layers_2", "Huggy", "Huggy-2000139.pt")
+TOL = 1e-6
+
+
+BATCH_WAIT_S = 0.1
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    batched_url: str
+    fixture_url: str
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster: RayCluster) -> Iterator[Server]:
+    port = free_port()
+    start_serve("127.0.0.1", port, DEFAULT_INGRESS)
+    try:
+        deploy(AppArgs(accelerator="cpu", ingress=DEFAULT_INGRESS), timeout_s=120)
+        deploy(AppArgs(policy=str(fixtures_dir().joinpath(*FIXTURE_PT)), accelerator="cpu",
+                       num_cpus=0.5), name="fixture", route_prefix="/fixture", timeout_s=120)
+        deploy(AppArgs(accelerator="cpu", num_cpus=0.5, batch_wait_timeout_s=BATCH_WAIT_S),
+               name="batched", route_prefix="/batched", timeout_s=120)
+        base = f"http://127.0.0.1:{port}"
+        yield Server(base, f"{base}/batched", f"{base}/fixture")
+    finally:
+        stop_serve(port)
+
+
+@pytest.fixture(scope="module")
+def local() -> HuggyAgent:
+    return HuggyAgent(device="cpu")
+
+
+def observations(rows: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 59)).astype(np.float32)
+
+
+def info(url: str) -> dict:
+    return requests.get(f"{url}/v1/info", timeout=10).json()
+
+
+async def burst(url: str, bodies: list[bytes]) -> list[tuple[int, dict]]:
+    """POST every body to /v1/act at once; (status, JSON answer) in order."""
+    async with aiohttp.ClientSession() as session:
+        async def post(body: bytes) -> tuple[int, dict]:
+            async with session.post(f"{url}/v1/act", data=body) as response:
+                return response.status, json.loads(await response.read())
+
+        return list(await asyncio.gather(*(post(body) for body in bodies)))
+
+
+def act_body(obs: np.ndarray, deterministic: bool = True, seed: int | None = None) -> bytes:
+    return json.dumps({"obs": obs.tolist(), "deterministic": deterministic,
+                       "seed": seed}).encode()
+
+
+def test_served_deterministic_actions_equal_in_process(server: Server,
+                                                       local: HuggyAgent) -> None:
+    fixture = HuggyAgent.from_checkpoint(fixtures_dir().joinpath(*FIXTURE_PT), device="cpu")
+    batch = observations(7, seed=0)
+    for url, agent in ((server.url, local), (server.fixture_url, fixture)):
+        with RemoteAgent(url) as remote:
+            assert remote.fingerprint == agent.fingerprint
+            single = remote.compute_action(batch[0])
+            assert single.shape == (21,) and single.dtype == np.float32
+            np.testing.assert_allclose(single, agent.compute_action(batch[0]), rtol=0, atol=TOL)
+            served = remote.compute_action(batch)
+            assert served.shape == (7, 21)
+            np.testing.assert_allclose(served, agent.compute_action(batch), rtol=0, atol=TOL)
+    # the two apps really serve different policies
+    assert np.abs(local.compute_action(batch) - fixture.compute_action(batch)).max() > 0.01
+
+
+def test_info_healthz_openapi(server: Server, local: HuggyAgent) -> None:
+    described = info(server.url)
+    assert described["architecture"] == local.describe()["architecture"]
+    assert described["parameters"]["linear"] == 566_805
+    assert described["fingerprint"] == local.fingerprint
+    assert described["source"].endswith("Huggy.onnx")
+    assert (described["device"], described["precision"], described["ingress"]) == (
+        "cpu", "fp32", "haproxy")
+    assert described["batching"]["max_batch_size"] == 256
+    assert {"requests", "forward_passes", "rejected", "mean_batch_requests"} <= set(
+        described["counters"])
+    health = requests.get(f"{server.url}/v1/healthz", timeout=10)
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "model": local.fingerprint}
+    document = requests.get(f"{server.url}/v1/openapi.json", timeout=10).json()
+    assert document["openapi"].startswith("3.")
+    schema = document["components"]["schemas"]["ActRequest"]["properties"]["obs"]
+    assert schema["oneOf"][0]["minItems"] == 59
+
+
+def test_concurrent_requests_share_forward_passes(server: Server, local: HuggyAgent) -> None:
+    assert info(server.batched_url)["batching"]["batch_wait_timeout_s"] == BATCH_WAIT_S
+    before = info(server.batched_url)["counters"]
+    batches = [observations(1 + i % 3, seed=100 + i) for i in range(64)]
+    answers = asyncio.run(burst(server.batched_url, [act_body(obs) for obs in batches]))
+    after = info(server.batched_url)["counters"]
+    for obs, (status, answer) in zip(batches, answers, strict=True):
+        assert status == 200
+        np.testing.assert_allclose(np.asarray(answer["actions"], dtype=np.float32),
+                                   local.compute_action(obs), rtol=0, atol=TOL)
+    assert after["requests"] - before["requests"] == 64
+    passes = after["forward_passes"] - before["forward_passes"]
+    assert 1 <= passes < 64
+    assert after["rows"] - before["rows"] == sum(len(obs) for obs in batches)
+
+
+def test_seeded_noise_is_the_same_alone_or_batched_with_63_others(
+        server: Server, local: HuggyAgent) -> None:
+    obs = observations(3, seed=7)
+    alone = asyncio.run(burst(server.batched_url, [act_body(obs, False, 1234)]))[0]
+    others = [act_body(observations(2, seed=200 + i), False, 5000 + i) for i in range(63)]
+    before = info(server.batched_url)["counters"]
+    together = asyncio.run(burst(server.batched_url, [*others[:31], act_body(obs, False, 1234),
+                                                      *others[31:]]))
+    after = info(server.batched_url)["counters"]
+    assert after["forward_passes"] - before["forward_passes"] < 64  # it was batched with others
+    assert all(status == 200 for status, _ in together)
+    expected = local.compute_action(obs, deterministic=False, seed=1234)
+    for status, answer in (alone, together[31]):
+        assert status == 200
+        np.testing.assert_allclose(np.asarray(answer["actions"], dtype=np.float32), expected,
+                                   rtol=0, atol=TOL)
+    # the noise is real and belongs to the seed
+    assert np.abs(expected - local.compute_action(obs)).max() > 0.01
+    assert np.abs(expected - local.compute_action(obs, deterministic=False, seed=1)).max() > 0.01
+    # row_offset continues a request's noise stream, as in-process
+    with RemoteAgent(server.url) as remote:
+        tail = remote.compute_action(obs[1:], deterministic=False, seed=1234, row_offset=1)
+    np.testing.assert_allclose(tail, expected[1:], rtol=0, atol=TOL)
+
+
+def test_bad_inputs_get_4xx_while_good_requests_in_the_burst_get_200(
+        server: Server, local: HuggyAgent) -> None:
+    good = observations(4, seed=3)
+    row = good[0].tolist()
+    bad = {
+        400: [b'{"obs": [1, 2', b"not json"],
+        413: [json.dumps({"obs": [row] * 257}).encode(),  # over max_rows
+              b'{"obs": [' + b" " * (2 << 20) + b"]}"],  # over max_body_bytes
+        422: [json.dumps({"obs": row[:58]}).encode(),
+              b'{"obs": [' + b"NaN, " * 58 + b"0]}",
+              json.dumps({"obs": [row, [*row[:-1], 1e39]]}).encode(),
+              json.dumps({"obs": row, "seed": "x"}).encode()],
+    }
+    bodies = [body for group in bad.values() for body in group]
+    goods = [act_body(good[i:i + 1 + i]) for i in range(3)]
+    answers = asyncio.run(burst(server.batched_url, [*goods[:1], *bodies, *goods[1:]]))
+    good_answers = [answers[0], *answers[-2:]]
+    for i, (status, answer) in enumerate(good_answers):
+        assert status == 200
+        np.testing.assert_allclose(np.asarray(answer["actions"], dtype=np.float32),
+                                   local.compute_action(good[i:i + 1 + i]), rtol=0, atol=TOL)
+    statuses = [status for status, _ in answers[1:-2]]
+    assert statuses == [status for status, group in bad.items() for _ in group]
+    for _, answer in answers[1:-2]:
+        assert set(answer) == {"error", "message"} and answer["message"]
+    # the replica is fine afterwards
+    assert requests.get(f"{server.batched_url}/v1/healthz", timeout=10).status_code == 200
+
+
+def test_remote_agent_errors_match_the_in_process_contract(server: Server,
+                                                           local: HuggyAgent) -> None:
+    with RemoteAgent(server.url) as remote:
+        zeros = np.zeros(59, np.float32)
+        for obs, seed in ((zeros[:58], None), (np.full((2, 59), np.nan, np.float32), None),
+                          (zeros, 2**64)):
+            with pytest.raises(ValueError) as local_error:
+                local.compute_action(obs, deterministic=False, seed=seed)
+            with pytest.raises(ValueError) as remote_error:
+                remote.compute_action(obs, deterministic=False, seed=seed)
+            assert str(remote_error.value) == str(local_error.value)
+        with pytest.raises(RemoteRequestError, match=r"\(422 invalid_request\): 'row_offset' mu"):
+            remote.compute_action(zeros, deterministic=False, seed=1, row_offset=-1)
+        assert remote.healthy()
+
+
+def test_batch_size_metric_reaches_prometheus(server: Server, ray_cluster: RayCluster) -> None:
+    import ray
+
+    asyncio.run(burst(server.url, [act_body(observations(2, seed=i)) for i in range(8)]))
+    ports = [node["MetricsExportPort"] for node in ray.nodes() if node["Alive"]]
+    deadline = time.monotonic() + 60
+    while True:
+        texts = []
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+                texts.append(reply.read().decode())
+        lines = [line for text in texts for line in text.splitlines()
+                 if line.startswith("ray_huggy_batch_rows_count")]
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert lines, "huggy_batch_rows not exported on any node's Prometheus endpoint"
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in lines) >= 1
+    assert any("serve_" in text for text in texts)  # Serve's own metrics are on too
+
+
+def test_npu_replica_holds_npu_and_fails_at_start_without_torch_npu(
+        server: Server, ray_cluster: RayCluster) -> None:
+    import ray
+
+    from deploy.placement import plan_placement
+    from deploy.serve import cluster_nodes
+
+    placement = plan_placement("npu", 0, 1, cluster_nodes())
+
+    @ray.remote
+    def visible() -> tuple[dict, str | None]:
+        ids = ray.get_runtime_context().get_accelerator_ids()
+        return {k: v for k, v in ids.items() if v}, os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+
+    granted, env = ray.get(visible.options(**placement.ray_actor_options()).remote(), timeout=60)
+    assert granted == {"NPU": ["0"]} and env == "0"
+
+    with pytest.raises(RuntimeError) as failure:
+        deploy(AppArgs(accelerator="npu", num_cpus=0), name="npu", route_prefix="/npu",
+               timeout_s=90)
+    message = str(failure.value)
+    assert "DEPLOY_FAILED" in message
+    assert "replica pinned to npu:0 cannot use it" in message
+    assert "no NPU is usable here" in message
+    assert "ASCEND_RT_VISIBLE_DEVICES': '0'" in message
+    from ray import serve
+
+    serve.delete("npu")
+    # the other apps are unaffected
+    assert requests.get(f"{server.url}/v1/healthz", timeout=10).status_code == 200
+
+
+def test_two_npus_on_a_one_npu_cluster_are_refused_with_the_reason(server: Server) -> None:
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"cannot start 2 replicas on accelerator 'npu'.*"
+                                           r"cluster has NPU: 1 in total"):
+        deploy(AppArgs(accelerator="npu", replicas=2, num_cpus=0), name="npu2",
+               route_prefix="/npu2", timeout_s=30)
+    assert time.monotonic() - started < 10
+
+
+def test_remote_rollout_gives_the_in_process_returns(server: Server, local: HuggyAgent,
+                                                     tmp_path) -> None:
+    from envs import HuggyVectorEnv, rollout
+    from tests.envs_support import env_kwargs
+
+    results = []
+    for agent in (local, RemoteAgent(server.url)):
+        env = HuggyVectorEnv(**env_kwargs(tmp_path))
+        try:
+            results.append(rollout(agent, env, episodes=6, deterministic=True, seed=11))
+        finally:
+            env.close()
+    in_process, remote = results
+    assert len(remote.episodes) == len(in_process.episodes) == 6
+    assert [e.length for e in remote.episodes] == [e.length for e in in_process.episodes]
+    np.testing.assert_allclose([e.episode_return for e in remote.episodes],
+                               [e.episode_return for e in in_process.episodes], rtol=0, atol=1e-5)

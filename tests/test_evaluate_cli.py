@@ -1,0 +1,58 @@
+"""`huggy evaluate` end to end: argument errors in-process, and a real run as a subprocess on the
+session's Ray cluster compared with the same command run without Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from huggy_agent.cli import main
+from tests.conftest import REPO_ROOT, RayCluster, fixtures_dir
+
+COMMON = ["--episodes", "36", "--max-steps", "40", "--seed", "5", "--no-progress"]
+
+
+def test_policy_and_policy_url_are_exclusive(capsys) -> None:
+    policy = str(fixtures_dir() / "ppo_baseline" / "Huggy.onnx")
+    assert main(["evaluate", policy, "--policy-url", "http://127.0.0.1:1/"]) == 2
+    assert "give either POLICY... or --policy-url URL (exactly one of them), got 1 policies " \
+           "and policy-url='http://127.0.0.1:1/'" in capsys.readouterr().err
+    assert main(["evaluate"]) == 2
+    assert "got 0 policies and policy-url=None" in capsys.readouterr().err
+
+
+def test_bad_arguments_are_named(capsys, tmp_path) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "x.pt", "--runners", "0"])
+    assert exit_info.value.code == 2
+    assert "expected a whole number >= 1, got 0" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "missing.pt")]) == 2
+    assert "policy not found:" in capsys.readouterr().err
+    policy = str(fixtures_dir() / "ppo_baseline" / "Huggy.onnx")
+    assert main(["evaluate", policy, "--env", str(tmp_path / "NoSuchBuild.x86_64")]) == 2
+    assert "--env: Unity build not found" in capsys.readouterr().err
+
+
+def test_cli_on_ray_equals_cli_without_ray(ray_cluster: RayCluster, tmp_path, capsys) -> None:
+    run = str(fixtures_dir() / "ppo_normalize_False")
+    assert main(["evaluate", run, "--no-ray", "--out", str(tmp_path / "plain"), *COMMON]) == 0
+    plain_table = capsys.readouterr().out
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "huggy_agent.cli", "evaluate", run, "--runners", "2",
+         "--address", ray_cluster.address, "--accelerator", "cpu", "--out", str(tmp_path / "ray"),
+         *COMMON],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ppo_normalize_False@2000073" in done.stdout
+    assert plain_table.splitlines()[2].split()[:8] == done.stdout.splitlines()[2].split()[:8]
+    plain = json.loads((tmp_path / "plain" / "evaluation.json").read_text())
+    ray_run = json.loads((tmp_path / "ray" / "evaluation.json").read_text())
+    assert [i["returns"] for i in ray_run["policies"][0]["items"]] == \
+        [i["returns"] for i in plain["policies"][0]["items"]]
+    assert (tmp_path / "ray" / "learning_curve.png").stat().st_size > 0
+    assert (tmp_path / "ray" / "evaluation.csv").read_text().count("\n") == 2

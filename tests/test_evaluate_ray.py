@@ -1,0 +1,235 @@
+"""Batch evaluation on the session's two-node Ray cluster, against the plain single-process loop.
+
+Every test evaluates the real shared fixtures on the built-in stand-in over real gRPC. The plain
+loop (no Ray, one environment, items in order) is the reference: the Ray numbers must equal it
+whatever the number of runners, the faults, or the nodes the items ran on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+from dataclasses import replace
+
+import pytest
+
+from deploy.evaluate import (
+    EnvSpec,
+    EvalConfig,
+    EvaluationResult,
+    ItemResult,
+    PolicySpec,
+    RunnerPool,
+    evaluate_on_ray,
+    evaluate_plain,
+    expand_policies,
+)
+from deploy.report import format_table, summarize_all, write_report
+from tests.conftest import FIXTURE_RUNS, RayCluster, fixtures_dir, free_port
+
+# Short episodes keep the suite fast; 18 agents per environment as in the Huggy scene.
+ENV = EnvSpec(max_steps=60)
+CONFIG = EvalConfig(episodes=36, episodes_per_item=18, seed=11, accelerator="cpu",
+                    progress=False)
+
+
+def _episodes(result: EvaluationResult) -> list[list[tuple]]:
+    """Every item's episodes, per policy, in item order: what fixed seeds must reproduce."""
+    return [[(item.index, item.seed, item.returns, item.lengths, item.reached_stick)
+             for item in policy.ordered_items()] for policy in result.policies]
+
+
+def _numbers(result: EvaluationResult) -> list[tuple]:
+    return [summary.numbers() for summary in summarize_all(result)]
+
+
+def wait_for_every_runner(result: ItemResult, pool: RunnerPool | None) -> None:
+    """At the first finished item, block until every started runner is ready, so that each
+    gets items even when one starts much later than the other (on a loaded machine)."""
+    import ray
+
+    assert pool is not None
+    if len(pool.infos) < len(pool.actors):
+        ray.get([actor.info.remote() for actor in pool.actors.values()], timeout=120)
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return expand_policies([fixtures_dir() / run for run in FIXTURE_RUNS])
+
+
+@pytest.fixture(scope="module")
+def reference(specs) -> EvaluationResult:
+    """The plain loop's evaluation of the three fixtures: the independent reference."""
+    result = evaluate_plain(specs, CONFIG, ENV)
+    assert all(not policy.failed for policy in result.policies)
+    assert [len(policy.items) for policy in result.policies] == [2, 2, 2]
+    return result
+
+
+def test_runners_1_and_2_equal_plain_loop_and_write_report(ray_cluster: RayCluster, specs,
+                                                            reference, tmp_path) -> None:
+    one = evaluate_on_ray(specs, CONFIG, ENV)
+    two = evaluate_on_ray(specs, replace(CONFIG, runners=2), ENV,
+                          on_result=wait_for_every_runner)
+    assert _episodes(one) == _episodes(reference)
+    assert _episodes(two) == _episodes(reference)
+    assert _numbers(one) == _numbers(two) == _numbers(reference)
+    assert all(s.episodes == 36 and s.status == "ok" for s in summarize_all(two))
+    assert one.retries == two.retries == 0
+    assert len(one.runners) == 1 and len(two.runners) == 2
+    assert len({item.runner for p in two.policies for item in p.items}) == 2
+    # Different policies really behave differently (the test would be vacuous otherwise).
+    assert len({s.mean_return for s in summarize_all(two)}) == 3
+
+    paths = write_report(two, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "evaluation.csv", "evaluation.json", "learning_curve.png"]
+    assert paths["png"].read_bytes().startswith(b"\x89PNG")
+    table = format_table(two)
+    for run in FIXTURE_RUNS:
+        assert run in table
+
+
+def test_killed_runner_and_crashed_env_are_retried(ray_cluster: RayCluster, specs,
+                                                   reference) -> None:
+    """When the second item finishes (both runners are working by then), kill the other
+    runner's actor (busy with an item) and the finishing runner's environment process (about to
+    get its next item). Both lost items run again on fresh runners, and the numbers equal the
+    fault-free ones."""
+    import ray
+
+    faults: list[str] = []
+    finished: list[ItemResult] = []
+
+    def inject(result: ItemResult, pool: RunnerPool | None) -> None:
+        assert pool is not None
+        finished.append(result)
+        if len(finished) == 1:
+            wait_for_every_runner(result, pool)
+        if len(finished) != 2:
+            return
+        (other,) = [name for name in pool.busy if name != result.runner]
+        ray.kill(pool.actors[other])
+        env_pid = pool.infos[result.runner].env_pid
+        assert env_pid is not None
+        os.kill(env_pid, signal.SIGKILL)
+        faults.extend([f"actor of {other}", f"environment of {result.runner}"])
+
+    result = evaluate_on_ray(specs, replace(CONFIG, runners=2), ENV,
+                             on_result=inject)
+    assert len(faults) == 2
+    assert result.retries == 2
+    retried = [item for policy in result.policies for item in policy.items if item.attempts > 1]
+    assert len(retried) == 2
+    assert {item.runner for item in retried}.isdisjoint({"runner-0", "runner-1"})  # fresh ones
+    assert _episodes(result) == _episodes(reference)
+    assert _numbers(result) == _numbers(reference)
+    assert "retries: 2" in format_table(result)
+
+
+def test_corrupt_checkpoint_is_reported_and_others_evaluated(ray_cluster: RayCluster, specs,
+                                                            reference, tmp_path) -> None:
+    baseline = fixtures_dir() / "ppo_baseline" / "Huggy"
+    data = (baseline / "Huggy-2000343.pt").read_bytes()
+    corrupt = tmp_path / "Huggy-1000.pt"
+    corrupt.write_bytes(data[: len(data) // 3])
+    onnx = tmp_path / "Huggy-2000139.onnx"
+    shutil.copy(fixtures_dir() / "ppo_num_layers_2" / "Huggy" / "Huggy-2000139.onnx", onnx)
+    chosen = expand_policies([baseline / "Huggy-2000343.onnx", corrupt, onnx,
+                              baseline / "Huggy-2000343.pt"])
+    result = evaluate_on_ray(chosen, replace(CONFIG, runners=2), ENV)
+    ok_onnx, bad, ok_copy, ok_pt = summarize_all(result)
+    assert bad.status == "failed" and bad.episodes == 0 and bad.fingerprint is None
+    assert "Huggy-1000.pt" in bad.error and bad.error.startswith("PolicyLoadError: ")
+    assert [s.status for s in (ok_onnx, ok_copy, ok_pt)] == ["ok", "ok", "ok"]
+    # The same files as the reference's first two policies give the same episodes.
+    assert _episodes(result)[0] == _episodes(reference)[0]
+    assert _episodes(result)[2] == _episodes(reference)[1]
+    # The .pt holds the same policy as the .onnx (to float rounding, which episodes can amplify).
+    assert ok_pt.mean_return == pytest.approx(ok_onnx.mean_return, abs=0.02)
+    assert f"failed: {bad.label}: PolicyLoadError" in format_table(result)
+
+
+def test_runs_on_both_nodes(ray_cluster: RayCluster, specs, reference) -> None:
+    config = replace(CONFIG, runners=2,
+                     pin_nodes=(ray_cluster.head_node_id, ray_cluster.worker_node_id))
+    result = evaluate_on_ray(specs, config, ENV, on_result=wait_for_every_runner)
+    nodes = result.node_episodes()
+    assert set(nodes) == {ray_cluster.head_node_id, ray_cluster.worker_node_id}
+    assert sum(nodes.values()) == 3 * 36
+    assert {r.node_id for r in result.runners} == set(nodes)
+    assert _episodes(result) == _episodes(reference)
+    table = format_table(result)
+    assert ray_cluster.head_node_id in table and ray_cluster.worker_node_id in table
+
+
+def test_interrupt_keeps_finished_items_and_stops_runners(ray_cluster: RayCluster, specs,
+                                                          reference) -> None:
+    import ray
+
+    seen: dict[str, object] = {}
+
+    def interrupt(result: ItemResult, pool: RunnerPool | None) -> None:
+        assert pool is not None
+        seen.update(pool.actors)
+        raise KeyboardInterrupt
+
+    result = evaluate_on_ray(specs, replace(CONFIG, runners=2), ENV,
+                             on_result=interrupt)
+    assert result.interrupted
+    finished = [item for policy in result.policies for item in policy.items]
+    assert len(finished) == 1
+    item = finished[0]
+    expected = reference.policies[item.policy_index].ordered_items()[item.index]
+    assert item.returns == expected.returns
+    assert {s.status for s in summarize_all(result)} <= {"incomplete"}
+    for actor in seen.values():
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.info.remote(), timeout=30)
+
+
+def test_policy_url_runners_query_serve(ray_cluster: RayCluster, reference) -> None:
+    """With a Serve URL instead of a file, runners query the served policy: same episodes as
+    the plain loop with the same policy loaded locally. An unreachable URL is reported failed."""
+    from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+    from deploy.serve import AppArgs
+
+    served = fixtures_dir() / "ppo_num_layers_2" / "Huggy" / "Huggy-2000139.onnx"
+    assert reference.policies[1].spec.path == str(served)
+    port = free_port()
+    start_serve("127.0.0.1", port, DEFAULT_INGRESS)
+    try:
+        deploy(AppArgs(policy=str(served), accelerator="cpu", num_cpus=0.5), timeout_s=120)
+        url = f"http://127.0.0.1:{port}"
+        dead = f"http://127.0.0.1:{free_port()}"
+        specs = [PolicySpec(label=url, url=url), PolicySpec(label=dead, url=dead)]
+        result = evaluate_on_ray(specs, CONFIG, ENV)
+    finally:
+        stop_serve(port)
+    good, bad = summarize_all(result)
+    assert good.status == "ok" and good.fingerprint == reference.policies[1].fingerprint
+    assert _episodes(result)[0] == _episodes(reference)[1]
+    assert bad.status == "failed"
+    assert bad.error.startswith("PolicyLoadError: ") and dead in bad.error
+
+
+def test_stochastic_items_are_seeded(ray_cluster: RayCluster, specs, reference) -> None:
+    """Sampled actions are seeded per item too: Ray equals the plain loop, and differs from the
+    deterministic policy."""
+    config = replace(CONFIG, stochastic=True, runners=2)
+    plain = evaluate_plain(specs[:1], config, ENV)
+    on_ray = evaluate_on_ray(specs[:1], config, ENV, on_result=wait_for_every_runner)
+    assert _episodes(on_ray) == _episodes(plain)
+    assert _numbers(on_ray) == _numbers(plain)
+    assert _episodes(plain)[0] != _episodes(reference)[0]
+
+
+def test_more_runners_than_the_cluster_holds_is_refused(ray_cluster: RayCluster, specs) -> None:
+    config = replace(CONFIG, runners=5)  # 4 CPUs in the session cluster
+    with pytest.raises(RuntimeError, match=re.escape(
+            "cannot start 5 runners of 1 CPU each: cannot start 5 replicas on accelerator 'cpu': "
+            "each needs {CPU: 1}, so 5 need CPU: 5, and the cluster has CPU: 4 in total")):
+        evaluate_on_ray(specs, config, ENV)
