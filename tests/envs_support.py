@@ -25,7 +25,7 @@ def gait_actions(step: int, n: int) -> np.ndarray:
     forward lifted and sweep back planted at full strength, turning force on."""
     phase = 1.0 if step % 2 else -1.0
     actions = np.zeros((n, 21), dtype=np.float32)
-    actions[:, 0:8:2] = -phase  # upper legs X
+    actions[:, 1:8:2] = -phase * np.array([1.0, -1.0, 1.0, -1.0])  # upper legs Y (fore-aft)
     actions[:, 8:12] = phase  # lower legs X: planted while sweeping back
     actions[:, 12:20] = 1.0  # strengths
     actions[:, 20] = 1.0  # turn toward the stick

@@ -1,13 +1,21 @@
 """A simple dog body, vectorized over agents with numpy, with Huggy's observations and actions.
 
-Not a physics engine: each leg joint moves toward its action target at a rate set by its strength,
-feet touch the ground when the leg is extended, legs that sweep backward while touching the ground
-push the body along its heading, and a turning force rotates it toward the stick. What matters is
+Not a physics engine: each leg joint moves toward its action target at a rate set by its strength;
+an upper leg's Y rotation swings it fore and aft (mirrored between left and right legs, as the
+trained policies' symmetric poses show), X and the lower leg's X set how far it reaches down. The
+body's pitch is a lightly damped spring pulled by the legs (legs swung forward lower their end of
+the body) and stops where the nose or rear touches the ground (body contact), a foot touches
+the ground when its leg reaches down far enough at that pitch, feet on the ground that swing
+backward push the body along its heading (slipping beyond a top speed), and
+a turning force rotates it toward the stick. The trained policies hold their pitch with their
+legs' swing, which makes this body bound forward. What matters is
 the interface, which follows Huggy (facts.md): 59 observations in the trained models' order and
 scales, 21 actions with Huggy's meaning, Huggy's reward, and an episode that ends at the stick.
 
 Observation layout (59): body ground contact; then for each leg (upper, lower) part: contact,
 normalized joint rotation X/Y/Z in [0, 1] (Z, and Y of lower legs, stay 0), strength in [0, 1];
+as in ML-Agents' JointDriveController, rotation and strength report the last commanded target
+(the action mapped to [0, 1]), not the joint's actual state;
 then direction to the stick (3, unit), body position (3, relative to the arena centre at standing
 height), velocity (3), angular velocity (3), forward (3), up (3).
 """
@@ -29,6 +37,16 @@ _STAND_HEIGHT = 0.93  # body height subtracted from the reported position
 # Legs: 0 front left, 1 front right, 2 back left, 3 back right.
 # Columns of ext @ _POSE: mean extension, front minus back, left minus right.
 _POSE = np.array([[0.25, 0.5, 0.5], [0.25, 0.5, -0.5], [0.25, -0.5, 0.5], [0.25, -0.5, -0.5]])
+_MIRROR = np.array([1.0, -1.0, 1.0, -1.0])  # upper leg Y -> fore-aft swing (+ = foot forward)
+_FRONT = np.array([1.0, 1.0, -1.0, -1.0])  # +1 for front legs, -1 for back legs
+_PITCH_FREQ = 10.0  # rad/s: natural frequency of the body's pitch spring
+_PITCH_DAMPING = 2.0  # 1/s
+_SWING_PITCH = -4.0  # pitch (rad) per unit of front-minus-back swing
+_TILT_REACH = 2.0  # leg reach gained per radian of tilt toward that leg's end
+_MAX_SWEEP = 2.5  # fastest foot sweep (normalized rotation per second) that grips the ground
+_LEVEL_PITCH = 0.13  # rad, nose up: the standing pose's pitch
+_MAX_REST = 0.7  # rad from the level pitch: the most the legs can tilt the body
+_MAX_TILT = 0.9  # rad from the level pitch at which the body's nose or rear hits the ground
 _UPPER = 1 + 10 * np.arange(4)  # first observation column of each upper leg part
 _LOWER = _UPPER + 5  # ... and of each lower leg part
 
@@ -98,10 +116,12 @@ class HuggySim:
         self.pos = np.zeros((n, 3))
         self.yaw = np.zeros(n)
         self.pitch = np.zeros(n)
+        self.pitch_rate = np.zeros(n)
         self.roll = np.zeros(n)
         self.vel = np.zeros((n, 3))
         self.angvel = np.zeros((n, 3))
         self.joints = np.full((n, 12), 0.5)
+        self.targets = np.full((n, 12), 0.5)
         self.strength = np.full((n, 8), 0.5)
         self.stick = np.zeros((n, 3))
         self.steps = np.zeros(n, dtype=np.int64)
@@ -119,7 +139,9 @@ class HuggySim:
         self.yaw[mask] = self.rng.uniform(-np.pi, np.pi, k)
         self.vel[mask] = 0.0
         self.angvel[mask] = 0.0
+        self.pitch_rate[mask] = 0.0
         self.joints[mask] = 0.5
+        self.targets[mask] = 0.5
         self.strength[mask] = 0.5
         self.steps[mask] = 0
         self.agent_id[mask] = np.arange(self._next_id, self._next_id + k)
@@ -142,13 +164,24 @@ class HuggySim:
         return 0.6 * self.joints[:, 8:12] + 0.4 * self.joints[:, 0:4]  # (N, 4) in [0, 1]
 
     def _pose(self, mask: np.ndarray | None = None) -> None:
-        """Height, pitch and roll follow from the legs' extension."""
+        """Height and roll follow from the legs' extension; pitch springs toward the pose the
+        legs' extension and swing give it over one decision (`mask`: set it there at once)."""
         pose = self._extension() @ _POSE
         height = 0.3 + pose[:, 0]
-        pitch = 0.13 + 2.0 * pose[:, 1]
+        swing = (self.joints[:, 4:8] - 0.5) * _MIRROR
+        rest = _LEVEL_PITCH + 2.0 * pose[:, 1] + _SWING_PITCH * (swing @ _FRONT) / 2
+        rest = np.clip(rest, _LEVEL_PITCH - _MAX_REST, _LEVEL_PITCH + _MAX_REST)
         roll = 2.0 * pose[:, 2]
         if mask is None:
             mask = slice(None)
+            self.pitch_rate += DT * (_PITCH_FREQ**2 * (rest - self.pitch)
+                                     - _PITCH_DAMPING * self.pitch_rate)
+            pitch = self.pitch + DT * self.pitch_rate
+            grounded = np.abs(pitch - _LEVEL_PITCH) >= _MAX_TILT
+            self.pitch_rate[grounded] = 0.0
+            pitch = np.clip(pitch, _LEVEL_PITCH - _MAX_TILT, _LEVEL_PITCH + _MAX_TILT)
+        else:
+            pitch = rest
         self.pos[mask, 1] = height[mask]
         self.pitch[mask] = pitch[mask]
         self.roll[mask] = roll[mask]
@@ -165,9 +198,11 @@ class HuggySim:
         return forward, up
 
     def _contacts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lower = self.joints[:, 8:12] >= 0.5
+        tilt = _TILT_REACH * (self.pitch - _LEVEL_PITCH)[:, None] * -_FRONT  # nose down: front feet reach
+        lower = self.joints[:, 8:12] + tilt >= 0.5
         upper = self.joints[:, 0:4] > 0.7
-        body = (lower.sum(axis=1) <= 1) & (self._extension() @ _POSE[:, 0] < 0.45)
+        body = ((lower.sum(axis=1) <= 1) & (self._extension() @ _POSE[:, 0] < 0.45)
+                | (np.abs(self.pitch - _LEVEL_PITCH) >= _MAX_TILT - 1e-9))
         return body, upper, lower
 
     def observe(self) -> np.ndarray:
@@ -178,11 +213,11 @@ class HuggySim:
         obs[:, 0] = body
         # Each leg part's block: contact, rotation X, Y, Z, strength.
         obs[:, _UPPER] = upper
-        obs[:, _UPPER + 1] = self.joints[:, 0:4]
-        obs[:, _UPPER + 2] = self.joints[:, 4:8]
+        obs[:, _UPPER + 1] = self.targets[:, 0:4]
+        obs[:, _UPPER + 2] = self.targets[:, 4:8]
         obs[:, _UPPER + 4] = self.strength[:, 0::2]
         obs[:, _LOWER] = lower
-        obs[:, _LOWER + 1] = self.joints[:, 8:12]
+        obs[:, _LOWER + 1] = self.targets[:, 8:12]
         obs[:, _LOWER + 4] = self.strength[:, 1::2]
         to_stick = self.stick - self.pos
         obs[:, 41:44] = to_stick / np.linalg.norm(to_stick, axis=1, keepdims=True)
@@ -206,7 +241,8 @@ class HuggySim:
         targets[:, 0:4] = (a[:, 0:8:2] + 1) / 2  # upper legs X
         targets[:, 4:8] = (a[:, 1:8:2] + 1) / 2  # upper legs Y
         targets[:, 8:12] = (a[:, 8:12] + 1) / 2  # lower legs X
-        self.strength += 0.5 * ((a[:, 12:20] + 1) / 2 - self.strength)
+        self.targets = targets
+        self.strength = (a[:, 12:20] + 1) / 2
         joint_strength = np.concatenate([self.strength[:, 0::2], self.strength[:, 0::2],
                                          self.strength[:, 1::2]], axis=1)
         old_joints = self.joints.copy()
@@ -215,13 +251,16 @@ class HuggySim:
 
         # Feet on the ground that sweep backward push the body along its heading.
         _, _, lower = self._contacts()
-        sweep = (old_joints[:, 0:4] - self.joints[:, 0:4]) / DT
+        sweep = (old_joints[:, 4:8] - self.joints[:, 4:8]) * _MIRROR / DT
+        sweep = np.clip(sweep, -_MAX_SWEEP, _MAX_SWEEP)
         thrust = (lower * self.strength[:, 1::2] * sweep).sum(axis=1)
         to_stick = self.stick - self.pos
         bearing = np.arctan2(to_stick[:, 0], to_stick[:, 2]) - self.yaw
         bearing = (bearing + np.pi) % (2 * np.pi) - np.pi
-        splay = self.joints[:, 4:8]
-        yaw_rate = 3.0 * turn * np.clip(bearing, -1, 1) + 8.0 * (splay @ _POSE[:, 2])
+        # Legs on one side swung forward and on the other back (Y, mirrored) turn the body;
+        # a symmetric pose (Y_left = 1 - Y_right, as the trained policies hold) does not.
+        splay = self.joints[:, 4:8] - 0.5
+        yaw_rate = 3.0 * turn * np.clip(bearing, -1, 1) + 4.0 * splay.sum(axis=1)
         old_pos, old_pitch, old_roll = self.pos.copy(), self.pitch.copy(), self.roll.copy()
         self.yaw = (self.yaw + yaw_rate * DT + np.pi) % (2 * np.pi) - np.pi
         speed = 0.5 * np.hypot(self.vel[:, 0], self.vel[:, 2]) * np.sign(
