@@ -140,7 +140,8 @@ def _parse_obs(obs: Any, obs_size: int, max_rows: int) -> tuple[np.ndarray, bool
     if array.ndim not in (1, 2) or array.shape[-1] != obs_size or array.size == 0:
         raise ApiError(422, "invalid_shape", f"'obs' {expected}, received shape "
                        f"{list(array.shape)}")
-    array = array.astype(np.float32).reshape(-1, obs_size)
+    with np.errstate(over="ignore"):  # beyond float32's range becomes inf, refused just below
+        array = array.astype(np.float32).reshape(-1, obs_size)
     finite = np.isfinite(array)
     if not finite.all():
         row, col = np.argwhere(~finite)[0]

@@ -108,8 +108,8 @@ def _agent_infos(rng: np.random.Generator, n: int, width: int) -> list:
     return infos
 
 
-def test_fast_steps_from_proto_equals_the_original() -> None:
-    from mlagents_envs import rpc_utils
+def _vector_spec(obs_size: int, act_size: int):  # noqa: ANN202 - mlagents_envs imported lazily
+    """A BehaviorSpec with one vector observation and continuous actions."""
     from mlagents_envs.base_env import (
         ActionSpec,
         BehaviorSpec,
@@ -118,10 +118,16 @@ def test_fast_steps_from_proto_equals_the_original() -> None:
         ObservationType,
     )
 
-    spec = BehaviorSpec(
-        [ObservationSpec((59,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "")],
-        ActionSpec(21, ()),
+    return BehaviorSpec(
+        [ObservationSpec((obs_size,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "")],
+        ActionSpec(act_size, ()),
     )
+
+
+def test_fast_steps_from_proto_equals_the_original() -> None:
+    from mlagents_envs import rpc_utils
+
+    spec = _vector_spec(59, 21)
     infos = _agent_infos(np.random.default_rng(1), 18, 59)
     fast = rpc_utils.steps_from_proto(infos, spec)
     slow = compat.original_steps_from_proto(infos, spec)
@@ -138,18 +144,8 @@ def test_fast_steps_from_proto_equals_the_original() -> None:
 
 def test_fast_steps_from_proto_rejects_nan_like_the_original() -> None:
     from mlagents_envs import rpc_utils
-    from mlagents_envs.base_env import (
-        ActionSpec,
-        BehaviorSpec,
-        DimensionProperty,
-        ObservationSpec,
-        ObservationType,
-    )
 
-    spec = BehaviorSpec(
-        [ObservationSpec((4,), (DimensionProperty.NONE,), ObservationType.DEFAULT, "")],
-        ActionSpec(2, ()),
-    )
+    spec = _vector_spec(4, 2)
     infos = _agent_infos(np.random.default_rng(2), 3, 4)
     infos[1].observations[0].float_data.data[2] = float("nan")
     with pytest.raises(RuntimeError, match="observations provided had NaN values"):
