@@ -86,6 +86,19 @@ def test_actions_lie_in_minus_one_one(agent: HuggyAgent) -> None:
         assert np.mean(np.abs(actions) == 1.0) > 0  # the clip is reached, and holds
 
 
+def test_large_batches_match_onnxruntime_and_their_own_splits(agent: HuggyAgent) -> None:
+    """Batches above CPU_CHUNK_ROWS run in chunks; rows must not notice."""
+    obs = np.random.default_rng(9).standard_normal((2600, 59)).astype(np.float32)
+    session = ort.InferenceSession(str(bundled_policy_path()), providers=["CPUExecutionProvider"])
+    (reference,) = session.run(["deterministic_continuous_actions"], {"obs_0": obs})
+    whole = agent.compute_action(obs, deterministic=False, seed=2)
+    assert np.abs(agent.compute_action(obs) - reference).max() <= 1e-5
+    split = np.concatenate([agent.compute_action(obs[:1025], deterministic=False, seed=2),
+                            agent.compute_action(obs[1025:], deterministic=False, seed=2,
+                                                 row_offset=1025)])
+    np.testing.assert_array_equal(split, whole)
+
+
 def test_input_is_not_modified(agent: HuggyAgent, observations: np.ndarray) -> None:
     given = observations.copy()
     agent.compute_action(given, deterministic=False, seed=3)
