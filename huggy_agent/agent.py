@@ -18,7 +18,6 @@ from huggy_agent.network import PPO_ACTION_CLIP, PolicyNet, canonical_keys
 from huggy_agent.noise import SEED_RANGE, gaussian_noise
 from huggy_agent.observations import as_observation_batch
 
-
 CPU_CHUNK_ROWS = 1024
 
 
