@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.evaluate import EvaluationResult, PolicyResult
+from huggy_agent.tables import format_table as huggy_table
 
 CSV_NAME = "evaluation.csv"
 JSON_NAME = "evaluation.json"
@@ -138,10 +139,7 @@ def format_table(result: EvaluationResult, summaries: list[PolicySummary] | None
         rows.append((s.label, "-" if s.step is None else str(s.step), str(s.episodes),
                      _fmt(s.mean_return), _fmt(s.std_return), ci, _fmt(s.mean_length, 1), reached,
                      _fmt(s.agent_steps_per_s, 0), str(s.retries), s.status))
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             .rstrip() for row in (header, *rows)]
-    lines.insert(1, "  ".join("-" * width for width in widths))
+    lines = huggy_table(header, rows).splitlines()  # text cells: every column left-aligned
     nodes = ", ".join(f"{node} ({count} episodes)"
                       for node, count in sorted(result.node_episodes().items()))
     lines.append("")

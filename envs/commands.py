@@ -21,10 +21,7 @@ def load_agent(args: argparse.Namespace) -> Any:
         return RemoteAgent(args.policy_url)
     from huggy_agent import HuggyAgent
 
-    if args.policy is None:
-        return HuggyAgent(device=args.device, precision=args.precision, seed=args.seed)
-    return HuggyAgent.from_checkpoint(args.policy, device=args.device, precision=args.precision,
-                                      seed=args.seed)
+    return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=args.seed)
 
 
 def summary_rows(result: RolloutResult) -> list[tuple[str, object]]:
