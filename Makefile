@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test test-numerics lint bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,18 @@ run: install
 
 test: install
 	RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q
+
+# The numerics tests again under other CPU kernel paths, standing in for CPUs we don't have:
+# one thread; torch's AVX2 kernels with MKL's AVX2 path; torch's scalar kernels.
+KERNEL_PATHS := "OMP_NUM_THREADS=1" \
+	"ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2" \
+	"ATEN_CPU_CAPABILITY=default"
+
+test-numerics: install
+	@set -e; for paths in $(KERNEL_PATHS); do \
+		echo "== numerics tests with $$paths"; \
+		env $$paths $(PY) -m pytest -q -m numerics; \
+	done
 
 lint: install
 	$(VENV)/bin/ruff check .

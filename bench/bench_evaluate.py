@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.evaluate import (
+from deploy.evaluation import (
     EnvSpec,
     EvalConfig,
     EvaluationResult,

@@ -15,7 +15,9 @@ the rules are testable on their own and the replica can run them before a reques
 
 from __future__ import annotations
 
+import codecs
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,7 @@ ROUTES: dict[str, str] = {ACT_PATH: "POST", HEALTH_PATH: "GET", INFO_PATH: "GET"
 
 ACT_FIELDS = ("obs", "deterministic", "seed", "row_offset")
 SEED_LIMIT = 2**64
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class ApiError(Exception):
@@ -77,16 +80,21 @@ def check_route(path: str, method: str) -> None:
 def parse_act_request(body: bytes, obs_size: int, max_rows: int) -> ActRequest:
     """Parse and validate the body of `POST /v1/act`.
 
-    Raises ApiError: 400 malformed JSON, 413 more than `max_rows` observations, 422 anything else
-    wrong (not an object, unknown or missing field, wrong type, wrong shape, non-finite value).
+    Any body either parses or raises ApiError, never anything else: 400 not UTF-8 JSON (also
+    empty, nested too deeply); 413 more than `max_rows` observations; 422 anything else wrong
+    (not an object, unknown, repeated or missing field, wrong type, wrong shape, a boolean or
+    other non-number in `obs`, a value that is not finite in float32). Messages name what was
+    expected and what was received.
     """
     try:
-        document = orjson.loads(body)
+        document, exact = orjson.loads(body), False
     except orjson.JSONDecodeError:
-        document = _lenient_json(body)
+        document, exact = _exact_json(body), True
     if not isinstance(document, dict):
         raise ApiError(422, "invalid_request", "request body must be a JSON object with an "
-                       f"'obs' field, received {type(document).__name__}")
+                       f"'obs' field, received {_describe(document)}")
+    if not exact and _may_hide_values(body, document):
+        document, exact = _exact_json(body), True
     unknown = sorted(set(document) - set(ACT_FIELDS))
     if unknown:
         raise ApiError(422, "invalid_request", f"unknown field(s) {unknown}; expected only "
@@ -97,63 +105,164 @@ def parse_act_request(body: bytes, obs_size: int, max_rows: int) -> ActRequest:
     deterministic = document.get("deterministic", True)
     if not isinstance(deterministic, bool):
         raise ApiError(422, "invalid_request", "'deterministic' must be true or false, received "
-                       f"{deterministic!r}")
+                       f"{_describe(deterministic)}")
     seed = document.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < SEED_LIMIT):
         raise ApiError(422, "invalid_request", "'seed' must be null or an integer in [0, 2**64), "
-                       f"received {seed!r}")
+                       f"received {_describe(seed)}")
     row_offset = document.get("row_offset", 0)
     if not _is_int(row_offset) or not 0 <= row_offset < SEED_LIMIT:
         raise ApiError(422, "invalid_request", "'row_offset' must be an integer in [0, 2**64), "
-                       f"received {row_offset!r}")
-    obs, single = _parse_obs(document["obs"], obs_size, max_rows)
+                       f"received {_describe(row_offset)}")
+    obs, single = _parse_obs(document["obs"], obs_size, max_rows, exact)
     return ActRequest(obs, single, deterministic, seed, row_offset)
 
 
-def _lenient_json(body: bytes) -> Any:
-    """The standard library's reading of a body orjson refused: it accepts NaN and Infinity
-    (which then fail as non-finite values, 422) and words its errors well (400)."""
+def _may_hide_values(body: bytes, document: dict) -> bool:
+    """Whether orjson's `document` may hide what the API refuses: a repeated key (orjson keeps
+    the last) or a true/false inside 'obs' (numpy would read it as 1/0).
+
+    A cheap check of the bytes, for every request: in JSON without backslash escapes every '"'
+    delimits a string, and outside strings the letters 'u' and 'a' occur only in the literals
+    true, false and null, once each. So when the body holds no more quotes and u/a letters than
+    the top level of `document` accounts for, no key repeats and no string or literal sits below
+    the top level. Otherwise the body is read again by `_exact_json`, and 'obs' is checked value
+    by value.
+    """
+    if b"\\" in body:
+        return True
+    strings = [*document, *(value for value in document.values() if isinstance(value, str))]
+    literals = sum(value is None or isinstance(value, bool) for value in document.values())
+    letters = literals + sum(text.count("u") + text.count("a") for text in strings)
+    data = np.frombuffer(body, np.uint8)
+    return (int(np.count_nonzero(data == ord('"'))) != 2 * len(strings)
+            or int(np.count_nonzero(data == ord("u")) + np.count_nonzero(data == ord("a")))
+            != letters)
+
+
+def _exact_json(body: bytes) -> Any:
+    """The standard library's reading of a body orjson refused or that may hide values.
+
+    It accepts NaN and Infinity (which then fail as non-finite values, 422), refuses repeated
+    keys (422), reads integers outside [-2**63, 2**64) as floats as orjson does, and words its
+    errors well (400). Only UTF-8 is accepted (RFC 8259), not the UTF-16 or UTF-32 that
+    `json.loads` would detect in bytes.
+    """
+    expected = "expected a JSON object such as {\"obs\": [numbers]}"
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ApiError(400, "malformed_json", f"request body is not valid JSON: {error}") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            received = "UTF-16 or UTF-32 (the body starts with a byte-order mark)"
+        else:
+            received = f"byte 0x{body[error.start]:02x} at position {error.start}, not UTF-8"
+        raise ApiError(400, "malformed_json", f"request body must be JSON in UTF-8, {expected}; "
+                       f"received {received}") from None
+    if not text.strip():
+        received = f"only whitespace ({len(body)} bytes)" if body else "nothing"
+        raise ApiError(400, "malformed_json", f"request body is empty, {expected}; received "
+                       f"{received}")
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_int=_json_int)
+    except json.JSONDecodeError as error:
+        raise ApiError(400, "malformed_json", f"request body is not valid JSON, {expected}; "
+                       f"received {error}") from None
+    except RecursionError:
+        raise ApiError(400, "malformed_json", f"request body is nested too deeply to read, "
+                       f"{expected} (3 levels); received arrays or objects nested deeper than "
+                       "the parser's limit of about 1,000 levels") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) < len(pairs):
+        keys = [key for key, _ in pairs]
+        repeated = next(key for key in keys if keys.count(key) > 1)
+        raise ApiError(422, "invalid_request", f"each field may appear once in an object, "
+                       f"received {repeated!r} {keys.count(repeated)} times")
+    return document
+
+
+def _json_int(text: str) -> int | float:
+    if len(text) <= 20:  # 2**64 has 20 digits
+        value = int(text)
+        if -2**63 <= value < 2**64:
+            return value
+    return float(text)  # inf beyond float64's range: never int() of thousands of digits
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _parse_obs(obs: Any, obs_size: int, max_rows: int) -> tuple[np.ndarray, bool]:
+def _parse_obs(obs: Any, obs_size: int, max_rows: int, exact: bool) -> tuple[np.ndarray, bool]:
+    """`obs` as a (rows, obs_size) float32 array, and whether it was sent as one row.
+
+    `exact`: `obs` may hold booleans (see `_may_hide_values`), so its values are checked one by
+    one; otherwise numpy reads it at once and is asked why only if that fails.
+    """
     expected = f"expected [{obs_size} numbers] or [[{obs_size} numbers], ...]"
     if not isinstance(obs, list) or not obs:
         raise ApiError(422, "invalid_shape", f"'obs' {expected}, received {_describe(obs)}")
-    if isinstance(obs[0], list) and len(obs) > max_rows:
+    single = not isinstance(obs[0], list)
+    if not single and len(obs) > max_rows:
         raise ApiError(413, "too_many_rows", f"'obs' has {len(obs)} rows, the limit is "
                        f"{max_rows} per request; split it into several requests")
+    if exact:
+        _check_values(obs, single, obs_size, expected)
     try:
-        array = np.array(obs)
-    except ValueError:  # ragged nesting
-        raise ApiError(422, "invalid_shape", f"'obs' {expected}, received rows of different "
-                       "lengths") from None
-    if array.dtype.kind not in "iuf":
-        raise ApiError(422, "invalid_value", f"'obs' must hold only numbers, {expected}")
-    if array.ndim not in (1, 2) or array.shape[-1] != obs_size or array.size == 0:
-        raise ApiError(422, "invalid_shape", f"'obs' {expected}, received shape "
-                       f"{list(array.shape)}")
-    with np.errstate(over="ignore"):  # beyond float32's range becomes inf, refused just below
-        array = array.astype(np.float32).reshape(-1, obs_size)
+        with np.errstate(over="ignore"):  # beyond float32's range becomes inf, refused below
+            array = np.array(obs, dtype=np.float32)
+    except (ValueError, TypeError):  # ragged, nested too deeply, or not numbers
+        array = None
+    if array is None or array.shape != ((obs_size,) if single else (len(obs), obs_size)):
+        _check_values(obs, single, obs_size, expected)  # raises, naming what is wrong
+    array = array.reshape(-1, obs_size)
     finite = np.isfinite(array)
     if not finite.all():
-        row, col = np.argwhere(~finite)[0]
-        raise ApiError(422, "non_finite", f"'obs' must be finite float32 values, received "
-                       f"{array[row, col]} at row {row}, column {col}")
-    return array, not isinstance(obs[0], list)
+        row, col = (int(i) for i in np.argwhere(~finite)[0])
+        raise ApiError(422, "non_finite", "'obs' must hold finite float32 values (magnitude "
+                       f"at most {FLOAT32_MAX:.8g}), received "
+                       f"{_describe((obs if single else obs[row])[col])} at row {row}, column {col}")
+    return array, single
+
+
+def _check_values(obs: list, single: bool, obs_size: int, expected: str) -> None:
+    """Raise ApiError for the first value or row of `obs` that is not a number or a row of
+    `obs_size` numbers; return if there is none."""
+    for row_index, row in enumerate([obs] if single else obs):
+        if not isinstance(row, list):
+            raise ApiError(422, "invalid_shape", f"'obs' {expected}, received "
+                           f"{_describe(row)} as row {row_index}")
+        for col, value in enumerate(row):
+            if type(value) not in (int, float):  # bool is a subclass of int
+                kind = "invalid_shape" if isinstance(value, list) else "invalid_value"
+                raise ApiError(422, kind, f"'obs' must hold only numbers, {expected}; "
+                               f"received {_describe(value)} at row {row_index}, column {col}")
+        if len(row) != obs_size:
+            where = "" if single else f" as row {row_index}"
+            raise ApiError(422, "invalid_shape", f"'obs' {expected}, received a list of "
+                           f"{len(row)} numbers{where}")
 
 
 def _describe(value: Any) -> str:
+    """`value` in JSON's words, short enough for a message."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return f"{'-' if value < 0 else ''}Infinity or a number beyond float64's range"
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        return f"the string {shown!r}"
     if isinstance(value, list):
         return "an empty list" if not value else f"a list of {len(value)}"
-    return f"{type(value).__name__} {value!r}"[:80]
+    return f"an object with {len(value)} field(s)" if isinstance(value, dict) else type(value).__name__
 
 
 def act_response(actions: np.ndarray, single: bool, fingerprint: str) -> bytes:

@@ -2,7 +2,12 @@
 
 Statistics use every finished episode of a policy, items taken in index order so the numbers do
 not depend on which runner finished first. The 95% interval is Student's t interval of the mean
-(`mean +- t(0.975, n-1) * std / sqrt(n)`, sample std with n-1).
+(`mean +- t(0.975, n-1) * std / sqrt(n)`, sample std with n-1; t from scipy).
+
+The chart (learning_curve.png) draws every run with two or more checkpoints as a learning curve
+against training step, and every other policy (a loose file, a step-less final export, a run's
+only checkpoint) as its own labelled mark beside them; each with the share reaching the stick
+under it. Policies with nothing to draw are named in a note, never silently dropped.
 """
 
 from __future__ import annotations
@@ -10,12 +15,16 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from deploy.evaluate import EvaluationResult, PolicyResult
+from deploy.evaluation import EnvSpec, EvaluationResult, PolicyResult
 from huggy_agent.tables import format_table as huggy_table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 CSV_NAME = "evaluation.csv"
 JSON_NAME = "evaluation.json"
@@ -23,33 +32,15 @@ PNG_NAME = "learning_curve.png"
 
 
 def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t distribution with `df` degrees of freedom (0.5 < p < 1).
+    """The p-quantile of Student's t distribution with `df` degrees of freedom (0 < p < 1, df an
+    integer >= 1), from `scipy.stats.t.ppf`."""
+    from scipy.stats import t as student_t
 
-    The CDF is integrated numerically (Simpson's rule on the density, accurate to ~1e-9 here) and
-    inverted by bisection; scipy is not a dependency.
-    """
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"p must be in (0.5, 1), got {p!r}")
-    if not isinstance(df, int) or df < 1:
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
         raise ValueError(f"df must be an integer >= 1, got {df!r}")
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def density(x: float) -> float:
-        return math.exp(log_norm - (df + 1) / 2 * math.log1p(x * x / df))
-
-    def cdf(t: float, intervals: int = 2000) -> float:
-        h = t / intervals
-        total = density(0.0) + density(t)
-        total += sum((4 if k % 2 else 2) * density(k * h) for k in range(1, intervals))
-        return 0.5 + total * h / 3
-
-    low, high = 0.0, 1.0
-    while cdf(high) < p:
-        low, high = high, high * 2
-    for _ in range(50):
-        middle = (low + high) / 2
-        low, high = (middle, high) if cdf(middle) < p else (low, middle)
-    return (low + high) / 2
+    return float(student_t.ppf(p, df))
 
 
 @dataclass(frozen=True)
@@ -157,8 +148,11 @@ def format_table(result: EvaluationResult, summaries: list[PolicySummary] | None
 
 def to_json(result: EvaluationResult, summaries: list[PolicySummary] | None = None
             ) -> dict[str, Any]:
-    """Everything in the report as JSON-ready data: config, summaries with their items (every
-    episode, seed, node and runner), runners, node episode counts, retries."""
+    """Everything in the report as JSON-ready data: the episode estimator (`envs.rollout`'s
+    ESTIMATOR and ESTIMATOR_DESCRIPTION), config, summaries with their items (every episode with
+    its slot and per-slot index, seed, node and runner), runners, node episode counts, retries."""
+    from envs.rollout import ESTIMATOR, ESTIMATOR_DESCRIPTION
+
     summaries = summaries if summaries is not None else summarize_all(result)
     policies = []
     for summary, policy in zip(summaries, result.policies, strict=True):
@@ -167,6 +161,7 @@ def to_json(result: EvaluationResult, summaries: list[PolicySummary] | None = No
         entry["items"] = [asdict(item) for item in policy.ordered_items()]
         policies.append(entry)
     return {
+        "estimator": {"name": ESTIMATOR, "description": ESTIMATOR_DESCRIPTION},
         "config": asdict(result.config),
         "env": asdict(result.env),
         "policies": policies,
@@ -195,49 +190,169 @@ def write_csv(summaries: list[PolicySummary], path: Path) -> None:
             writer.writerow({k: "" if v is None else v for k, v in row.items()})
 
 
+CHART_LABEL_CHARS = 32
+"""Policy labels longer than this are cut to their end in the chart ("…/run/Huggy.onnx")."""
+
+
+def env_name(env: EnvSpec) -> str:
+    """The environment as the chart title names it: the Unity build's file name, else
+    "built-in stand-in"."""
+    return Path(env.file_name).name if env.file_name else "built-in stand-in"
+
+
+def chart_label(label: str, limit: int = CHART_LABEL_CHARS) -> str:
+    """`label` itself when it has at most `limit` characters, else "…" and its end (`limit`
+    characters at most), cut at a "/" when that keeps most of it: "…/run/Huggy.onnx"."""
+    if len(label) <= limit:
+        return label
+    tail = label[-(limit - 1):]
+    cut = tail.find("/")
+    return "…" + (tail[cut:] if 0 < cut <= limit // 3 else tail)
+
+
+@dataclass(frozen=True)
+class ChartGroups:
+    """How the chart draws each policy with finished episodes: `runs` (run name to its points by
+    step) for every run with at least two checkpoints of known step, `singles` for every other
+    policy, in report order. Policies without a finished episode are in neither."""
+
+    runs: dict[str, list[PolicySummary]]
+    singles: list[PolicySummary]
+
+
+def chart_groups(summaries: list[PolicySummary]) -> ChartGroups:
+    """Split the finished policies into learning curves and single policies (see ChartGroups)."""
+    done = [s for s in summaries if s.mean_return is not None]
+    by_run: dict[str, list[PolicySummary]] = {}
+    for s in done:
+        if s.run is not None and s.step is not None:
+            by_run.setdefault(s.run, []).append(s)
+    runs = {run: sorted(points, key=lambda s: s.step)
+            for run, points in by_run.items() if len(points) >= 2}
+    singles = [s for s in done if s.run not in runs or s.step is None]
+    return ChartGroups(runs, singles)
+
+
 def _error_bars(points: list[PolicySummary]) -> list[list[float]]:
     """Distances from each mean down and up to its interval (0 where there is no interval)."""
     return [[0.0 if s.ci_low is None else s.mean_return - s.ci_low for s in points],
             [0.0 if s.ci_high is None else s.ci_high - s.mean_return for s in points]]
 
 
-def plot_learning_curve(summaries: list[PolicySummary], path: Path) -> None:
-    """Mean return with its 95% interval against training step, one line per run; policies of
-    unknown step are drawn against their label instead when no policy has a step."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import StrMethodFormatter
+def _unique_chart_labels(summaries: list[PolicySummary]) -> list[str]:
+    """`chart_label` of each, with " #k" added where cutting made two alike."""
+    seen: dict[str, int] = {}
+    labels = []
+    for s in summaries:
+        label = chart_label(s.label)
+        seen[label] = seen.get(label, 0) + 1
+        labels.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return labels
 
-    done = [s for s in summaries if s.mean_return is not None]
-    figure = Figure(figsize=(8, 5), dpi=100)
-    axes = figure.add_subplot()
-    with_step = [s for s in done if s.step is not None]
-    if with_step:
-        runs: dict[str, list[PolicySummary]] = {}
-        for s in with_step:
-            runs.setdefault(s.run or "files", []).append(s)
-        for run, points in runs.items():
-            points.sort(key=lambda s: s.step)
-            steps = [s.step for s in points]
-            means = [s.mean_return for s in points]
-            errors = _error_bars(points)
-            axes.errorbar(steps, means, yerr=errors, marker="o", capsize=4, label=run)
-        axes.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # no "+2e6" offset
-        axes.set_xlabel("training step")
-        axes.legend()
-    else:
-        labels = [s.label for s in done]
-        axes.errorbar(range(len(done)), [s.mean_return for s in done], yerr=_error_bars(done),
-                      fmt="o", capsize=4)
-        axes.set_xticks(range(len(done)), labels, rotation=20, ha="right")
-        axes.set_xlabel("policy")
-    if not done:
+
+def _tick_text(label: str) -> str:
+    """`label` on two lines, broken after its last "/" or before its last "@" (never inside a
+    URL's "scheme://"), when it is longer than 16 characters and has one; as it is otherwise."""
+    start = label.find("://") + 3 if "://" in label else 0
+    cut = max(label.rfind("/", start) + 1, label.rfind("@", start))
+    return f"{label[:cut]}\n{label[cut:]}" if len(label) > 16 and start < cut < len(label) else label
+
+
+def _note(summaries: list[PolicySummary]) -> str:
+    """The chart's note: one "status: label (N episodes)" per policy that is not "ok", with
+    "(not drawn)" instead of the count when it has no finished episode; "" when all are ok."""
+    entries = [f"{s.status}: {chart_label(s.label)}"
+               + (f" ({s.episodes} episodes)" if s.episodes else " (not drawn)")
+               for s in summaries if s.status != "ok"]
+    return "; ".join(entries)
+
+
+def learning_curve_figure(summaries: list[PolicySummary], env: str) -> Figure:
+    """The chart, titled "Evaluation: <env>". Top row: mean return with its 95% interval; bottom
+    row: share of episodes that reached the stick (rows share their y scale). Left column
+    ("curves"): one line per run with two or more checkpoints, against training step, legend by
+    run. Right column ("policies"): one error-bar mark (labelled with the policy's `chart_label`)
+    and one bar per other policy, side by side; the x tick labels are those labels, broken onto
+    two lines at a "/" or "@" and rotated when they would not fit. A column is left out when it
+    has nothing to draw; policies that are not "ok" are named in a note at the bottom. The axes
+    carry the labels "curves", "curves reached", "policies" and "policies reached"."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, PercentFormatter, StrMethodFormatter
+
+    groups = chart_groups(summaries)
+    widths = {}
+    if groups.runs:
+        widths["curves"] = 6.5
+    if groups.singles:
+        widths["policies"] = max(3.0, 1.2 * len(groups.singles) + 0.8)
+    width = max(5.5, sum(widths.values()) + 1.0)
+    note = _note(summaries)
+    if note:
+        note = textwrap.fill(note, width=int(width / 0.075))
+    height = 6.0 + (0.2 * (note.count("\n") + 1) if note else 0.0)
+    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    figure.suptitle(f"Evaluation: {env}")
+    if note:
+        figure.supxlabel(note, fontsize=8, color="tab:red")
+    if not widths:
+        axes = figure.add_subplot(label="empty")
+        axes.set_axis_off()
         axes.text(0.5, 0.5, "no finished episodes", ha="center", va="center",
                   transform=axes.transAxes)
-    axes.set_ylabel("mean episode return (95% CI)")
-    axes.set_title("Huggy evaluation")
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
+        return figure
+    grid = figure.subplots(2, len(widths), sharex="col", sharey="row", squeeze=False,
+                           gridspec_kw={"height_ratios": [2, 1],
+                                        "width_ratios": list(widths.values())})
+    columns = dict(zip(widths, grid.T, strict=True))
+    if "curves" in columns:
+        top, bottom = columns["curves"]
+        top.set_label("curves")
+        bottom.set_label("curves reached")
+        for k, (run, points) in enumerate(groups.runs.items()):
+            steps = [s.step for s in points]
+            top.errorbar(steps, [s.mean_return for s in points], yerr=_error_bars(points),
+                         marker="o", capsize=3, color=f"C{k % 10}", label=chart_label(run))
+            bottom.plot(steps, [s.reached_stick for s in points], marker="o", color=f"C{k % 10}")
+        top.set_title("learning curves", fontsize=10)
+        top.legend(title="run", fontsize=8, title_fontsize=8)
+        bottom.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        bottom.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # no "+2e6" offset
+        bottom.set_xlabel("training step")
+    if "policies" in columns:
+        top, bottom = columns["policies"]
+        top.set_label("policies")
+        bottom.set_label("policies reached")
+        singles = groups.singles
+        labels = _unique_chart_labels(singles)
+        colors = [f"C{(len(groups.runs) + k) % 10}" for k in range(len(singles))]
+        for k, (s, label) in enumerate(zip(singles, labels, strict=True)):
+            top.errorbar([k], [s.mean_return], yerr=_error_bars([s]), fmt="o", capsize=5,
+                         color=colors[k], label=label)
+        bars = bottom.bar(range(len(singles)), [s.reached_stick for s in singles], width=0.5,
+                          color=colors, alpha=0.8)
+        bottom.bar_label(bars, labels=[f"{s.reached_stick:.0%}" for s in singles], fontsize=8)
+        ticks = [_tick_text(label) for label in labels]
+        # Rotate when the labels would not fit side by side (about 0.08 inch per character).
+        per_policy = (widths["policies"] - 0.8) / len(singles)
+        rotate = max(len(line) for tick in ticks for line in tick.split("\n")) * 0.08 > per_policy
+        bottom.set_xticks(range(len(singles)), ticks, rotation=30 if rotate else 0,
+                          ha="right" if rotate else "center", rotation_mode="anchor")
+        bottom.set_xlim(-0.6, len(singles) - 0.4)
+        top.set_title("single policies", fontsize=10)
+        bottom.set_xlabel("policy")
+    grid[0, 0].set_ylabel("mean return (95% CI)")
+    grid[1, 0].set_ylabel("reached stick")
+    grid[1, 0].set_ylim(-0.04, 1.15)  # markers at 0% whole, room for the bars' labels
+    grid[1, 0].set_yticks([0.0, 0.5, 1.0])
+    grid[1, 0].yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    for axes in grid.flat:
+        axes.grid(alpha=0.3)
+    return figure
+
+
+def plot_learning_curve(summaries: list[PolicySummary], path: Path, env: str) -> None:
+    """Save `learning_curve_figure(summaries, env)` as a PNG at `path`."""
+    learning_curve_figure(summaries, env).savefig(path)
 
 
 def write_report(result: EvaluationResult, out_dir: str | Path) -> dict[str, Path]:
@@ -249,5 +364,5 @@ def write_report(result: EvaluationResult, out_dir: str | Path) -> dict[str, Pat
     paths = {"csv": out / CSV_NAME, "json": out / JSON_NAME, "png": out / PNG_NAME}
     write_csv(summaries, paths["csv"])
     paths["json"].write_text(json.dumps(to_json(result, summaries), indent=2, allow_nan=False))
-    plot_learning_curve(summaries, paths["png"])
+    plot_learning_curve(summaries, paths["png"], env_name(result.env))
     return paths

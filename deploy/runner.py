@@ -16,6 +16,7 @@ running Serve instance that has another ingress.
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import time
 from pathlib import Path
@@ -85,18 +86,22 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
     another port or ingress (the flags cannot change on a running controller).
     """
     env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
-    try:
-        running = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
-    except ValueError:
-        running = None
-    if running is not None:
-        raise RuntimeError("Serve is already running on this cluster; stop it first "
-                           "(`serve shutdown`) so that it restarts with the chosen ingress")
+    _refuse_running_serve()
     grpc_options = None if grpc_port is None else {
         "port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
     serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options,
                 proxy_location="HeadOnly",
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
+
+
+def _refuse_running_serve() -> None:
+    """Raise RuntimeError if Serve already runs on the connected cluster."""
+    try:
+        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    except ValueError:
+        return
+    raise RuntimeError("Serve is already running on this cluster; stop it first "
+                       "(`serve shutdown`) so that it restarts with the chosen ingress")
 
 
 def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
@@ -142,29 +147,66 @@ def stop_serve(port: int) -> None:
     shutil.rmtree(haproxy_dir(port), ignore_errors=True)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by the first SIGTERM or SIGINT (see `_raise_on_stop_signals`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+def _raise_on_stop_signals() -> None:
+    """Make the first SIGTERM or SIGINT raise `_Stop` in the main thread and ignore the ones after.
+
+    Both signals are set explicitly: this replaces Ray's SIGTERM handler (`sys.exit`) and its
+    C-level failure handler, and a SIGINT that was ignored (SIG_IGN, which a background job of a
+    non-interactive shell inherits, so Python never installed its KeyboardInterrupt).
+    """
+    def on_signal(signum: int, frame: object) -> None:
+        _ignore_stop_signals()
+        raise _Stop(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_signal)
+
+
+def _ignore_stop_signals() -> None:
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                   ingress: str = DEFAULT_INGRESS, address: str | None = None,
                   start_timeout_s: float = 180.0, grpc_port: int | None = None) -> int:
-    """Start (or join, with `address`) a cluster, serve until Ctrl-C, then shut down cleanly.
+    """Start (or join, with `address`) a cluster and serve until SIGTERM or SIGINT (Ctrl-C).
 
-    A cluster started here is stopped on exit; a joined one is left running, with Serve removed.
+    Either signal, also one arriving while the app starts, prints "huggy serve: shutting down
+    (SIGTERM)" (or SIGINT), then Serve shuts down gracefully (requests in flight are answered)
+    and the function returns 0. A cluster started here is stopped; a joined one is left running,
+    with Serve removed. Signals that arrive during the shutdown are ignored. Errors (for example
+    an app that fails to start) still raise, after the same shutdown. Call from the main thread.
     """
     # "local": a new cluster even where `ray start` left one that a bare ray.init() would join
     ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False,
              **({} if address else {"include_dashboard": False}))
     try:
-        start_serve(host, port, ingress, grpc_port=grpc_port)
+        _refuse_running_serve()  # before anything that the shutdown below would undo
+        _raise_on_stop_signals()  # after ray.init, which installs its own SIGTERM handlers
         try:
+            start_serve(host, port, ingress, grpc_port=grpc_port)
             deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s)
             grpc = f", gRPC {ACT_METHOD} on {host}:{grpc_port}" if grpc_port else ""
             print(f"huggy serve: policy served at http://{host}:{port}/v1/act "
-                  f"(ingress {ingress}{grpc}); Ctrl-C to stop", flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                print("huggy serve: shutting down", flush=True)
+                  f"(ingress {ingress}{grpc}); Ctrl-C or SIGTERM to stop", flush=True)
+            while True:
+                signal.pause()
+        except _Stop as stop:
+            print(f"huggy serve: shutting down ({stop.name})", flush=True)
         finally:
+            _ignore_stop_signals()  # from here on the shutdown runs to its end
             stop_serve(port)
     finally:
         ray.shutdown()

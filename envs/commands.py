@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envs.rollout import EpisodeResult, RolloutInterrupted, RolloutResult, rollout
+from envs.rollout import EpisodeResult, RolloutInterrupted, RolloutResult, rollout, slot_quotas
 from envs.vector_env import HuggyVectorEnv
 
 
@@ -24,13 +24,24 @@ def load_agent(args: argparse.Namespace) -> Any:
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=args.seed)
 
 
-def summary_rows(result: RolloutResult) -> list[tuple[str, object]]:
-    """(statistic, value) rows describing a rollout's episodes."""
+def quota_text(episodes: int, slots: int) -> str:
+    """How `episodes` are spread over `slots` agent slots, in words."""
+    quotas = slot_quotas(episodes, slots)
+    extra = episodes % slots
+    if extra == 0:
+        return f"{quotas[0]} from each of {slots} slots"
+    return (f"{quotas[0]} from each of slots 0-{extra - 1}, {quotas[-1]} from each of the other "
+            f"{slots - extra}")
+
+
+def summary_rows(result: RolloutResult, slots: int) -> list[tuple[str, object]]:
+    """(statistic, value) rows describing a rollout's episodes over `slots` agent slots."""
     returns = [e.episode_return for e in result.episodes]
     lengths = [e.length for e in result.episodes]
     reached = sum(e.reached_stick for e in result.episodes)
     return [
         ("episodes", len(returns)),
+        ("counted (per-slot quota)", quota_text(len(returns), slots)),
         ("mean return", statistics.fmean(returns) if returns else float("nan")),
         ("std return", statistics.pstdev(returns) if returns else float("nan")),
         ("min return", min(returns) if returns else float("nan")),
@@ -43,11 +54,11 @@ def summary_rows(result: RolloutResult) -> list[tuple[str, object]]:
     ]
 
 
-def episode_record(index: int, episode: EpisodeResult, context: dict[str, Any]) -> str:
+def episode_record(number: int, episode: EpisodeResult, context: dict[str, Any]) -> str:
     """One JSON line for the `--record` file."""
-    return json.dumps({"episode": index, "return": episode.episode_return,
-                       "length": episode.length, "reached_stick": episode.reached_stick,
-                       **context})
+    return json.dumps({"episode": number, "slot": episode.slot, "slot_episode": episode.index,
+                       "return": episode.episode_return, "length": episode.length,
+                       "reached_stick": episode.reached_stick, **context})
 
 
 def run_rollout(args: argparse.Namespace) -> int:
@@ -62,20 +73,15 @@ def run_rollout(args: argparse.Namespace) -> int:
     file_name = None if args.env == "builtin" else str(Path(args.env))
     context = {"env": args.env, "policy": args.policy_url or str(args.policy or "bundled"),
                "deterministic": not args.stochastic, "seed": args.seed}
-    record = open(args.record, "w", encoding="utf-8") if args.record else None  # noqa: SIM115
     bar = tqdm(total=args.episodes, unit="episode", file=sys.stderr, disable=args.no_progress)
-    finished = 0
 
     def progress(episode: EpisodeResult) -> None:
-        nonlocal finished
-        if record is not None:
-            record.write(episode_record(finished, episode, context) + "\n")
-        finished += 1
         bar.update(1)
         bar.set_postfix(last_return=f"{episode.episode_return:.3f}")
 
     env = HuggyVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
-                         timeout_wait=args.timeout_wait, base_port=args.base_port)
+                         timeout_wait=args.timeout_wait, base_port=args.base_port,
+                         env_parameters=dict(args.env_param))
     status = 0
     try:
         result = rollout(agent, env, episodes=args.episodes, deterministic=not args.stochastic,
@@ -86,7 +92,9 @@ def run_rollout(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         env.close()
-        if record is not None:
-            record.close()
-    print(format_table(["statistic", "value"], summary_rows(result)))
+    if args.record:  # in (slot, episode index) order, as the statistics count them
+        with open(args.record, "w", encoding="utf-8") as record:
+            for number, episode in enumerate(result.episodes):
+                record.write(episode_record(number, episode, context) + "\n")
+    print(format_table(["statistic", "value"], summary_rows(result, env.num_envs)))
     return status

@@ -52,6 +52,9 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         log_folder: where the player writes `Player-<worker_id>.log`.
         behavior_name: which behavior to drive when the build has several.
         num_envs: accepted for `gymnasium.make_vec`; 1 means every agent, more sets num_agents.
+        env_parameters: more float parameters for the EnvironmentParameters side channel, as
+            `mlagents-learn` sends from a config's `environment_parameters` (the stand-in reads
+            `episode_length` and `episode_length_step`, see `envs.standin.sim.SimConfig`).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -73,6 +76,7 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         behavior_name: str | None = None,
         port_attempts: int = 16,
         num_envs: int = 1,
+        env_parameters: dict[str, float] | None = None,
     ) -> None:
         from mlagents_envs import env_utils
         from mlagents_envs.environment import UnityEnvironment
@@ -106,7 +110,7 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         self._engine.set_configuration_parameters(time_scale=time_scale)
         self._parameters = EnvironmentParametersChannel()
         for key, value in (("num_agents", num_agents), ("max_steps", max_steps),
-                           ("arena_size", arena_size)):
+                           ("arena_size", arena_size), *(env_parameters or {}).items()):
             if value is not None:
                 self._parameters.set_float_parameter(key, float(value))
 

@@ -3,7 +3,6 @@ comparison with onnxruntime on an ML-Agents ONNX file."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from huggy_agent.reference import canonical_observations, float64_actions
 
 # The error each precision is expected to stay within, against float64 (max abs, actions in [-1, 1]).
 PRECISION_TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 5e-2}
-FINGERPRINT_DECIMALS = 3
 
 
 @dataclass(frozen=True)
@@ -70,17 +68,17 @@ def precision_report(policy: str | Path | None, devices: list[str] | None = None
     return rows
 
 
-def output_fingerprint(agent: HuggyAgent, count: int = 64) -> str:
-    """Hash of deterministic actions on canonical inputs, rounded to 3 decimals so that the same
-    model gives the same hash on any device or precision that is accurate to that level."""
-    actions = agent.compute_action(canonical_observations(agent.loaded, count))
-    rounded = np.round(actions.astype(np.float64), FINGERPRINT_DECIMALS) + 0.0  # no -0.0
-    return hashlib.sha256(rounded.tobytes()).hexdigest()[:16]
+def reference_actions(agent: HuggyAgent) -> list[float]:
+    """Deterministic actions for canonical observation 0 (drawn from the normalizer's own
+    statistics with a fixed seed). Two deployments serve the same model computed correctly when
+    these agree within the numerical contract's tolerance (`huggy_agent.numerics`); they are
+    not hashed, since floats need not match bit for bit across machines or devices."""
+    return agent.compute_action(canonical_observations(agent.loaded, 1)[0]).tolist()
 
 
 def fingerprints(agent: HuggyAgent) -> dict:
-    """Weights hash (exact) and outputs hash (rounded), to prove two deployments serve one model."""
-    return {"weights": agent.fingerprint, "outputs": output_fingerprint(agent),
+    """The weights hash (exact, see `weights_fingerprint`) and the reference actions."""
+    return {"weights": agent.fingerprint, "reference_actions": reference_actions(agent),
             "source": str(agent.loaded.origin)}
 
 

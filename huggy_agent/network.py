@@ -105,16 +105,9 @@ class PolicyNet(nn.Module):
         mu_layer = self.mu
         if x.dtype != mu_layer.weight.dtype:
             x = x.to(mu_layer.weight.dtype)
-        # A single row goes through as two identical rows: the CPU matmul kernels take another
-        # path for one row, and a row's result would then depend on the batch it came in.
-        rows = x.shape[0]
-        if rows == 1:
-            x = x.expand(2, -1).contiguous()
         for layer in self.hidden_layers:  # functional calls: module-call overhead counts here
             x = F.silu(F.linear(x, layer.weight, layer.bias), inplace=True)  # (N, hidden)
         mu = F.linear(x, mu_layer.weight, mu_layer.bias)  # (N, act)
-        if rows == 1:
-            x, mu = x[:1], mu[:1]
         if isinstance(self.log_sigma, nn.Linear):
             return mu, torch.clamp(self.log_sigma(x), *SAC_LOG_SIGMA_RANGE)
         return mu, self.log_sigma  # (1, act)

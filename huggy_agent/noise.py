@@ -1,10 +1,15 @@
-"""Counter-based Gaussian noise on the host.
+"""Counter-based noise on the host: the same bits on every machine, device, split and engine.
 
 Entry (i, j) of `gaussian_noise(seed, rows, cols, row_offset)` depends only on
 (seed, row_offset + i, j): a batch split into pieces, each given its row offset, gets bit-identical
 noise, and so does the same request whether a server batches it alone or with others. SplitMix64
-hashes the counter; Box-Muller turns two 53-bit uniforms into one normal. Pure numpy, so the
-stream is the same on every machine, whatever device the policy runs on.
+hashes the counter; Box-Muller turns two 53-bit uniforms into one normal.
+
+Bit-identical across machines by construction: libm's and numpy's SIMD `log` and `cos` differ by
+an ulp between CPUs (numpy picks AVX-512 versions where it can), so the logarithm and the cosine
+here are polynomials evaluated with float64 `+ - * /` only, each correctly rounded by IEEE 754 and
+never fused by numpy, after exact range reductions (frexp, powers of two, floor). They are
+accurate to a few float64 ulps, far below the float32 that the noise is returned in.
 """
 
 from __future__ import annotations
@@ -16,6 +21,18 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 SEED_RANGE = 2**63
 
+_LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that e * _LN2_HI is exact for |e| < 2**11
+_LN2_LO = 1.90821492927058770002e-10
+_SQRT_HALF = 0.7071067811865476
+# Truncated series, accurate to ~1e-13 relative: plenty for noise returned in float32, whose
+# bits only have to be the same everywhere, not correctly rounded.
+# 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...): coefficients of s^(2k), k = 0..8, for |s| <= 0.172.
+_ATANH = [2.0 / (2 * k + 1) for k in range(9)]
+# cos(y) and sin(y) / y Taylor coefficients (in y^2) for |y| <= pi/4.
+_COS = [(-1.0) ** k / float(np.prod(np.arange(1, 2 * k + 1, dtype=np.float64))) for k in range(9)]
+_SIN = [(-1.0) ** k / float(np.prod(np.arange(1, 2 * k + 2, dtype=np.float64))) for k in range(9)]
+_HALF_PI = 1.5707963267948966
+
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     z = x + _GOLDEN
@@ -24,18 +41,61 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+_POLYNOMIALS = np.array([_ATANH, _COS, _SIN])[:, ::-1, None].copy()  # (3, terms, 1), highest first
+
+
+def _three_polynomials(s2: np.ndarray, y2: np.ndarray) -> np.ndarray:
+    """(3, n) for (n,) arguments: the atanh series at s2, the cos and sin / y series at y2, by
+    Horner's rule in one pass over the stacked arguments (few numpy calls for small n), with
+    separate, never fused, multiplies and adds."""
+    x = np.stack([s2, y2, y2])
+    result = x * _POLYNOMIALS[:, 0]
+    for coefficient in _POLYNOMIALS[:, 1:-1].transpose(1, 0, 2):
+        result += coefficient
+        result *= x
+    result += _POLYNOMIALS[:, -1]
+    return result
+
+
+def _box_muller(uniform_a: np.ndarray, uniform_b: np.ndarray) -> np.ndarray:
+    """sqrt(-2 log a) cos(2 pi b) for (n,) float64 a in (0, 1] and b in [0, 1).
+
+    log a: a = m 2**e with m in [sqrt(1/2), sqrt(2)), log a = e ln 2 + 2 atanh((m - 1) / (m + 1)).
+    cos 2 pi b: 4b = q + f (the quadrant q and f in [0, 1), both exact), cos(2 pi b) =
+    cos(q pi/2 + x) with x = f pi/2, taken through y = f pi/2 or (1 - f) pi/2 (exact for
+    f >= 1/2) in [0, pi/4], where the series converge fast.
+    """
+    m, e = np.frexp(uniform_a)
+    low = m < _SQRT_HALF
+    m = np.where(low, m * 2.0, m)
+    e = (e - low).astype(np.float64)
+    s = (m - 1.0) / (m + 1.0)
+    t = uniform_b * 4.0
+    quadrant = np.floor(t)
+    f = t - quadrant
+    upper = f > 0.5
+    y = np.where(upper, 1.0 - f, f) * _HALF_PI
+    atanh2, cos_y, sin_y = _three_polynomials(s * s, y * y)
+    log_a = e * _LN2_HI + (e * _LN2_LO + s * atanh2)
+    sin_y *= y
+    cos_x = np.where(upper, sin_y, cos_y)
+    sin_x = np.where(upper, cos_y, sin_y)
+    cos_b = np.choose(quadrant.astype(np.int64), [cos_x, -sin_x, -cos_x, sin_x])
+    return np.sqrt(-2.0 * log_a) * cos_b
+
+
 def gaussian_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.ndarray:
     """(rows, cols) float32 standard-normal noise for rows `row_offset ..` of stream `seed`."""
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed}")
     key = _splitmix64(np.array([seed], dtype=np.uint64))
-    row = np.arange(row_offset, row_offset + rows, dtype=np.uint64)[:, None]
-    col = np.arange(cols, dtype=np.uint64)[None, :]
-    counter = (row * np.uint64(cols) + col) * np.uint64(2)  # two uniforms per entry
+    row = np.arange(row_offset, row_offset + rows, dtype=np.uint64)[:, None, None]
+    col = np.arange(cols, dtype=np.uint64)[None, :, None]
+    pair = np.arange(2, dtype=np.uint64)[None, None, :]
+    counter = (row * np.uint64(cols) + col) * np.uint64(2) + pair  # two uniforms per entry
     with np.errstate(over="ignore"):
-        bits_a = _splitmix64(key ^ _splitmix64(counter))
-        bits_b = _splitmix64(key ^ _splitmix64(counter + np.uint64(1)))
+        bits = _splitmix64(key ^ _splitmix64(counter)) >> np.uint64(11)  # (rows, cols, 2)
     scale = 2.0**-53
-    uniform_a = ((bits_a >> np.uint64(11)).astype(np.float64) + 1.0) * scale  # (0, 1]
-    uniform_b = (bits_b >> np.uint64(11)).astype(np.float64) * scale  # [0, 1)
-    return (np.sqrt(-2.0 * np.log(uniform_a)) * np.cos(2.0 * np.pi * uniform_b)).astype(np.float32)
+    uniform_a = (bits[..., 0].ravel().astype(np.float64) + 1.0) * scale  # (0, 1]
+    uniform_b = bits[..., 1].ravel().astype(np.float64) * scale  # [0, 1)
+    return _box_muller(uniform_a, uniform_b).astype(np.float32).reshape(rows, cols)

@@ -1,21 +1,26 @@
 """The serving rules that need no cluster: request parsing, batch settings, accelerator placement,
-the Serve config file, and the remote client's failure modes."""
+the Serve config file, and the remote client's failure modes. At the end, the hostile request
+bodies once more, over real HTTP to real Serve on the session cluster."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 import yaml
 
 from deploy.api import ApiError, act_response, check_route, parse_act_request
 from deploy.client import RemoteAgent, RemoteServerError
 from deploy.placement import plan_placement, resolve_accelerator
-from tests.conftest import REPO_ROOT, free_port
+from huggy_agent import HuggyAgent
+from huggy_agent.numerics import FP32_ACTION_ATOL
+from tests.conftest import REPO_ROOT, RayCluster, free_port
 
 OBS = 59
 ROW = [0.5] * OBS
@@ -23,12 +28,6 @@ ROW = [0.5] * OBS
 
 def body(document: object) -> bytes:
     return json.dumps(document).encode()
-
-
-def refused(raw: bytes, max_rows: int = 8) -> ApiError:
-    with pytest.raises(ApiError) as caught:
-        parse_act_request(raw, OBS, max_rows)
-    return caught.value
 
 
 def test_parse_single_and_batch_keep_rank_and_values() -> None:
@@ -42,37 +41,198 @@ def test_parse_single_and_batch_keep_rank_and_values() -> None:
     assert (single.deterministic, single.seed, single.row_offset) == (False, None, 5)
 
 
-@pytest.mark.parametrize(("raw", "status", "kind", "message"), [
-    (b"{", 400, "malformed_json", "request body is not valid JSON"),
-    (b"\xff\xfe", 400, "malformed_json", "request body is not valid JSON"),
-    (body([1, 2]), 422, "invalid_request", "must be a JSON object with an 'obs' field, "
-     "received list"),
-    (body({"ob": ROW}), 422, "invalid_request", "unknown field(s) ['ob']"),
-    (body({"deterministic": True}), 422, "invalid_request", "missing field 'obs'"),
-    (body({"obs": ROW, "deterministic": "yes"}), 422, "invalid_request",
-     "'deterministic' must be true or false, received 'yes'"),
-    (body({"obs": ROW, "seed": -1}), 422, "invalid_request", "'seed' must be null or an integer"),
-    (body({"obs": ROW, "seed": 2**64}), 422, "invalid_request", "in [0, 2**64)"),
-    (body({"obs": ROW, "seed": True}), 422, "invalid_request", "received True"),
-    (body({"obs": ROW, "row_offset": 1.5}), 422, "invalid_request", "'row_offset' must be"),
-    (body({"obs": [1.0] * 58}), 422, "invalid_shape",
-     "expected [59 numbers] or [[59 numbers], ...], received shape [58]"),
-    (body({"obs": [ROW, ROW[:-1]]}), 422, "invalid_shape", "rows of different lengths"),
-    (body({"obs": [[ROW]]}), 422, "invalid_shape", "received shape [1, 1, 59]"),
-    (body({"obs": []}), 422, "invalid_shape", "received an empty list"),
-    (body({"obs": "abc"}), 422, "invalid_shape", "received str 'abc'"),
-    (body({"obs": ["a"] * OBS}), 422, "invalid_value", "must hold only numbers"),
-    (body({"obs": [True] * OBS}), 422, "invalid_value", "must hold only numbers"),
-    (body({"obs": [ROW] * 9}), 413, "too_many_rows", "'obs' has 9 rows, the limit is 8"),
-    (b'{"obs": [' + b"NaN, " * 58 + b"1]}", 422, "non_finite", "received nan at row 0, column 0"),
-    (body({"obs": [ROW, [*ROW[:-1], 1e39]]}), 422, "non_finite",
-     "received inf at row 1, column 58"),
-])
-def test_bad_requests_get_their_status_and_message(raw: bytes, status: int, kind: str,
-                                                   message: str) -> None:
-    error = refused(raw)
+def test_both_readings_of_a_body_give_the_same_request() -> None:
+    """A body that orjson reads and one that goes through the standard library's exact reading
+    (here: a key written with a backslash escape) parse alike, integers beyond 64 bits too."""
+    numbers = ["0.5", "-0", "1e-45", str(2**63), str(-2**63), str(10**30), "3.4028235e38",
+               "12345678901234567890123"] + ["0.25"] * (OBS - 8)
+    rows = "[" + ", ".join(numbers) + "], [" + ", ".join(reversed(numbers)) + "]"
+    plain = f'{{"obs": [{rows}], "deterministic": false, "seed": null, "row_offset": 3}}'
+    parsed = [parse_act_request(text.encode(), OBS, 8)
+              for text in (plain, plain.replace('"obs"', '"o\\u0062s"'))]
+    for request in parsed:
+        assert (request.single, request.deterministic, request.seed, request.row_offset) == (
+            False, False, None, 3)
+    np.testing.assert_array_equal(parsed[0].obs, parsed[1].obs)
+    np.testing.assert_array_equal(parsed[0].obs[0], np.array(numbers, dtype=np.float64)
+                                  .astype(np.float32))
+
+
+EXPECTED_OBS = "expected [59 numbers] or [[59 numbers], ...]"
+EXPECTED_BODY = 'expected a JSON object such as {"obs": [numbers]}'
+NOT_NUMBERS = f"'obs' must hold only numbers, {EXPECTED_OBS}; received"
+NOT_FINITE = "'obs' must hold finite float32 values (magnitude at most 3.4028235e+38), received"
+TOO_DEEP = (f"request body is nested too deeply to read, {EXPECTED_BODY} (3 levels); received "
+            "arrays or objects nested deeper than the parser's limit of about 1,000 levels")
+NOT_UTF8 = f"request body must be JSON in UTF-8, {EXPECTED_BODY}; received"
+HUGE = "Infinity or a number beyond float64's range"
+SEED = "'seed' must be null or an integer in [0, 2**64), received"
+ROW_OFFSET = "'row_offset' must be an integer in [0, 2**64), received"
+ROW_TEXT = ", ".join(["0.5"] * OBS)
+MAX_ROWS = 256
+
+
+def nested(depth: int, inner: bytes = b"") -> bytes:
+    return b"[" * depth + inner + b"]" * depth
+
+
+def obs_with(value: bytes, row: int, column: int, rows: int) -> bytes:
+    """A body of `rows` observations, valid except for the raw JSON `value` at (row, column)."""
+    cells = [b"0.5"] * OBS
+    cells[column] = value
+    listed = [b"[" + b", ".join(cells) + b"]" if i == row else f"[{ROW_TEXT}]".encode()
+              for i in range(rows)]
+    return b'{"obs": [' + b", ".join(listed) + b"]}"
+
+
+def single_with(value: bytes, column: int = 0) -> bytes:
+    """A body whose one observation is valid except for the raw JSON `value` at `column`."""
+    cells = [b"0.5"] * OBS
+    cells[column] = value
+    return b'{"obs": [' + b", ".join(cells) + b"]}"
+
+
+def with_field(name: str, raw: bytes) -> bytes:
+    return b'{"obs": [' + ROW_TEXT.encode() + b'], "' + name.encode() + b'": ' + raw + b"}"
+
+
+# (id, body, status, kind, message): every body gets its 4xx and a message naming what was
+# expected and what was received (the message is matched from its start)
+HOSTILE: list[tuple[str, bytes, int, str, str]] = [
+    # not JSON, not UTF-8, nothing
+    ("truncated", b"{", 400, "malformed_json", f"request body is not valid JSON, {EXPECTED_BODY}; "
+     "received Expecting property name enclosed in double quotes"),
+    ("not-json", b"not json", 400, "malformed_json", "request body is not valid JSON"),
+    ("empty", b"", 400, "malformed_json",
+     f"request body is empty, {EXPECTED_BODY}; received nothing"),
+    ("whitespace", b" \n\t\r ", 400, "malformed_json",
+     f"request body is empty, {EXPECTED_BODY}; received only whitespace (5 bytes)"),
+    ("bytes-ff-fe", b"\xff\xfe{", 400, "malformed_json",
+     f"{NOT_UTF8} UTF-16 or UTF-32 (the body starts with a byte-order mark)"),
+    ("utf16-bom", json.dumps({"obs": ROW}).encode("utf-16"), 400, "malformed_json",
+     f"{NOT_UTF8} UTF-16 or UTF-32 (the body starts with a byte-order mark)"),
+    ("latin1", '{"obs": [0.5], "é": 1}'.encode("latin-1"), 400, "malformed_json",
+     f"{NOT_UTF8} byte 0xe9 at position 16, not UTF-8"),
+    ("utf8-bom", b"\xef\xbb\xbf" + body({"obs": ROW}), 400, "malformed_json",
+     f"request body is not valid JSON, {EXPECTED_BODY}; received Unexpected UTF-8 BOM"),
+    # nesting
+    ("deep-500", nested(500), 422, "invalid_request",
+     "request body must be a JSON object with an 'obs' field, received a list of 1"),
+    ("deep-5000", nested(5000), 400, "malformed_json", TOO_DEEP),
+    ("deep-objects-5000", b'{"obs": ' * 5000 + b"1" + b"}" * 5000, 400, "malformed_json",
+     TOO_DEEP),
+    ("obs-deep-500", b'{"obs": ' + nested(500) + b"}", 422, "invalid_shape",
+     f"{NOT_NUMBERS} a list of 1 at row 0, column 0"),
+    ("obs-deep-5000", b'{"obs": ' + nested(5000, b"1") + b"}", 400, "malformed_json", TOO_DEEP),
+    ("obs-deep-5000-nan", b'{"obs": [NaN, ' + nested(5000) + b"]}", 400, "malformed_json",
+     TOO_DEEP),
+    ("obs-3-levels", body({"obs": [[ROW]]}), 422, "invalid_shape",
+     f"{NOT_NUMBERS} a list of 59 at row 0, column 0"),
+    # numbers out of range
+    ("1e400", single_with(b"1e400"), 422, "non_finite", f"{NOT_FINITE} {HUGE} at row 0, column 0"),
+    ("-1e400", obs_with(b"-1e400", row=1, column=3, rows=2), 422, "non_finite",
+     f"{NOT_FINITE} -{HUGE} at row 1, column 3"),
+    ("10**400", single_with(str(10**400).encode(), column=2), 422, "non_finite",
+     f"{NOT_FINITE} {HUGE} at row 0, column 2"),
+    ("-10**5000", single_with(b"-1" + b"0" * 5000), 422, "non_finite",
+     f"{NOT_FINITE} -{HUGE} at row 0, column 0"),
+    ("1e39", obs_with(b"1e39", row=1, column=58, rows=2), 422, "non_finite",
+     f"{NOT_FINITE} the number 1e+39 at row 1, column 58"),
+    ("NaN", single_with(b"NaN"), 422, "non_finite", f"{NOT_FINITE} NaN at row 0, column 0"),
+    ("Infinity", single_with(b"-Infinity", column=1), 422, "non_finite",
+     f"{NOT_FINITE} -{HUGE} at row 0, column 1"),
+    # booleans, strings, null and objects in obs
+    ("obs-true", body({"obs": True}), 422, "invalid_shape", f"'obs' {EXPECTED_OBS}, received true"),
+    ("obs-all-false", body({"obs": [False] * OBS}), 422, "invalid_value",
+     f"{NOT_NUMBERS} false at row 0, column 0"),
+    ("bool-among-numbers", single_with(b"true", column=58), 422, "invalid_value",
+     f"{NOT_NUMBERS} true at row 0, column 58"),
+    ("bool-in-batch-row", obs_with(b"false", row=2, column=7, rows=3), 422, "invalid_value",
+     f"{NOT_NUMBERS} false at row 2, column 7"),
+    ("bool-beside-literal-fields",
+     b'{"deterministic": false, "seed": null, "obs": [[' + ROW_TEXT.encode() + b"], [true"
+     + b", 0.5" * (OBS - 1) + b"]]}", 422, "invalid_value", f"{NOT_NUMBERS} true at row 1, column 0"),
+    ("numeric-string", single_with(b'"1.0"'), 422, "invalid_value",
+     f"{NOT_NUMBERS} the string '1.0' at row 0, column 0"),
+    ("string-in-batch", obs_with(b'"abc"', row=1, column=4, rows=2), 422, "invalid_value",
+     f"{NOT_NUMBERS} the string 'abc' at row 1, column 4"),
+    ("obs-string", body({"obs": "abc"}), 422, "invalid_shape",
+     f"'obs' {EXPECTED_OBS}, received the string 'abc'"),
+    ("null", single_with(b"null", column=3), 422, "invalid_value",
+     f"{NOT_NUMBERS} null at row 0, column 3"),
+    ("empty-object", single_with(b"{}"), 422, "invalid_value",
+     f"{NOT_NUMBERS} an object with 0 field(s) at row 0, column 0"),
+    ("object", single_with(b'{"x": 1}', column=5), 422, "invalid_value",
+     f"{NOT_NUMBERS} an object with 1 field(s) at row 0, column 5"),
+    ("number-as-row", body({"obs": [ROW, 0.5]}), 422, "invalid_shape",
+     f"'obs' {EXPECTED_OBS}, received the number 0.5 as row 1"),
+    # lone surrogates (orjson refuses them, the standard library reads them)
+    ("surrogate-obs", b'{"obs": "\\ud800"}', 422, "invalid_shape",
+     f"'obs' {EXPECTED_OBS}, received the string '\\ud800'"),
+    ("surrogate-in-obs", single_with(b'"\\udc00"'), 422, "invalid_value",
+     f"{NOT_NUMBERS} the string '\\udc00' at row 0, column 0"),
+    ("surrogate-key", b'{"obs": [0.5], "\\ud800": 1}', 422, "invalid_request",
+     "unknown field(s) ['\\ud800']; expected only ['obs', 'deterministic', 'seed', 'row_offset']"),
+    # fields
+    ("duplicate-obs", b'{"obs": [1], "obs": [' + ROW_TEXT.encode() + b"]}", 422, "invalid_request",
+     "each field may appear once in an object, received 'obs' 2 times"),
+    ("duplicate-seed", with_field("seed", b'1, "seed": 2, "seed": 3'), 422, "invalid_request",
+     "each field may appear once in an object, received 'seed' 3 times"),
+    ("top-level-list", body([1, 2]), 422, "invalid_request",
+     "request body must be a JSON object with an 'obs' field, received a list of 2"),
+    ("top-level-null", b"null", 422, "invalid_request",
+     "request body must be a JSON object with an 'obs' field, received null"),
+    ("unknown-field", body({"ob": ROW}), 422, "invalid_request",
+     "unknown field(s) ['ob']; expected only ['obs', 'deterministic', 'seed', 'row_offset']"),
+    ("missing-obs", body({"deterministic": True}), 422, "invalid_request",
+     f"missing field 'obs': {EXPECTED_OBS}"),
+    ("deterministic-string", body({"obs": ROW, "deterministic": "yes"}), 422, "invalid_request",
+     "'deterministic' must be true or false, received the string 'yes'"),
+    ("deterministic-1", body({"obs": ROW, "deterministic": 1}), 422, "invalid_request",
+     "'deterministic' must be true or false, received the integer 1"),
+    ("seed-negative", with_field("seed", b"-1"), 422, "invalid_request",
+     f"{SEED} the integer -1"),
+    ("seed-float", with_field("seed", b"1.0"), 422, "invalid_request", f"{SEED} the number 1.0"),
+    ("seed-bool", with_field("seed", b"true"), 422, "invalid_request", f"{SEED} true"),
+    ("seed-string", with_field("seed", b'"7"'), 422, "invalid_request", f"{SEED} the string '7'"),
+    ("seed-2**64", with_field("seed", str(2**64).encode()), 422, "invalid_request",
+     f"{SEED} the number 1.8446744073709552e+19"),
+    ("seed-10**400", with_field("seed", str(10**400).encode()), 422, "invalid_request",
+     f"{SEED} {HUGE}"),
+    ("seed-10**5000", with_field("seed", b"1" + b"0" * 5000), 422, "invalid_request",
+     f"{SEED} {HUGE}"),
+    ("seed-NaN", with_field("seed", b"NaN"), 422, "invalid_request", f"{SEED} NaN"),
+    ("row-offset-float", with_field("row_offset", b"2.5"), 422, "invalid_request",
+     f"{ROW_OFFSET} the number 2.5"),
+    ("row-offset-bool", with_field("row_offset", b"false"), 422, "invalid_request",
+     f"{ROW_OFFSET} false"),
+    ("row-offset-string", with_field("row_offset", b'"1"'), 422, "invalid_request",
+     f"{ROW_OFFSET} the string '1'"),
+    ("row-offset-huge", with_field("row_offset", b"1e300"), 422, "invalid_request",
+     f"{ROW_OFFSET} the number 1e+300"),
+    ("row-offset-null", with_field("row_offset", b"null"), 422, "invalid_request",
+     f"{ROW_OFFSET} null"),
+    # shapes and sizes
+    ("58-numbers", body({"obs": [1.0] * 58}), 422, "invalid_shape",
+     f"'obs' {EXPECTED_OBS}, received a list of 58 numbers"),
+    ("ragged", body({"obs": [ROW, ROW[:-1]]}), 422, "invalid_shape",
+     f"'obs' {EXPECTED_OBS}, received a list of 58 numbers as row 1"),
+    ("empty-obs", body({"obs": []}), 422, "invalid_shape", f"'obs' {EXPECTED_OBS}, received an empty list"),
+    ("long-flat-list", b'{"obs": [' + b"0.5, " * 99_999 + b"0.5]}", 422, "invalid_shape",
+     f"'obs' {EXPECTED_OBS}, received a list of 100000 numbers"),
+    ("too-many-rows", body({"obs": [ROW] * (MAX_ROWS + 1)}), 413, "too_many_rows",
+     "'obs' has 257 rows, the limit is 256 per request; split it into several requests"),
+]
+
+
+@pytest.mark.parametrize(("raw", "status", "kind", "message"),
+                         [case[1:] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
+def test_hostile_bodies_get_their_4xx_and_message(raw: bytes, status: int, kind: str,
+                                                  message: str) -> None:
+    with pytest.raises(ApiError, match="^" + re.escape(message)) as caught:
+        parse_act_request(raw, OBS, MAX_ROWS)
+    error = caught.value
     assert (error.status, error.kind) == (status, kind)
-    assert message in error.message
     assert json.loads(error.body()) == {"error": kind, "message": error.message}
 
 
@@ -186,3 +346,42 @@ def test_app_builder_replicas_and_autoscaling() -> None:
     assert scaled._bound_deployment.user_config["max_batch_size"] == 256
     with pytest.raises(RuntimeError, match="cannot start 5 replicas"):
         build_app(AppArgs(accelerator="cpu", replicas=5), nodes=[HEAD, WORKER])
+
+
+@pytest.fixture(scope="module")
+def served_url(ray_cluster: RayCluster) -> Iterator[str]:
+    """The bundled policy behind real Serve (default ingress) on the session cluster."""
+    from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+    from deploy.serve import AppArgs
+
+    port = free_port()
+    start_serve("127.0.0.1", port, DEFAULT_INGRESS)
+    try:
+        deploy(AppArgs(accelerator="cpu", num_cpus=0.5, ingress=DEFAULT_INGRESS), timeout_s=120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_serve(port)
+
+
+def test_hostile_bodies_over_http_get_their_4xx_and_the_server_stays_healthy(
+        served_url: str) -> None:
+    expected, answered = {}, {}
+    with requests.Session() as session:
+        for name, raw, status, kind, _ in HOSTILE:
+            with pytest.raises(ApiError) as local:
+                parse_act_request(raw, OBS, MAX_ROWS)
+            expected[name] = (status, {"error": kind, "message": local.value.message})
+            response = session.post(f"{served_url}/v1/act", data=raw, timeout=60)
+            try:
+                answered[name] = (response.status_code, response.json())
+            except ValueError:  # not JSON: keep the text for the failure message
+                answered[name] = (response.status_code, response.text[:300])
+        assert answered == expected
+        health = session.get(f"{served_url}/v1/healthz", timeout=30)
+        assert health.status_code == 200
+        obs = np.random.default_rng(4).standard_normal((3, OBS)).astype(np.float32)
+        good = session.post(f"{served_url}/v1/act", data=body({"obs": obs.tolist()}), timeout=30)
+        assert good.status_code == 200
+        np.testing.assert_allclose(np.asarray(good.json()["actions"], dtype=np.float32),
+                                   HuggyAgent(device="cpu").compute_action(obs), rtol=0,
+                                   atol=FP32_ACTION_ATOL)

@@ -17,6 +17,7 @@ from deploy.grpc_ingress import ACT_METHOD
 from deploy.runner import deploy, start_serve, stop_serve
 from deploy.serve import AppArgs
 from huggy_agent import HuggyAgent
+from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.conftest import RayCluster, free_port
 
 METADATA = (("application", "huggy"),)
@@ -42,7 +43,7 @@ def test_grpc_act_answers_like_in_process(grpc_target: str) -> None:
         answer = json.loads(act(body, metadata=METADATA, timeout=30))
         np.testing.assert_allclose(np.asarray(answer["actions"], dtype=np.float32),
                                    local.compute_action(obs, deterministic=False, seed=42),
-                                   rtol=0, atol=1e-6)
+                                   rtol=0, atol=FP32_ACTION_ATOL)
         assert answer["model"] == local.fingerprint
         with pytest.raises(grpc.RpcError) as refused:
             act(b'{"obs": [1, 2]}', metadata=METADATA, timeout=30)

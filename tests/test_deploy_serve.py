@@ -25,10 +25,11 @@ from deploy.client import RemoteAgent, RemoteRequestError
 from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
 from deploy.serve import AppArgs
 from huggy_agent import HuggyAgent
+from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.conftest import RayCluster, fixtures_dir, free_port
 
 FIXTURE_PT = ("ppo_num_layers_2", "Huggy", "Huggy-2000139.pt")
-TOL = 1e-6
+TOL = FP32_ACTION_ATOL  # the numerical contract: serving vs in-process
 
 
 BATCH_WAIT_S = 0.1

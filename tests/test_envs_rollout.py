@@ -23,25 +23,30 @@ def agent() -> HuggyAgent:
 
 def _plain_loop(agent: HuggyAgent, env: HuggyVectorEnv, episodes: int, seed: int,
                 deterministic: bool) -> list[EpisodeResult]:
-    """The reference: the same episodes collected step by step, by hand."""
+    """The reference: the same episodes collected step by step, by hand. Slot i counts its
+    first `episodes // n + (i < episodes % n)` episodes; the result is in (slot, index) order."""
+    n = env.num_envs
+    quota = [episodes // n + (i < episodes % n) for i in range(n)]
     obs, _ = env.reset(seed=seed)
-    returns, lengths, done = [0.0] * env.num_envs, [0] * env.num_envs, []
+    returns, lengths = [0.0] * n, [0] * n
+    done: list[list[EpisodeResult]] = [[] for _ in range(n)]
     t = 0
-    while len(done) < episodes:
+    while any(len(done[i]) < quota[i] for i in range(n)):
         if deterministic:
             actions = agent.compute_action(obs, deterministic=True)
         else:
             actions = agent.compute_action(obs, deterministic=False, seed=step_seed(seed, t))
         obs, rewards, terminated, truncated, _ = env.step(actions)
         t += 1
-        for i in range(env.num_envs):
+        for i in range(n):
             returns[i] += float(rewards[i])
             lengths[i] += 1
             if terminated[i] or truncated[i]:
-                if len(done) < episodes:
-                    done.append(EpisodeResult(returns[i], lengths[i], bool(terminated[i])))
+                if len(done[i]) < quota[i]:
+                    done[i].append(EpisodeResult(returns[i], lengths[i], bool(terminated[i]), i,
+                                                 len(done[i])))
                 returns[i], lengths[i] = 0.0, 0
-    return done
+    return [episode for slot in done for episode in slot]
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -51,11 +56,13 @@ def test_rollout_equals_a_plain_loop(tmp_path, agent: HuggyAgent, deterministic:
         result = rollout(agent, env, episodes=20, deterministic=deterministic, seed=4,
                          progress=seen.append)
         expected = _plain_loop(agent, env, 20, 4, deterministic)
-    assert len(result.episodes) == 20 and seen == result.episodes
+    assert len(result.episodes) == 20 and sorted(seen, key=lambda e: (e.slot, e.index)) == \
+        result.episodes
     for mine, reference in zip(result.episodes, expected, strict=True):
+        assert (mine.slot, mine.index) == (reference.slot, reference.index)
         assert mine.length == reference.length and mine.reached_stick == reference.reached_stick
         assert mine.episode_return == pytest.approx(reference.episode_return, abs=1e-9)
-    assert result.agent_steps == 18 * 40 * 2  # 18 episodes per 40 steps; 20 need two rounds
+    assert result.agent_steps >= 18 * 40  # every slot's first episode at least
     assert result.seconds > 0 and result.agent_steps_per_second > 0
 
 
@@ -88,6 +95,9 @@ def test_huggy_rollout_command(tmp_path) -> None:
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(lines) == 20
     assert [line["episode"] for line in lines] == list(range(20))
+    # 20 episodes over 18 slots: slots 0 and 1 count two, in (slot, episode index) order.
+    assert [(line["slot"], line["slot_episode"]) for line in lines] == [
+        (0, 0), (0, 1), (1, 0), (1, 1), *[(slot, 0) for slot in range(2, 18)]]
     assert all(set(line) >= {"return", "length", "reached_stick", "seed"} for line in lines)
     mean = np.mean([line["return"] for line in lines])
     assert f"{mean:.4f}" in table

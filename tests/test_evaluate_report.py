@@ -1,4 +1,4 @@
-"""deploy.report and the planning parts of deploy.evaluate: statistics, files, items, policies."""
+"""deploy.report and the planning parts of deploy.evaluation: statistics, files, items, policies."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from deploy.evaluate import (
+from deploy.evaluation import (
     EnvSpec,
     EvalConfig,
     EvaluationResult,
@@ -19,34 +19,62 @@ from deploy.evaluate import (
     PolicySpec,
     expand_policies,
     plan_items,
-    runner_options,
 )
-from deploy.report import format_table, summarize, t_quantile, write_report
+from deploy.evaluation.scheduling import runner_options
+from deploy.report import (
+    chart_label,
+    env_name,
+    format_table,
+    learning_curve_figure,
+    summarize,
+    summarize_all,
+    t_quantile,
+    write_report,
+)
+from envs.rollout import ESTIMATOR, ESTIMATOR_DESCRIPTION
 from tests.conftest import FIXTURE_RUNS, fixtures_dir
 
 
 @pytest.mark.parametrize(("p", "df", "table"), [
     # Student's t quantiles as printed in statistical tables (4 decimals).
-    (0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 10, 2.2281), (0.975, 35, 2.0301),
-    (0.975, 120, 1.9799), (0.995, 5, 4.0321), (0.95, 20, 1.7247),
+    (0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 9, 2.2622), (0.975, 10, 2.2281),
+    (0.975, 29, 2.0452), (0.975, 35, 2.0301), (0.975, 120, 1.9799), (0.995, 5, 4.0321),
+    (0.95, 20, 1.7247),
 ])
 def test_t_quantile_matches_tables(p: float, df: int, table: float) -> None:
     assert t_quantile(p, df) == pytest.approx(table, abs=6e-5)
 
 
+@pytest.mark.parametrize(("n", "textbook_t"), [(2, 12.706), (10, 2.262), (30, 2.045)])
+def test_confidence_interval_uses_textbook_t(n: int, textbook_t: float) -> None:
+    # The 95% interval's half-width is t(0.975, n-1) * s / sqrt(n), t as printed in textbooks.
+    returns = np.random.default_rng(n).normal(2.0, 1.0, n).tolist()
+    policy = PolicyResult(PolicySpec("p.pt", path="p.pt"), items=[_item(0, 0, returns)])
+    summary = summarize(policy, expected_episodes=n)
+    std_error = np.std(returns, ddof=1) / np.sqrt(n)
+    assert round((summary.ci_high - summary.mean_return) / std_error, 3) == textbook_t
+    assert round((summary.mean_return - summary.ci_low) / std_error, 3) == textbook_t
+
+
 def test_t_quantile_rejects_bad_arguments() -> None:
-    with pytest.raises(ValueError, match=re.escape("p must be in (0.5, 1), got 0.3")):
-        t_quantile(0.3, 4)
-    with pytest.raises(ValueError, match=re.escape("df must be an integer >= 1, got 0")):
-        t_quantile(0.975, 0)
+    for p in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match=re.escape(f"p must be in (0, 1), got {p}")):
+            t_quantile(p, 4)
+    for df in (0, 2.5, True):
+        with pytest.raises(ValueError, match=re.escape(f"df must be an integer >= 1, got {df}")):
+            t_quantile(0.975, df)
 
 
 def _item(policy: int, index: int, returns: list[float], node: str = "n1",
           attempts: int = 1) -> ItemResult:
+    """One item whose episode k ran in slot k % 18 as that slot's episode k // 18."""
     return ItemResult(policy_index=policy, index=index, seed=index, returns=tuple(returns),
                       lengths=tuple(10 + i for i in range(len(returns))),
-                      reached_stick=tuple(r > 1.0 for r in returns), agent_steps=100,
-                      seconds=0.5, node_id=node, runner="runner-0", attempts=attempts)
+                      reached_stick=tuple(r > 1.0 for r in returns),
+                      slots=tuple(k % 18 for k in range(len(returns))),
+                      episode_indices=tuple(k // 18 for k in range(len(returns))),
+                      agent_steps=100, seconds=0.5, node_id=node, runner="runner-0",
+                      attempts=attempts)
 
 
 def _result() -> EvaluationResult:
@@ -98,6 +126,11 @@ def test_report_files(tmp_path) -> None:
     assert [item["index"] for item in data["policies"][0]["items"]] == [0, 1]
     assert data["policies"][0]["items"][1]["node_id"] == "n2"
     assert data["config"]["episodes"] == 36
+    assert data["estimator"] == {"name": ESTIMATOR, "description": ESTIMATOR_DESCRIPTION}
+    assert data["estimator"]["name"] == "per-slot quota"
+    items = data["policies"][1]["items"]
+    assert items[0]["slots"] == [0, 1, 2] and items[0]["episode_indices"] == [0, 0, 0]
+    assert data["policies"][0]["items"][0]["slots"] == list(range(18))
     png = paths["png"].read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     table = format_table(result)
@@ -130,15 +163,17 @@ def test_runner_options_pin_accelerators_like_serve() -> None:
 
     from deploy.placement import ReplicaPlacement
 
-    npu = runner_options(ReplicaPlacement("npu", "npu:0", 1.0), node_id="ab" * 28)
+    config = EvalConfig(max_attempts=3)
+    npu = runner_options(ReplicaPlacement("npu", "npu:0", 1.0), config, node_id="ab" * 28)
     assert npu["resources"] == {"NPU": 1} and npu["num_cpus"] == 1.0
     assert isinstance(npu["scheduling_strategy"], NodeAffinitySchedulingStrategy)
     assert npu["scheduling_strategy"].node_id == "ab" * 28
-    assert npu["scheduling_strategy"].soft is False
-    gpu = runner_options(ReplicaPlacement("gpu", "cuda:0", 0.5))
+    assert npu["scheduling_strategy"].soft is True
+    gpu = runner_options(ReplicaPlacement("gpu", "cuda:0", 0.5), config)
     assert gpu["num_gpus"] == 1 and gpu["num_cpus"] == 0.5 and "resources" not in gpu
-    assert gpu["scheduling_strategy"] == "SPREAD" and gpu["max_restarts"] == 0
-    cpu = runner_options(ReplicaPlacement("cpu", "cpu", 1.0))
+    assert gpu["scheduling_strategy"] == "SPREAD"
+    assert gpu["max_restarts"] == -1 and gpu["max_task_retries"] == 2
+    cpu = runner_options(ReplicaPlacement("cpu", "cpu", 1.0), config)
     assert "num_gpus" not in cpu and "resources" not in cpu
 
 
@@ -161,3 +196,174 @@ def test_expand_policies(tmp_path) -> None:
     (tmp_path / "empty_run").mkdir()
     with pytest.raises(ValueError, match="no checkpoint files found in results folder"):
         expand_policies([tmp_path / "empty_run"])
+
+
+# The chart. Each test builds an EvaluationResult by hand and inspects the Figure that
+# learning_curve_figure returns (axes labelled "curves", "curves reached", "policies",
+# "policies reached"), after a real layout and draw.
+
+
+def _evaluation(policies: list[tuple[PolicySpec, float | None]],
+                env: EnvSpec | None = None) -> EvaluationResult:
+    """One policy per (spec, mean): 36 episodes around `mean`, or a load failure for None."""
+    rng = np.random.default_rng(11)
+    results = []
+    for index, (spec, mean) in enumerate(policies):
+        if mean is None:
+            results.append(PolicyResult(spec, error="PolicyLoadError: truncated"))
+        else:
+            returns = rng.normal(mean, 1.0, 36).tolist()
+            results.append(PolicyResult(spec, items=[_item(index, 0, returns[:18]),
+                                                     _item(index, 1, returns[18:])]))
+    return EvaluationResult(results, EvalConfig(episodes=36), env or EnvSpec())
+
+
+def _file(label: str) -> PolicySpec:
+    return PolicySpec(label, path=f"/somewhere/{label}")
+
+
+def _checkpoint(run: str, step: int) -> PolicySpec:
+    return PolicySpec(f"{run}@{step}", path=f"/results/{run}/Huggy-{step}.pt", run=run, step=step)
+
+
+def _figure(result: EvaluationResult):
+    """The chart of `result`, laid out and drawn, with its axes by label."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = learning_curve_figure(summarize_all(result), env_name(result.env))
+    FigureCanvasAgg(figure).draw()
+    return figure, {axes.get_label(): axes for axes in figure.axes}
+
+
+def _marks(axes) -> list[str]:
+    """Labels of the error-bar marks (one per curve or per policy) on `axes`."""
+    from matplotlib.container import ErrorbarContainer
+
+    return [c.get_label() for c in axes.containers if isinstance(c, ErrorbarContainer)]
+
+
+def _ticks(axes) -> list[str]:
+    return [label.get_text().replace("\n", "") for label in axes.get_xticklabels()]
+
+
+def _texts(figure) -> str:
+    from matplotlib.text import Text
+
+    return "\n".join(text.get_text() for text in figure.findobj(Text))
+
+
+def _assert_readable(figure, axes: dict) -> None:
+    """Nothing drawn outside the figure, and no two policy tick labels overlap (rotated ones:
+    the gap between neighbours, across the text's direction, exceeds the text's height)."""
+    renderer = figure.canvas.get_renderer()
+    drawn, page = figure.get_tightbbox(renderer), figure.bbox_inches  # inches
+    assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01
+    assert drawn.x1 <= page.x1 + 0.01 and drawn.y1 <= page.y1 + 0.01
+    if "policies reached" not in axes or len(axes["policies reached"].get_xticks()) < 2:
+        return
+    bottom = axes["policies reached"]
+    labels = bottom.get_xticklabels()
+    angle = labels[0].get_rotation()
+    if angle == 0:
+        boxes = [label.get_window_extent(renderer) for label in labels]
+        assert all(not a.overlaps(b) for a, b in zip(boxes, boxes[1:], strict=False))
+        return
+    spacing = bottom.transData.transform((1, 0))[0] - bottom.transData.transform((0, 0))[0]
+    heights = []
+    for label in labels:
+        label.set_rotation(0)
+        heights.append(label.get_window_extent(renderer).height)
+        label.set_rotation(angle)
+    assert spacing * np.sin(np.radians(angle)) > max(heights)
+
+
+def _assert_policies(axes: dict, result: EvaluationResult, labels: list[str]) -> None:
+    """The single-policy panels show exactly `labels`: one mark, one tick, one bar each, the
+    mark at the policy's mean and the bar at its reached share."""
+    summaries = {s.label: s for s in summarize_all(result)}
+    assert _marks(axes["policies"]) == labels
+    assert _ticks(axes["policies reached"]) == labels
+    bars = axes["policies reached"].patches
+    assert [bar.get_height() for bar in bars] == pytest.approx(
+        [summaries[label].reached_stick for label in labels])
+    means = [c.lines[0].get_ydata()[0] for c in axes["policies"].containers]
+    assert means == pytest.approx([summaries[label].mean_return for label in labels])
+
+
+def test_chart_two_stepless_policies_are_both_drawn() -> None:
+    labels = ["ppo_gamma_0.8/Huggy.onnx", "ppo_baseline/Huggy.onnx"]
+    result = _evaluation([(_file(label), 3.0 + k) for k, label in enumerate(labels)])
+    figure, axes = _figure(result)
+    assert set(axes) == {"policies", "policies reached"}
+    _assert_policies(axes, result, labels)
+    assert figure.get_suptitle() == "Evaluation: built-in stand-in"
+    _assert_readable(figure, axes)
+
+
+@pytest.mark.parametrize("count", [1, 2, 5])
+def test_chart_of_1_2_5_policies(count: int) -> None:
+    labels = [f"ppo_variant_{k}/Huggy.onnx" for k in range(count)]
+    result = _evaluation([(_file(label), 1.0 + 0.5 * k) for k, label in enumerate(labels)],
+                         env=EnvSpec(file_name="/opt/builds/Huggy/Huggy.x86_64"))
+    figure, axes = _figure(result)
+    assert set(axes) == {"policies", "policies reached"}
+    _assert_policies(axes, result, labels)
+    assert figure.get_suptitle() == "Evaluation: Huggy.x86_64"
+    assert "failed" not in _texts(figure)
+    _assert_readable(figure, axes)
+
+
+def test_chart_mixes_learning_curve_and_single_policies(tmp_path) -> None:
+    steps = [2000343, 500000, 1000000]  # out of order: the curve is drawn by step
+    result = _evaluation([(_checkpoint("ppo_baseline", step), step / 1e6) for step in steps]
+                         + [(_file("ppo_gamma_0.8/Huggy.onnx"), 3.1),
+                            (_file("ppo_baseline/Huggy.onnx"), 3.5)])
+    figure, axes = _figure(result)
+    assert set(axes) == {"curves", "curves reached", "policies", "policies reached"}
+    assert _marks(axes["curves"]) == ["ppo_baseline"]
+    (curve,) = axes["curves"].containers
+    assert list(curve.lines[0].get_xdata()) == [500000, 1000000, 2000343]
+    assert [t.get_text() for t in axes["curves"].get_legend().get_texts()] == ["ppo_baseline"]
+    assert len(axes["curves reached"].get_lines()) == 1
+    _assert_policies(axes, result, ["ppo_gamma_0.8/Huggy.onnx", "ppo_baseline/Huggy.onnx"])
+    # Both show mean return on one scale.
+    assert axes["curves"].get_ylim() == axes["policies"].get_ylim()
+    _assert_readable(figure, axes)
+    png = write_report(result, tmp_path)["png"].read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_chart_two_runs_with_one_final_checkpoint_each_are_not_a_curve() -> None:
+    result = _evaluation([(_checkpoint("ppo_baseline", 2000010), 3.5),
+                          (_checkpoint("ppo_gamma_0.8", 2000057), 2.5)])
+    figure, axes = _figure(result)
+    assert "curves" not in axes
+    _assert_policies(axes, result, ["ppo_baseline@2000010", "ppo_gamma_0.8@2000057"])
+    _assert_readable(figure, axes)
+
+
+def test_chart_names_failed_policies() -> None:
+    result = _evaluation([(_file("good/Huggy.onnx"), 3.0), (_file("broken/Huggy.pt"), None)])
+    figure, axes = _figure(result)
+    _assert_policies(axes, result, ["good/Huggy.onnx"])
+    assert "failed: broken/Huggy.pt" in _texts(figure)
+    _assert_readable(figure, axes)
+    nothing, _ = _figure(_evaluation([(_file("broken/Huggy.pt"), None)]))
+    assert "failed: broken/Huggy.pt" in _texts(nothing)
+    assert "no finished episodes" in _texts(nothing)
+
+
+def test_chart_shortens_long_labels_and_rotates_them() -> None:
+    long = "/home/someone/experiments/2026/november/ppo_gamma_0.8/Huggy.onnx"
+    assert chart_label(long) == "…/ppo_gamma_0.8/Huggy.onnx"
+    assert chart_label("ppo_gamma_0.8/Huggy.onnx") == "ppo_gamma_0.8/Huggy.onnx"
+    assert len(chart_label("x" * 80 + "/Huggy.onnx")) == 32
+    labels = [long, long.replace("0.8", "0.9"), "averyveryverylongrunname_with_params/Huggy.onnx",
+              "http://127.0.0.1:8000"]
+    result = _evaluation([(_file(label), 3.0) for label in labels])
+    figure, axes = _figure(result)
+    shown = [chart_label(label) for label in labels]
+    assert all(len(label) <= 32 for label in shown)
+    assert _marks(axes["policies"]) == shown and _ticks(axes["policies reached"]) == shown
+    assert {label.get_rotation() for label in axes["policies reached"].get_xticklabels()} == {30}
+    _assert_readable(figure, axes)

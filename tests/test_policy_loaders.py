@@ -14,6 +14,8 @@ from huggy_agent import HuggyAgent
 from tests.conftest import FIXTURE_RUNS, fixtures_dir
 from tests.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
 
+pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
+
 ROWS = 1000
 TOLERANCE = 1e-5
 

@@ -11,8 +11,11 @@ import pytest
 from huggy_agent import HuggyAgent
 from huggy_agent.devices import available_devices
 from huggy_agent.noise import gaussian_noise
+from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.conftest import fixtures_dir
 from tests.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
+
+pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
 BASELINE_ONNX = fixtures_dir() / "ppo_baseline" / "Huggy.onnx"
 
@@ -33,6 +36,47 @@ def test_noise_is_float32_and_reproducible() -> None:
     first = gaussian_noise(123, 8, 21)
     assert first.dtype == np.float32 and first.shape == (8, 21)
     np.testing.assert_array_equal(first, gaussian_noise(123, 8, 21))
+
+
+# Bits of gaussian_noise(seed, 1, 4, row_offset) recorded on an x86-64 machine; the noise uses
+# only IEEE-exact float64 operations, so every machine must give exactly these.
+RECORDED_NOISE_BITS = {
+    (0, 0): [1046829706, 3206148323, 1069272552, 3212937285],
+    (2**64 - 1, 10**12): [3220899446, 1057677471, 1045981931, 1051926344],
+}
+
+
+def test_noise_bits_are_the_same_on_every_machine() -> None:
+    for (seed, row), bits in RECORDED_NOISE_BITS.items():
+        assert gaussian_noise(seed, 1, 4, row_offset=row).view(np.uint32)[0].tolist() == bits
+
+
+def _reference_noise(seed: int, rows: int, cols: int) -> np.ndarray:
+    """Box-Muller from the same SplitMix64 counters, in plain Python integers and `math`."""
+    mask = 2**64 - 1
+
+    def splitmix(x: int) -> int:
+        z = (x + 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    key = splitmix(seed)
+    out = np.empty((rows, cols))
+    for row in range(rows):
+        for col in range(cols):
+            counter = (row * cols + col) * 2
+            a = ((splitmix(key ^ splitmix(counter)) >> 11) + 1) * 2.0**-53
+            b = (splitmix(key ^ splitmix(counter + 1)) >> 11) * 2.0**-53
+            out[row, col] = math.sqrt(-2 * math.log(a)) * math.cos(2 * math.pi * b)
+    return out
+
+
+def test_noise_is_box_muller_of_splitmix_counters() -> None:
+    """Against libm in float64: within one float32 rounding (6e-8 relative)."""
+    reference = _reference_noise(99, 200, 21)
+    ours = gaussian_noise(99, 200, 21).astype(np.float64)
+    assert np.abs(ours - reference).max() <= 6e-8 * np.abs(reference).max()
 
 
 def test_noise_of_a_row_depends_only_on_seed_and_absolute_row() -> None:
@@ -88,12 +132,15 @@ def test_largest_seed_is_accepted() -> None:
 
 # --- stochastic actions of the agent ----------------------------------------------------------
 
-def test_same_seed_gives_bit_identical_actions_across_calls(agent: HuggyAgent,
-                                                            observations: np.ndarray) -> None:
+def test_same_seed_gives_the_same_actions_across_calls(agent: HuggyAgent,
+                                                       observations: np.ndarray) -> None:
     first = agent.compute_action(observations, deterministic=False, seed=77)
-    np.testing.assert_array_equal(first, agent.compute_action(observations, False, seed=77))
+    again = agent.compute_action(observations, False, seed=77)
     other = HuggyAgent.from_checkpoint(BASELINE_ONNX, device="cpu", seed=5)
-    np.testing.assert_array_equal(first, other.compute_action(observations, False, seed=77))
+    elsewhere = other.compute_action(observations, False, seed=77)
+    # The noise is exact; the forward passes agree within the numerical contract.
+    assert np.abs(again - first).max() <= FP32_ACTION_ATOL
+    assert np.abs(elsewhere - first).max() <= FP32_ACTION_ATOL
 
 
 def test_batch_split_with_row_offsets_gives_the_same_actions(agent: HuggyAgent,
@@ -102,16 +149,17 @@ def test_batch_split_with_row_offsets_gives_the_same_actions(agent: HuggyAgent,
     splits = [(0, 1), (1, 20), (20, 21), (21, 64)]
     pieces = [agent.compute_action(observations[a:b], deterministic=False, seed=8, row_offset=a)
               for a, b in splits]
-    # Bit-identical on the CPU, single rows included (they run as two rows, see PolicyNet).
-    np.testing.assert_array_equal(np.concatenate(pieces), whole)
+    # Other batch shapes take other matmul kernels: equal within the contract, not bit for bit.
+    assert np.abs(np.concatenate(pieces) - whole).max() <= FP32_ACTION_ATOL
     singles = [agent.compute_action(observations[i], deterministic=False, seed=8, row_offset=i)
                for i in range(len(observations))]
-    np.testing.assert_array_equal(np.stack(singles), whole)
-    # On one distribution (the same mu) the split is bit-identical.
+    assert np.abs(np.stack(singles) - whole).max() <= FP32_ACTION_ATOL
+    # Splitting one distribution (the same mu) is exact: the PPO head is IEEE + - * / and clip
+    # per element, with exp of the one shared log-sigma row.
     dist = agent.distribution(observations)
     split = np.concatenate([agent.actions_from(dist[a:b], False, seed=8, row_offset=a)
                             for a, b in splits])
-    np.testing.assert_array_equal(split, whole)
+    np.testing.assert_array_equal(split, agent.actions_from(dist, False, seed=8))
 
 
 def test_without_row_offset_pieces_reuse_the_first_rows_noise(agent: HuggyAgent,
@@ -121,7 +169,7 @@ def test_without_row_offset_pieces_reuse_the_first_rows_noise(agent: HuggyAgent,
     actions = agent.compute_action(same, deterministic=False, seed=8)
     assert not np.array_equal(actions[0], actions[1])
     again = agent.compute_action(same[1:], deterministic=False, seed=8)
-    np.testing.assert_allclose(again[0], actions[0], atol=1e-6)
+    np.testing.assert_allclose(again[0], actions[0], rtol=0, atol=FP32_ACTION_ATOL)
 
 
 def test_different_seeds_give_different_actions(agent: HuggyAgent,
@@ -132,8 +180,8 @@ def test_different_seeds_give_different_actions(agent: HuggyAgent,
 
 
 def test_deterministic_ignores_the_seed(agent: HuggyAgent, observations: np.ndarray) -> None:
-    np.testing.assert_array_equal(agent.compute_action(observations, True, seed=3),
-                                  agent.compute_action(observations, True))
+    seeded = agent.compute_action(observations, True, seed=3)
+    assert np.abs(seeded - agent.compute_action(observations, True)).max() <= FP32_ACTION_ATOL
 
 
 def test_agent_seed_makes_unseeded_calls_reproducible(observations: np.ndarray) -> None:
@@ -143,9 +191,9 @@ def test_agent_seed_makes_unseeded_calls_reproducible(observations: np.ndarray) 
 
     first, second, other = three_calls(10), three_calls(10), three_calls(11)
     for a, b in zip(first, second, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert not np.array_equal(first[0], first[1])  # the generator moves on between calls
-    assert not np.array_equal(first[0], other[0])
+        assert np.abs(a - b).max() <= FP32_ACTION_ATOL
+    assert np.abs(first[0] - first[1]).max() > 0.1  # the generator moves on between calls
+    assert np.abs(first[0] - other[0]).max() > 0.1
 
 
 def test_unseeded_agents_differ(observations: np.ndarray) -> None:

@@ -10,6 +10,8 @@ from huggy_agent import HuggyAgent
 from tests.conftest import FIXTURE_RUNS, fixtures_dir
 from tests.policy_reference import NORMALIZER, ReferencePolicy, normalizer_observations, ppo_actions
 
+pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
+
 BASELINE_PT = fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
 BASELINE_ONNX = fixtures_dir() / "ppo_baseline" / "Huggy.onnx"
 FLOAT16_MAX = 65504.0

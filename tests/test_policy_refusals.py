@@ -20,6 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 from huggy_agent import HuggyAgent, PolicyLoadError
 from tests.conftest import fixtures_dir
 
+pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
+
 BASELINE_PT = fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
 BASELINE_ONNX = fixtures_dir() / "ppo_baseline" / "Huggy.onnx"
 NORMALIZER = "network_body.observation_encoder.processors.0.normalizer."

@@ -13,7 +13,10 @@ import pytest
 
 from huggy_agent import HuggyAgent, PolicyLoadError
 from huggy_agent.formats.results import list_checkpoints, resolve_results_folder
+from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.conftest import FIXTURE_RUNS, fixtures_dir
+
+pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
 
 def _recorded(run: str) -> list[dict]:
@@ -100,7 +103,7 @@ def test_agent_from_folder_acts_like_the_final_export() -> None:
     agent = HuggyAgent.from_checkpoint(folder, device="cpu")
     assert agent.describe()["source"] == str(folder / "Huggy.onnx")
     direct = HuggyAgent.from_checkpoint(folder / "Huggy.onnx", device="cpu")
-    np.testing.assert_array_equal(agent.compute_action(obs), direct.compute_action(obs))
+    assert np.abs(agent.compute_action(obs) - direct.compute_action(obs)).max() <= FP32_ACTION_ATOL
 
 
 def test_agent_from_folder_without_final_export_loads_the_checkpoint(tmp_path: Path) -> None:

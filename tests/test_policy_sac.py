@@ -15,6 +15,7 @@ import torch
 
 from huggy_agent import HuggyAgent
 from huggy_agent.noise import gaussian_noise
+from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.conftest import fixtures_dir
 from tests.policy_reference import (
     DIST,
@@ -23,6 +24,8 @@ from tests.policy_reference import (
     ppo_actions,
     sac_actions,
 )
+
+pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
 BASELINE_PT = fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
 BASELINE_ONNX = fixtures_dir() / "ppo_baseline" / "Huggy.onnx"
@@ -94,7 +97,8 @@ def test_sac_distribution_slices_row_by_row(sac_path: Path, observations: np.nda
     dist = agent.distribution(observations)
     assert dist.log_sigma.shape == (len(observations), 21)
     whole = agent.actions_from(dist, deterministic=False, seed=3)
+    # exp and tanh run over tensors of other sizes here (vectorized bodies and scalar tails can
+    # round differently), so the slices agree within the contract rather than bit for bit.
     for start, stop in [(0, 1), (1, 2), (2, 200)]:
-        np.testing.assert_array_equal(
-            agent.actions_from(dist[start:stop], False, seed=3, row_offset=start),
-            whole[start:stop])
+        piece = agent.actions_from(dist[start:stop], False, seed=3, row_offset=start)
+        assert np.abs(piece - whole[start:stop]).max() <= FP32_ACTION_ATOL

@@ -30,7 +30,8 @@ PACKAGE_VERSION = "2.2.1-exp.1"
 ENVIRONMENT_PARAMETERS_CHANNEL = uuid.UUID("534c891e-810f-11ea-a9d0-822485860400")
 EXCHANGE = "/communicator_objects.UnityToExternalProto/Exchange"
 CONNECT_TIMEOUT_S = 60.0
-PARAMETERS = {"num_agents", "max_steps", "arena_size", "seed"}
+PARAMETERS = {"num_agents", "max_steps", "arena_size", "episode_length", "episode_length_step",
+              "seed"}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -61,6 +61,13 @@ class SimConfig:
     """Decisions before an episode is interrupted (max_step_reached); 0 means never."""
     arena_size: float = 7.0
     """Half-width in metres of the square arena that holds the dogs and the sticks."""
+    episode_length: int = 0
+    """Scripted episodes (for tests of episode statistics) when > 0: slot s's episodes last
+    exactly `episode_length + s * episode_length_step` decisions, every decision but the last
+    gives reward 0 and the last gives reward s, and they end terminated (at the stick) for even
+    s and truncated for odd s. The dogs still move; only the episode ends and rewards change."""
+    episode_length_step: int = 0
+    """How much longer each slot's scripted episodes are than the previous slot's."""
 
     def validated(self) -> SimConfig:
         """This configuration, or ValueError naming the bad field."""
@@ -70,7 +77,11 @@ class SimConfig:
             raise ValueError(f"max_steps must be >= 0, got {self.max_steps}")
         if not self.arena_size >= 2 * STICK_RADIUS:
             raise ValueError(f"arena_size must be >= {2 * STICK_RADIUS}, got {self.arena_size}")
-        return SimConfig(int(self.num_agents), int(self.max_steps), float(self.arena_size))
+        if int(self.episode_length) < 0 or int(self.episode_length_step) < 0:
+            raise ValueError("episode_length and episode_length_step must be >= 0, got "
+                             f"{self.episode_length} and {self.episode_length_step}")
+        return SimConfig(int(self.num_agents), int(self.max_steps), float(self.arena_size),
+                         int(self.episode_length), int(self.episode_length_step))
 
 
 @dataclass
@@ -229,6 +240,13 @@ class HuggySim:
         obs[:, 56:59] = up
         return obs
 
+    def _scripted_ends(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Reward, reached and interrupted of the scripted episodes (see `SimConfig`)."""
+        slot = np.arange(self.config.num_agents)
+        done = self.steps >= self.config.episode_length + slot * self.config.episode_length_step
+        reward = np.where(done, slot, 0).astype(np.float64)
+        return reward, done & (slot % 2 == 0), done & (slot % 2 == 1)
+
     def step(self, actions: np.ndarray) -> StepResult:
         """Apply one decision's actions (N, 21) for DT seconds; finished slots restart at once."""
         n = self.config.num_agents
@@ -284,6 +302,8 @@ class HuggySim:
         reward = 0.01 * np.einsum("ij,ij->i", self.vel, direction) - 0.001 - 0.001 * turn
         reached = distance < STICK_RADIUS
         interrupted = ~reached & (self.config.max_steps > 0) & (self.steps >= self.config.max_steps)
+        if self.config.episode_length > 0:
+            reward, reached, interrupted = self._scripted_ends()
         done = reached | interrupted
         obs = self.observe()
         agent_id = self.agent_id.copy()

@@ -1,8 +1,11 @@
 """The `huggy` command line.
 
-Each group of subcommands lives in its own module and only declares its arguments here; the work
-is done by functions imported when the subcommand runs, so `huggy --help` and `huggy info` start
-fast and never import Ray or mlagents-envs.
+The core commands (about the policy itself) live in `policy_commands`. Other packages contribute
+their own subcommands through the entry-point group `huggy_agent.commands`: each entry is named
+after its command and points to a function `add_parser(subparsers)` (for example `rollout =
+"envs.cli:add_rollout_parser"` in pyproject.toml), so this package imports nothing above it.
+Only the plugin of the command being run is imported (all of them for `huggy --help`), so
+`huggy info` never imports Ray or mlagents-envs.
 """
 
 from __future__ import annotations
@@ -10,27 +13,50 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, entry_points
 
-from huggy_agent.cli import deploy_commands, env_commands, evaluate_commands, policy_commands
+from huggy_agent.cli import policy_commands
 
-COMMAND_GROUPS = (policy_commands, env_commands, deploy_commands, evaluate_commands)
+ENTRY_POINT_GROUP = "huggy_agent.commands"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full `huggy` parser: every subcommand of every group."""
+def plugin_commands() -> dict[str, EntryPoint]:
+    """The subcommands other installed packages contribute, by command name."""
+    return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The subcommand named in `argv` (its first word not starting with '-'), if any."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The `huggy` parser: every core subcommand, the plugin subcommand named in `argv` (or
+    every plugin subcommand when `argv` names none, for `huggy --help`), and a placeholder for
+    the other plugin subcommands."""
     parser = argparse.ArgumentParser(
         prog="huggy",
         description="Run a trained Unity ML-Agents policy (Huggy the Dog first) outside Unity.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in COMMAND_GROUPS:
-        group.add_parsers(subparsers)
+    policy_commands.add_parsers(subparsers)
+    core = set(subparsers.choices)
+    wanted = _command_word(argv)
+    for name, entry in sorted(plugin_commands().items()):
+        if name in core:
+            raise RuntimeError(f"entry point {entry.value!r} of group {ENTRY_POINT_GROUP!r} "
+                               f"redefines the core command {name!r}")
+        if wanted is None or wanted == name:
+            entry.load()(subparsers)
+        else:
+            subparsers.add_parser(name, help=f"(from {entry.value.split(':')[0]})")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `huggy`; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:

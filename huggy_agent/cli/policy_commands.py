@@ -169,8 +169,11 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
     else:
-        print(f"weights  {result['weights']}\noutputs  {result['outputs']}\nsource   "
-              f"{result['source']}")
+        actions = np.array2string(np.asarray(result["reference_actions"]), precision=6,
+                                  max_line_width=96)
+        print(f"weights  {result['weights']}\nsource   {result['source']}\n"
+              f"actions of canonical observation 0 (equal within the numerical contract's "
+              f"tolerance wherever this model runs):\n{actions}")
     return 0
 
 
@@ -288,7 +291,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("--count", type=int, default=1000, help="observations (default 1000)")
 
     command("fingerprint", cmd_fingerprint,
-            "stable hashes of the weights and of the outputs on canonical inputs")
+            "the weights hash (same for a run's .pt and .onnx on any machine) and the "
+            "actions of a canonical observation")
     command("stats", cmd_stats, "parameter counts per layer, normalizer and log-sigma statistics")
 
     bench = command("benchmark", cmd_benchmark,

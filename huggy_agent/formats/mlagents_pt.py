@@ -7,6 +7,7 @@ import pickle
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from huggy_agent.errors import PolicyLoadError
@@ -69,6 +70,15 @@ def _refuse_unsupported(policy: dict, path: Path) -> None:
                               f"{BODY}0.weight or {DIST}mu.weight")
 
 
+def normalizer_std(running_variance: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """`sqrt(running_variance / steps)` computed in float64 and rounded once to float32: the
+    same bits on every machine (float32 kernels may divide through a reciprocal), and within
+    1 ulp of the std an ML-Agents ONNX export folds in."""
+    variance = running_variance.detach().double().numpy()
+    std = np.sqrt(variance / float(steps)).astype(np.float32)
+    return torch.from_numpy(std)
+
+
 def load_pt(path: str | Path) -> LoadedPolicy:
     """Map an ML-Agents checkpoint's keys onto PolicyNet's canonical keys, checking every shape."""
     path = Path(path)
@@ -76,10 +86,9 @@ def load_pt(path: str | Path) -> LoadedPolicy:
     _refuse_unsupported(policy, path)
     tensors: dict[str, torch.Tensor] = {}
     if f"{NORMALIZER}running_mean" in policy:
-        steps = policy[f"{NORMALIZER}normalization_steps"].float()
-        # ML-Agents' own float32 arithmetic, so the result matches its ONNX export's folded std.
         tensors["normalizer.mean"] = policy[f"{NORMALIZER}running_mean"].float()
-        tensors["normalizer.std"] = torch.sqrt(policy[f"{NORMALIZER}running_variance"].float() / steps)
+        tensors["normalizer.std"] = normalizer_std(policy[f"{NORMALIZER}running_variance"],
+                                                   policy[f"{NORMALIZER}normalization_steps"])
     index = 0
     while f"{BODY}{index}.weight" in policy:
         tensors[f"body.{index}.weight"] = policy[f"{BODY}{index}.weight"]

@@ -1,9 +1,30 @@
-"""`huggy` subcommands of the env group (parsers only; work is imported when a command runs)."""
+"""`huggy rollout`, contributed to the `huggy` command through the entry-point group
+`huggy_agent.commands` (parser only; the work in `envs.commands` is imported when it runs)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+
+def env_parameter(text: str) -> tuple[str, float]:
+    """`KEY=VALUE` of `--env-param`: a float for ML-Agents' EnvironmentParameters channel."""
+    key, sep, value = text.partition("=")
+    try:
+        if not sep or not key:
+            raise ValueError
+        return key, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}") from None
+
+
+def add_env_parameter_option(parser: argparse.ArgumentParser) -> None:
+    """`--env-param KEY=VALUE` (repeatable), collected into `args.env_param` as a list."""
+    parser.add_argument("--env-param", metavar="KEY=VALUE", type=env_parameter, action="append",
+                        default=[], help="a float sent on ML-Agents' EnvironmentParameters side "
+                        "channel, as a training config's environment_parameters; repeatable "
+                        "(the stand-in reads num_agents, max_steps, arena_size, episode_length, "
+                        "episode_length_step)")
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -12,8 +33,8 @@ def _rollout(args: argparse.Namespace) -> int:
     return run_rollout(args)
 
 
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    """Register this group's subcommands."""
+def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `huggy rollout`."""
     text = "drive every agent of a Huggy environment with a policy and summarise the episodes"
     parser = subparsers.add_parser("rollout", help=text, description=text)
     parser.add_argument("--env", default="builtin",
@@ -24,7 +45,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--policy-url", default=None,
                         help="use a policy served by `huggy serve` at this URL instead")
     parser.add_argument("--episodes", type=int, default=20,
-                        help="finished episodes to collect (default 20)")
+                        help="episodes to count, spread evenly over the agent slots (default 20; see the "
+                             "README on the per-slot quota)")
     parser.add_argument("--stochastic", action="store_true",
                         help="sample actions instead of taking the mean")
     parser.add_argument("--seed", type=int, default=0,
@@ -39,5 +61,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                         help="first gRPC port (default ML-Agents' 5005)")
     parser.add_argument("--timeout-wait", type=int, default=60,
                         help="seconds to wait for the environment to connect (default 60)")
+    add_env_parameter_option(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(handler=_rollout)

@@ -1,10 +1,13 @@
-"""`huggy evaluate`: parser only; the work is imported from `deploy` when the command runs."""
+"""`huggy evaluate` and `huggy serve`, contributed to the `huggy` command through the entry-point
+group `huggy_agent.commands` (parsers only; the work is imported when a command runs)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from envs.cli import add_env_parameter_option
 
 ACCELERATOR_CHOICES = ("auto", "cpu", "gpu", "npu")
 PRECISION_CHOICES = ("fp32", "fp16", "bf16")
@@ -20,7 +23,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `huggy evaluate`."""
     parser = subparsers.add_parser(
         "evaluate",
@@ -38,7 +41,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--episodes", metavar="N", type=_positive_int, default=36,
                         help="episodes per policy (default 36)")
     parser.add_argument("--episodes-per-item", metavar="N", type=_positive_int, default=18,
-                        help="episodes per work item, one environment reset each (default 18)")
+                        help="episodes per work item, one environment reset each, spread over "
+                             "the agent slots by per-slot quotas (default 18)")
     parser.add_argument("--runners", metavar="K", type=_positive_int, default=1,
                         help="Ray runners, each with its own environment (default 1)")
     parser.add_argument("--address", metavar="ADDRESS", default=None,
@@ -64,6 +68,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                         help="agents per environment (stand-in parameter; default the scene's 18)")
     parser.add_argument("--max-steps", metavar="N", type=_positive_int, default=None,
                         help="decisions per episode before it is cut (stand-in parameter)")
+    add_env_parameter_option(parser)
     parser.add_argument("--no-ray", action="store_true",
                         help="run every item in this process on one environment, without Ray")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -73,7 +78,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 def run_evaluate(args: argparse.Namespace) -> int:
     """Run the evaluation, print the table, write the report. Exit code 0 when every policy was
     evaluated, 1 when one failed, 130 when interrupted (what finished is still reported)."""
-    from deploy.evaluate import (
+    from deploy.evaluation import (
         EnvSpec,
         EvalConfig,
         PolicySpec,
@@ -91,7 +96,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.env != "builtin" and not Path(args.env).exists():
         raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
     env = EnvSpec(file_name=None if args.env == "builtin" else args.env,
-                  num_agents=args.num_agents, max_steps=args.max_steps)
+                  num_agents=args.num_agents, max_steps=args.max_steps,
+                  parameters=dict(args.env_param))
     config = EvalConfig(episodes=args.episodes, episodes_per_item=args.episodes_per_item,
                         seed=args.seed, stochastic=args.stochastic, runners=args.runners,
                         accelerator=args.accelerator, precision=args.precision,

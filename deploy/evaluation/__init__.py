@@ -1,0 +1,36 @@
+"""Batch evaluation of policies on many environments, in this process or on Ray runners.
+
+    plan.py        what to run: policies, environment, settings, work items (fixed seeds)
+    runner.py      the runner: one environment, local policy copies, one item at a time
+    scheduling.py  running the items: the plain loop, and Ray runners with Ray's fault tolerance
+    results.py     what came back: episodes per item, per policy, per evaluation
+
+The report (table, CSV, JSON, chart) is `deploy.report`. Ray is imported only inside the
+functions that need it.
+"""
+
+from deploy.evaluation.plan import (
+    EnvSpec,
+    EvalConfig,
+    PolicySpec,
+    WorkItem,
+    expand_policies,
+    plan_items,
+    short_label,
+)
+from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult, RunnerInfo
+from deploy.evaluation.runner import EnvironmentCrashed, Runner
+from deploy.evaluation.scheduling import (
+    EvaluationError,
+    RunnerPool,
+    evaluate_on_ray,
+    evaluate_plain,
+    ray_session,
+)
+
+__all__ = [
+    "EnvSpec", "EnvironmentCrashed", "EvalConfig", "EvaluationError", "EvaluationResult",
+    "ItemResult", "PolicyResult", "PolicySpec", "Runner", "RunnerInfo", "RunnerPool", "WorkItem",
+    "evaluate_on_ray", "evaluate_plain", "expand_policies", "plan_items", "ray_session",
+    "short_label",
+]

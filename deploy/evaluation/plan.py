@@ -1,0 +1,178 @@
+"""What an evaluation runs: the policies, the environment, the settings and the work items.
+
+A policy's episodes are cut into work items; item `i` of every policy gets the seed `seed + i`
+and is run as `rollout(agent, env, episodes, seed)`, which resets the environment with that seed
+and counts a fixed quota of episodes per agent slot (`envs.rollout.slot_quotas`). An item's
+numbers therefore depend only on (policy, i): never on which runner ran it, how many runners
+there were, or which of its episodes ended first.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+ENV_SEED_LIMIT = 2**24
+"""Environment seeds travel as float32 (`envs.vector_env.MAX_SEED`): [0, 2**24)."""
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy to evaluate: a checkpoint or ONNX file, or a Serve deployment's URL."""
+
+    label: str
+    """Name shown in the report (unique within one evaluation), short: `run@step` for a
+    checkpoint of a results folder, `parent/file` for a file, the URL for a served policy."""
+    path: str | None = None
+    """The policy file (.pt or .onnx); None for a remote policy."""
+    url: str | None = None
+    """The Serve deployment's URL when runners query it instead of a local copy."""
+    run: str | None = None
+    """The results folder (run id) the checkpoint came from, for the learning curve."""
+    step: int | None = None
+    """The training step of the checkpoint, when known."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How each runner opens its environment (see `envs.HuggyVectorEnv`)."""
+
+    file_name: str | None = None
+    """A Unity build; None for the built-in stand-in."""
+    num_agents: int | None = None
+    """Agents per environment (stand-in parameter); None keeps the scene's own (18)."""
+    max_steps: int | None = None
+    """Decisions per episode before truncation (stand-in parameter); None keeps the scene's."""
+    time_scale: float = 20.0
+    timeout_wait: int = 60
+    parameters: dict[str, float] = field(default_factory=dict)
+    """More EnvironmentParameters side-channel values (`HuggyVectorEnv(env_parameters=...)`)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to run and how."""
+
+    episodes: int = 36
+    """Episodes per policy."""
+    episodes_per_item: int = 18
+    """Episodes per work item: one reset, spread over the agent slots by per-slot quotas (the
+    stand-in runs 18 agents at once, so 18 gives each slot one episode)."""
+    seed: int = 0
+    """Item i of every policy is run with seed `seed + i`."""
+    stochastic: bool = False
+    """Sample actions (noise seeded per step from the item seed) instead of the mean action."""
+    runners: int = 1
+    """Ray actors running items in parallel (ignored by `evaluate_plain`)."""
+    accelerator: str = "auto"
+    """Ray resource each runner holds: auto (what the cluster has: npu, then gpu, else cpu),
+    cpu, gpu (`num_gpus=1`) or npu (`{"NPU": 1}`)."""
+    precision: str = "fp32"
+    """Precision of each runner's policy copy (fp32, fp16, bf16)."""
+    runner_cpus: float = 1.0
+    """CPUs each runner reserves (its environment process runs beside it)."""
+    max_attempts: int = 3
+    """Tries per item (Ray retries a lost runner's item and a crashed environment's item up
+    to this many times in all) before its policy is reported failed."""
+    pin_nodes: tuple[str, ...] = ()
+    """Node ids to pin runners to, round robin (runner k on `pin_nodes[k % len]`); empty lets Ray
+    spread them."""
+    progress: bool = True
+    """Show a tqdm progress bar on stderr."""
+
+    def __post_init__(self) -> None:
+        from deploy.placement import ACCELERATORS
+
+        for name in ("episodes", "episodes_per_item", "runners", "max_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.accelerator not in ACCELERATORS:
+            raise ValueError(
+                f"accelerator must be one of {', '.join(ACCELERATORS)}, got {self.accelerator!r}"
+            )
+        last_seed = self.seed + math.ceil(self.episodes / self.episodes_per_item) - 1
+        if self.seed < 0 or last_seed >= ENV_SEED_LIMIT:
+            raise ValueError(f"seed must be >= 0 and seed + items - 1 < 2**24 (the environment's "
+                             f"seed range), got seed {self.seed} (last item's seed {last_seed})")
+        if self.runner_cpus < 0:
+            raise ValueError(f"runner_cpus must be >= 0, got {self.runner_cpus!r}")
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """Item `index` of policy `policy_index`: `episodes` episodes from `env.reset(seed)`."""
+
+    policy_index: int
+    index: int
+    seed: int
+    episodes: int
+
+
+def short_label(path: Path) -> str:
+    """`parent/file`, such as `ppo_gamma_0.8/Huggy.onnx`: enough to tell files apart in a
+    table or a chart, never a whole absolute path."""
+    path = Path(path)
+    parent = path.resolve().parent.name
+    return f"{parent}/{path.name}" if parent else path.name
+
+
+def expand_policies(sources: Sequence[str | os.PathLike[str]]) -> list[PolicySpec]:
+    """One spec per policy: a file stays one policy; a results folder gives every checkpoint
+    in it that is on disk, by step (`huggy_agent.formats.results.list_checkpoints`).
+
+    Raises FileNotFoundError for a path that does not exist and ValueError for an empty list or a
+    folder without checkpoint files. Files that exist but cannot be loaded are not checked here.
+    """
+    from huggy_agent.formats.loaded import step_from_filename
+    from huggy_agent.formats.results import list_checkpoints
+
+    if not sources:
+        raise ValueError("expected at least one policy (a .pt, an .onnx or a results folder)")
+    specs: list[PolicySpec] = []
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            run = path.resolve().name
+            entries = [entry for entry in list_checkpoints(path) if entry.path is not None]
+            if not entries:
+                raise ValueError(f"no checkpoint files found in results folder {path}")
+            behaviors = {entry.behavior for entry in entries}
+            for entry in entries:
+                name = run if len(behaviors) == 1 else f"{run}/{entry.behavior}"
+                specs.append(PolicySpec(label=f"{name}@{entry.step}", path=str(entry.path),
+                                        run=name, step=entry.step))
+        elif path.is_file():
+            specs.append(PolicySpec(label=short_label(path), path=str(path),
+                                    step=step_from_filename(path)))
+        else:
+            raise FileNotFoundError(f"policy not found: {path} (expected a .pt, an .onnx or a "
+                                    "results folder)")
+    return _unique_labels(specs)
+
+
+def _unique_labels(specs: list[PolicySpec]) -> list[PolicySpec]:
+    seen: dict[str, int] = {}
+    unique = []
+    for spec in specs:
+        count = seen.get(spec.label, 0)
+        seen[spec.label] = count + 1
+        unique.append(spec if count == 0 else replace(spec, label=f"{spec.label}#{count + 1}"))
+    return unique
+
+
+def plan_items(num_policies: int, config: EvalConfig) -> list[WorkItem]:
+    """The work items, policy by policy: `ceil(episodes / episodes_per_item)` each, the last one
+    shorter when the split is uneven; item i of every policy has seed `config.seed + i`."""
+    items = []
+    for policy_index in range(num_policies):
+        left, index = config.episodes, 0
+        while left > 0:
+            count = min(config.episodes_per_item, left)
+            items.append(WorkItem(policy_index, index, config.seed + index, count))
+            left -= count
+            index += 1
+    return items

@@ -1,0 +1,83 @@
+"""What an evaluation produced: episodes per work item, per policy, and for the whole run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """The counted episodes of one work item, in (slot, episode index) order, and where they
+    ran. `slots[k]` and `episode_indices[k]` name episode k's agent slot and its index there."""
+
+    policy_index: int
+    index: int
+    seed: int
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+    reached_stick: tuple[bool, ...]
+    slots: tuple[int, ...]
+    episode_indices: tuple[int, ...]
+    agent_steps: int
+    seconds: float
+    node_id: str
+    runner: str
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """A started runner: its name, node, process id and its environment process id."""
+
+    name: str
+    node_id: str
+    pid: int
+    env_pid: int | None
+
+
+@dataclass
+class PolicyResult:
+    """Everything evaluated for one policy; `error` is set when it failed (load or items)."""
+
+    spec: PolicySpec
+    items: list[ItemResult] = field(default_factory=list)
+    error: str | None = None
+    fingerprint: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def ordered_items(self) -> list[ItemResult]:
+        """Items by index, so statistics never depend on completion order."""
+        return sorted(self.items, key=lambda item: item.index)
+
+
+@dataclass
+class EvaluationResult:
+    """The outcome of one evaluation."""
+
+    policies: list[PolicyResult]
+    config: EvalConfig
+    env: EnvSpec
+    runners: list[RunnerInfo] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+    """Wall time of the whole evaluation."""
+    startup_seconds: float | None = None
+    """Wall time until the first runner was ready for items (None if none ever was)."""
+
+    @property
+    def retries(self) -> int:
+        """Item runs beyond the first: one per crashed environment or lost runner."""
+        return sum(item.attempts - 1 for policy in self.policies for item in policy.items)
+
+    def node_episodes(self) -> dict[str, int]:
+        """Episodes run on each node id."""
+        counts: dict[str, int] = {}
+        for policy in self.policies:
+            for item in policy.items:
+                counts[item.node_id] = counts.get(item.node_id, 0) + len(item.returns)
+        return counts

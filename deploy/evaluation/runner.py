@@ -1,0 +1,168 @@
+"""The runner: one environment and local policy copies, running one work item at a time.
+
+Used in-process by `evaluate_plain` and as a Ray actor by `evaluate_on_ray`. Fault handling is
+Ray's own: a crashed environment raises `EnvironmentCrashed`, which the driver lets Ray retry on
+the same runner (`retry_exceptions`), and the runner opens a fresh environment first; a runner
+whose process dies is restarted by Ray (`max_restarts`) and its item retried (`max_task_retries`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from deploy.evaluation.plan import EnvSpec, PolicySpec, WorkItem
+from deploy.evaluation.results import ItemResult, RunnerInfo
+
+BASE_PORT = 5005
+"""mlagents-envs' base port for an executable: an environment listens on base + worker id."""
+
+
+class EnvironmentCrashed(RuntimeError):
+    """A runner's environment died mid-item; the item runs again on a fresh environment."""
+
+
+class Runner:
+    """Owns one environment and runs work items on it, one at a time. Policies are loaded on
+    first use (from the path, or from bytes the driver shipped); the two most recent are kept."""
+
+    def __init__(self, name: str, env: EnvSpec, device: str = "cpu",
+                 precision: str = "fp32") -> None:
+        self._name = name
+        self._env_spec = env
+        self._device = device
+        self._precision = precision
+        self._agents: OrderedDict[str, Any] = OrderedDict()
+        # Import torch (~1 s) while the environment process boots, so a runner reports ready
+        # only when it can run items at once.
+        importer = threading.Thread(target=importlib.import_module, args=("huggy_agent",))
+        importer.start()
+        try:
+            self._env: Any = _open_env(env)
+        finally:
+            importer.join()
+
+    def info(self) -> RunnerInfo:
+        """Name, node id ("local" outside Ray), process id and environment process id."""
+        return RunnerInfo(self._name, _node_id(), os.getpid(),
+                          None if self._env is None else self._env.process_id)
+
+    def run(self, spec: PolicySpec, payload: list[Any] | bytes | None, item: WorkItem,
+            stochastic: bool) -> ItemResult:
+        """Run one item. `payload` is None (load `spec.path`), the file's bytes, or a one-element
+        list holding an ObjectRef of them (resolved only when the policy is not cached).
+
+        Raises PolicyLoadError or FileNotFoundError when the policy cannot be loaded, and
+        EnvironmentCrashed when the environment dies mid-rollout (the next call opens a new one).
+        """
+        import envs
+
+        agent = self._agent(spec, payload)
+        if self._env is None:
+            self._env = _open_env(self._env_spec)
+        try:  # rollout resets the environment with the item's seed first
+            result = envs.rollout(agent, self._env, episodes=item.episodes,
+                                  deterministic=not stochastic, seed=item.seed)
+        except envs.RolloutInterrupted as error:
+            self._env.close()
+            self._env = None
+            raise EnvironmentCrashed(
+                f"runner {self._name}: environment died during item {item.index} of "
+                f"{spec.label}: {error}") from None
+        episodes = result.episodes
+        return ItemResult(
+            policy_index=item.policy_index, index=item.index, seed=item.seed,
+            returns=tuple(float(e.episode_return) for e in episodes),
+            lengths=tuple(int(e.length) for e in episodes),
+            reached_stick=tuple(bool(e.reached_stick) for e in episodes),
+            slots=tuple(e.slot for e in episodes),
+            episode_indices=tuple(e.index for e in episodes),
+            agent_steps=int(result.agent_steps), seconds=float(result.seconds),
+            node_id=_node_id(), runner=self._name, attempts=_attempt())
+
+    def close(self) -> None:
+        """Close the environment (stops its process)."""
+        if self._env is not None:
+            self._env.close()
+
+    def _agent(self, spec: PolicySpec, payload: list[Any] | bytes | None) -> Any:
+        key = spec.url or spec.label
+        if key in self._agents:
+            self._agents.move_to_end(key)
+            return self._agents[key]
+        if spec.url is not None:
+            from deploy.client import RemoteAgent
+
+            agent = RemoteAgent(spec.url)
+        else:
+            agent = _load_agent(spec, payload, self._device, self._precision)
+        self._agents[key] = agent
+        while len(self._agents) > 2:
+            self._agents.popitem(last=False)
+        return agent
+
+
+def _load_agent(spec: PolicySpec, payload: list[Any] | bytes | None, device: str,
+                precision: str) -> Any:
+    from huggy_agent import HuggyAgent
+
+    assert spec.path is not None
+    if payload is None:
+        return HuggyAgent.from_checkpoint(spec.path, device=device, precision=precision)
+    if isinstance(payload, list):
+        import ray
+
+        payload = ray.get(payload[0])
+    # The file travels as bytes so runners on other machines need no shared file system.
+    with tempfile.TemporaryDirectory(prefix="huggy-eval-") as folder:
+        local = Path(folder) / Path(spec.path).name
+        local.write_bytes(payload)
+        return HuggyAgent.from_checkpoint(local, device=device, precision=precision)
+
+
+def _open_env(spec: EnvSpec) -> Any:
+    """Open the environment on a worker id whose port was free a moment ago: several runners
+    (and other programs) share a machine, so fixed worker ids would collide. `HuggyVectorEnv`
+    itself moves on to the next port when this one was taken meanwhile."""
+    import envs
+
+    return envs.HuggyVectorEnv(
+        file_name=spec.file_name, worker_id=_free_port() - BASE_PORT, seed=0, no_graphics=True,
+        timeout_wait=spec.timeout_wait, time_scale=spec.time_scale,
+        num_agents=spec.num_agents, max_steps=spec.max_steps, env_parameters=spec.parameters)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    if port <= BASE_PORT:
+        raise RuntimeError(f"the OS gave port {port}, below the base port {BASE_PORT}")
+    return port
+
+
+def _ray() -> Any:
+    """The ray module when this process is connected to Ray, else None (never imports it)."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
+def _node_id() -> str:
+    ray = _ray()
+    return "local" if ray is None else ray.get_runtime_context().get_node_id()
+
+
+def _attempt() -> int:
+    """Which try of the current item this is: 1, or 1 + the retries Ray made of this task
+    (after an environment crash or after the runner's process died and Ray restarted it)."""
+    ray = _ray()
+    if ray is None or ray.get_runtime_context().get_actor_id() is None:
+        return 1
+    return ray._private.worker.global_worker.core_worker.get_current_task_attempt_number() + 1

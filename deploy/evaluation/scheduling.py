@@ -1,0 +1,373 @@
+"""Running the work items: in this process (`evaluate_plain`) or on Ray runners
+(`evaluate_on_ray`), with Ray's own fault tolerance.
+
+What Ray does: a runner whose process dies is restarted (`max_restarts=-1`) and the item it was
+running is retried (`max_task_retries`); an item whose environment crashed is retried on the same
+runner (`retry_exceptions=[EnvironmentCrashed]`), which opens a fresh environment. Each item gets
+`max_attempts` tries in all, and the report counts the retries (Ray's task attempt number).
+
+What stays here, by hand, and why: handing items to idle runners (one item at a time per runner,
+so a policy that fails to load can have its remaining items withdrawn, which `ray.util.ActorPool`
+cannot do), reporting a policy as failed when its item failed every try, dropping a runner that
+can no longer start, and Ctrl-C, which keeps what finished.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, WorkItem, plan_items
+from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult, RunnerInfo
+from deploy.evaluation.runner import EnvironmentCrashed, Runner
+
+
+class EvaluationError(RuntimeError):
+    """An evaluation could not run at all (as opposed to one policy failing, which is reported)."""
+
+
+ProgressCallback = Callable[[ItemResult, "RunnerPool | None"], None]
+"""Called in the driver after each finished item (with the pool on Ray, None in the plain loop)."""
+
+
+def _policy_results(specs: Sequence[PolicySpec]) -> list[PolicyResult]:
+    """Empty results, one per spec, after checking the specs (cheap: nothing is loaded)."""
+    if not specs:
+        raise ValueError("expected at least one policy to evaluate")
+    labels = [spec.label for spec in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"policy labels must be unique, got {labels}")
+    return [PolicyResult(spec) for spec in specs]
+
+
+def _load_check(policies: list[PolicyResult]) -> None:
+    """Load every local policy once in the driver (on the CPU), or ask a served one for its
+    description: its fingerprint for the report, or its error, so a broken file or an
+    unreachable server is reported without occupying a runner."""
+    from huggy_agent import HuggyAgent, PolicyLoadError
+
+    for policy in policies:
+        try:
+            if policy.spec.url is not None:
+                from deploy.client import RemoteAgent, RemoteRequestError, RemoteServerError
+
+                try:
+                    with RemoteAgent(policy.spec.url) as remote:
+                        policy.fingerprint = remote.fingerprint
+                except (RemoteServerError, RemoteRequestError) as error:
+                    raise PolicyLoadError(str(error)) from error
+            elif policy.spec.path is not None:
+                policy.fingerprint = HuggyAgent.from_checkpoint(policy.spec.path,
+                                                                device="cpu").fingerprint
+        except (PolicyLoadError, FileNotFoundError) as error:
+            policy.error = f"{type(error).__name__}: {error}"
+
+
+def _progress_bar(config: EvalConfig, total_episodes: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total_episodes, unit="ep", desc="evaluate", disable=not config.progress,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec,
+                   on_result: ProgressCallback | None = None) -> EvaluationResult:
+    """Run every item in this process on one environment, in order: no Ray, no retries.
+
+    The reference for `evaluate_on_ray` (same items, same seeds, same numbers) and the baseline of
+    the benchmark. Policies always run on the CPU here (`config.accelerator` is ignored), with
+    one torch thread while it runs, as in a one-CPU Ray runner: an 18-row forward pass gains
+    nothing from more, and extra threads spin against the environment process (2.5x slower on
+    2 cores).
+    """
+    import torch
+
+    from huggy_agent import PolicyLoadError
+
+    started = time.perf_counter()
+    outcome = EvaluationResult(_policy_results(specs), config, env)
+    _load_check(outcome.policies)
+    items = [item for item in plan_items(len(specs), config)
+             if not outcome.policies[item.policy_index].failed]
+    bar = _progress_bar(config, sum(item.episodes for item in items))
+    runner = Runner("plain", env, device="cpu", precision=config.precision)
+    outcome.startup_seconds = time.perf_counter() - started
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        outcome.runners.append(runner.info())
+        for item in items:
+            policy = outcome.policies[item.policy_index]
+            if policy.failed:
+                continue
+            try:
+                result = runner.run(policy.spec, None, item, config.stochastic)
+            except (PolicyLoadError, FileNotFoundError) as error:
+                policy.error = f"{type(error).__name__}: {error}"
+                continue
+            policy.items.append(result)
+            bar.update(len(result.returns))
+            if on_result is not None:
+                on_result(result, None)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        torch.set_num_threads(threads)
+        bar.close()
+        runner.close()
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+@contextmanager
+def ray_session(address: str | None = None) -> Iterator[None]:
+    """Connect to Ray for the duration of the block.
+
+    Already connected (a test, a notebook): use that connection and leave it open. `address`
+    given ("auto", "HOST:PORT" or "ray://HOST:PORT"): connect to that cluster and disconnect at
+    the end. None: Ray's own default (`$RAY_ADDRESS`, else the latest cluster started with
+    `ray start` on this machine, else a new local Ray, which is stopped at the end); token auth
+    and usage stats are off unless the environment says otherwise.
+    """
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is None:
+        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    else:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def runner_options(placement: Any, config: EvalConfig, node_id: str | None = None
+                   ) -> dict[str, Any]:
+    """Ray actor options for one runner: the accelerator as a Ray resource, exactly as for Serve
+    replicas (`deploy.placement`: npu -> {"NPU": 1}, gpu -> num_gpus=1, cpu -> CPUs only),
+    restarted whenever its process dies, each item tried `config.max_attempts` times in all,
+    pinned to `node_id` when given (elsewhere if that node is gone), else spread."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    options: dict[str, Any] = {**placement.ray_actor_options(), "max_restarts": -1,
+                               "max_task_retries": config.max_attempts - 1}
+    options["scheduling_strategy"] = (
+        NodeAffinitySchedulingStrategy(node_id, soft=True) if node_id else "SPREAD")
+    return options
+
+
+@functools.cache
+def _remote_runner() -> Any:
+    """`Runner` as a Ray actor class (made once, so its definition is exported once)."""
+    import ray
+
+    return ray.remote(Runner)
+
+
+class RunnerPool:
+    """The driver's view of the runners: actor handles, their info, and what each is running."""
+
+    def __init__(self, config: EvalConfig, env: EnvSpec, placement: Any) -> None:
+        self.actors: dict[str, Any] = {}
+        self.infos: dict[str, RunnerInfo] = {}
+        self.busy: dict[str, WorkItem] = {}
+        self._config = config
+        self._env = env
+        self._placement = placement
+
+    def start(self, count: int) -> dict[Any, str]:
+        """Start `count` runners; returns the ObjectRef of each one's `info()`, with its name."""
+        pins = self._config.pin_nodes
+        starting = {}
+        for slot in range(count):
+            name = f"runner-{slot}"
+            options = runner_options(self._placement, self._config,
+                                     pins[slot % len(pins)] if pins else None)
+            actor = _remote_runner().options(**options).remote(
+                name, self._env, self._placement.device, self._config.precision)
+            self.actors[name] = actor
+            starting[actor.info.remote()] = name
+        return starting
+
+    def submit(self, name: str, spec: PolicySpec, payload: Any, item: WorkItem,
+               stochastic: bool) -> Any:
+        """Run `item` on runner `name`; an environment crash is retried by Ray."""
+        self.busy[name] = item
+        method = self.actors[name].run.options(retry_exceptions=[EnvironmentCrashed])
+        return method.remote(spec, payload, item, stochastic)
+
+    def idle(self) -> list[str]:
+        """Ready runners with nothing to do, oldest first."""
+        return [name for name in self.infos if name not in self.busy]
+
+    def alive(self, name: str) -> bool:
+        """Whether runner `name` still answers (Ray may have restarted it meanwhile)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        try:
+            ray.get(self.actors[name].info.remote(), timeout=120)
+        except (RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        return True
+
+    def drop(self, name: str) -> None:
+        """Forget a runner and kill its actor (its environment goes with the process)."""
+        import ray
+
+        actor = self.actors.pop(name, None)
+        self.infos.pop(name, None)
+        self.busy.pop(name, None)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """Close idle runners' environments cleanly, then kill every actor."""
+        import ray
+
+        closing = [self.actors[name].close.remote() for name in self.idle()]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=timeout)
+        for name in list(self.actors):
+            self.drop(name)
+
+
+def evaluate_on_ray(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec,
+                    address: str | None = None,
+                    on_result: ProgressCallback | None = None) -> EvaluationResult:
+    """Run the items on `config.runners` Ray actors (see the module docstring for faults).
+
+    Connects through `ray_session(address)`. Returns when every item finished or its policy
+    failed, or on Ctrl-C with what finished (`interrupted=True`).
+    """
+    import ray
+
+    from deploy.placement import plan_placement
+
+    started = time.perf_counter()
+    outcome = EvaluationResult(_policy_results(specs), config, env)
+    with ray_session(address):
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        try:
+            placement = plan_placement(config.accelerator, config.runner_cpus, config.runners,
+                                       nodes)
+        except RuntimeError as error:  # worded for Serve replicas; a runner is one replica here
+            raise EvaluationError(f"cannot start {config.runners} runners of "
+                                  f"{config.runner_cpus:g} CPU each: {error}") from error
+        pool = RunnerPool(config, env, placement)
+        try:
+            _drive(pool, outcome, on_result, started)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+        finally:
+            pool.shutdown()
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallback | None,
+           started: float) -> None:
+    """The scheduling loop: start the runners, check the policies while they boot, then hand
+    items to idle runners and collect results."""
+    import ray
+    from ray.exceptions import RayActorError, RayError, RayTaskError
+
+    from huggy_agent import PolicyLoadError
+
+    config, policies = outcome.config, outcome.policies
+    specs = [policy.spec for policy in policies]
+    starting = pool.start(min(config.runners, len(plan_items(len(policies), config))))
+    _load_check(policies)
+    payloads = {i: [ray.put(Path(spec.path).read_bytes())] for i, spec in enumerate(specs)
+                if spec.path is not None and not policies[i].failed}
+    pending: deque[WorkItem] = deque(item for item in plan_items(len(policies), config)
+                                     if not policies[item.policy_index].failed)
+    bar = _progress_bar(config, sum(item.episodes for item in pending))
+    running: dict[Any, tuple[str, WorkItem]] = {}
+
+    def fail_policy(index: int, message: str) -> None:
+        policies[index].error = message
+        skipped = [item for item in pending if item.policy_index == index]
+        for item in skipped:
+            pending.remove(item)
+        bar.total -= sum(item.episodes for item in skipped)
+        bar.refresh()
+
+    try:
+        while pending or running:
+            for name in pool.idle():
+                if not pending:
+                    break
+                item = pending.popleft()
+                ref = pool.submit(name, specs[item.policy_index],
+                                  payloads.get(item.policy_index), item, config.stochastic)
+                running[ref] = (name, item)
+            if not running and not starting:
+                raise EvaluationError("no runner could be started")
+            ready, _ = ray.wait([*running, *starting], num_returns=1)
+            ref = ready[0]
+            if ref in starting:
+                name = starting.pop(ref)
+                try:
+                    info = ray.get(ref)
+                except RayError as error:
+                    _warn(f"runner {name} did not start: {_short(error)}")
+                    pool.drop(name)
+                    continue
+                pool.infos[name] = info
+                outcome.runners.append(info)
+                if outcome.startup_seconds is None:
+                    outcome.startup_seconds = time.perf_counter() - started
+                continue
+            name, item = running.pop(ref)
+            pool.busy.pop(name, None)
+            label = specs[item.policy_index].label
+            try:
+                result = ray.get(ref)
+            except RayTaskError as error:
+                cause = error.cause
+                if isinstance(cause, (PolicyLoadError, FileNotFoundError)):
+                    fail_policy(item.policy_index, f"{type(cause).__name__}: {cause}")
+                else:
+                    fail_policy(item.policy_index, f"item {item.index} failed "
+                                f"{config.max_attempts} times: {_short(error)}")
+                continue
+            except RayActorError as error:
+                fail_policy(item.policy_index, f"item {item.index} lost its runner "
+                            f"{config.max_attempts} times: {_short(error)}")
+                if not pool.alive(name):
+                    _warn(f"runner {name} is gone and could not be restarted")
+                    pool.drop(name)
+                continue
+            if result.attempts > 1:
+                _warn(f"{name} finished item {item.index} of {label} at try {result.attempts}")
+            if policies[item.policy_index].failed:
+                continue
+            policies[item.policy_index].items.append(result)
+            bar.update(len(result.returns))
+            if on_result is not None:
+                on_result(result, pool)
+    finally:
+        bar.close()
+
+
+def _short(error: BaseException) -> str:
+    cause = getattr(error, "cause", None) or error
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[-1].rstrip('.') if text else ''}"
+
+
+def _warn(message: str) -> None:
+    print(f"huggy evaluate: {message}", file=sys.stderr)

@@ -1,0 +1,291 @@
+"""The actor of every ML-Agents policy kind, built from an `ActorArchitecture`, for inference.
+
+    obs_0 .. obs_k -> observation_encoder (per-input processors, attention over variable-length
+    inputs) -> _body_endoder (Linear + Swish layers) -> [LSTM] -> action_model heads
+
+Mirrors ML-Agents' `SimpleActor` (mlagents/trainers/torch_entities/networks.py), which PPO, SAC
+and POCA all use for acting, module for module, so state-dict keys are ML-Agents' own
+(`network_body._body_endoder.seq_layers.0.weight`, ...). `Actor.forward(*inputs)` takes the
+observation tensors in `obs_i` order, then the memory (N, memory_size) when the policy has one,
+and returns, in this order and only those the policy has: mu (N, c) and log_sigma ((1, c) for
+PPO, state-dependent (N, c) for SAC), the concatenated discrete logits (N, sum(branches)), the
+new memory (N, memory_size). Masks, sampling and squashing are the agent's (`huggy_agent.heads`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from huggy_agent.actor.attention import (
+    EMBEDDING_SIZE,
+    EntityEmbedding,
+    ResidualSelfAttention,
+    zero_entities_mask,
+)
+from huggy_agent.actor.encoders import Normalizer, VectorInput, visual_encoder
+from huggy_agent.actor.layers import LSTM, LinearEncoder
+from huggy_agent.spec import ActorSpec, ObservationInput
+
+Head = Literal["ppo", "sac"]
+PPO_ACTION_CLIP = 3.0
+SAC_LOG_SIGMA_RANGE = (-20.0, 2.0)
+
+
+@dataclass(frozen=True)
+class InputArchitecture:
+    """How one observation input is encoded: normalized (vector inputs) and the visual encoder
+    (visual inputs; one of `encoders.VISUAL_ENCODERS`)."""
+
+    input: ObservationInput
+    normalize: bool = False
+    encoder: str | None = None
+
+
+@dataclass(frozen=True)
+class ActorArchitecture:
+    """Everything that fixes the actor's modules and shapes; the weights fill them."""
+
+    inputs: tuple[InputArchitecture, ...]
+    hidden_units: int
+    num_layers: int
+    continuous_size: int = 0
+    discrete_branches: tuple[int, ...] = ()
+    memory_size: int = 0
+    head: Head = "ppo"
+
+    @property
+    def spec(self) -> ActorSpec:
+        """The interface these weights implement."""
+        return ActorSpec(tuple(i.input for i in self.inputs), self.continuous_size,
+                         self.discrete_branches, self.memory_size)
+
+    @property
+    def has_attention(self) -> bool:
+        return any(i.input.kind == "variable" for i in self.inputs)
+
+    def as_dict(self) -> dict:
+        """JSON-ready, stable (the weights fingerprint hashes it)."""
+        data = asdict(self)
+        data["inputs"] = [{"input": i.input.as_dict(), "normalize": i.normalize,
+                           "encoder": i.encoder} for i in self.inputs]
+        data["discrete_branches"] = list(self.discrete_branches)
+        return data
+
+    def describe(self) -> str:
+        """One line such as `obs_0 (59,) norm -> 3x512 SiLU -> 21 continuous (ppo)`."""
+        parts = []
+        for arch in self.inputs:
+            item = f"{arch.input.name} {arch.input.shape}"
+            if arch.normalize:
+                item += " norm"
+            if arch.encoder:
+                item += f" {arch.encoder}"
+            if arch.input.kind == "variable":
+                item += " attention"
+            parts.append(item)
+        actions = []
+        if self.continuous_size:
+            actions.append(f"{self.continuous_size} continuous ({self.head})")
+        if self.discrete_branches:
+            actions.append(f"discrete {self.discrete_branches}")
+        lstm = f" -> LSTM {self.memory_size}" if self.memory_size else ""
+        return (f"{', '.join(parts)} -> {self.num_layers}x{self.hidden_units} SiLU{lstm} -> "
+                f"{' + '.join(actions)}")
+
+
+class ObservationEncoder(nn.Module):
+    """Per-input processors (`processors.<i>`), and for variable-length inputs an
+    `x_self_encoder` and a residual self-attention (`rsa`), as ML-Agents builds them."""
+
+    def __init__(self, architecture: ActorArchitecture) -> None:
+        super().__init__()
+        processors: list[nn.Module] = []
+        embedding_sizes = []
+        for arch in architecture.inputs:
+            shape = arch.input.shape
+            if arch.input.kind == "vector":
+                processors.append(VectorInput(shape[0], arch.normalize))
+                embedding_sizes.append(shape[0])
+            elif arch.input.kind == "visual":
+                processors.append(visual_encoder(arch.encoder or "simple", shape,  # type: ignore[arg-type]
+                                                 architecture.hidden_units))
+                embedding_sizes.append(architecture.hidden_units)
+            else:
+                processors.append(None)  # type: ignore[arg-type] - filled below
+                embedding_sizes.append(0)
+        self_size = sum(embedding_sizes)
+        self.variable = [i for i, arch in enumerate(architecture.inputs)
+                         if arch.input.kind == "variable"]
+        for index in self.variable:
+            max_entities, entity_size = architecture.inputs[index].input.shape
+            processors[index] = EntityEmbedding(entity_size, max_entities,
+                                                EMBEDDING_SIZE if self_size else 0)
+        self.processors = nn.ModuleList(processors)
+        self.x_self_encoder = (LinearEncoder(self_size, 1, EMBEDDING_SIZE)
+                               if self.variable and self_size else None)
+        self.rsa = ResidualSelfAttention() if self.variable else None
+        self.total_enc_size = self_size + (EMBEDDING_SIZE if self.variable else 0)
+
+    def forward(self, inputs: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        encodes = [processor(inputs[i]).to(dtype) for i, processor in enumerate(self.processors)
+                   if i not in self.variable]
+        encoded_self = torch.cat(encodes, dim=1) if encodes else None
+        if self.rsa is None:
+            assert encoded_self is not None
+            return encoded_self
+        masks = torch.cat([zero_entities_mask(inputs[i]) for i in self.variable], dim=1).to(dtype)
+        processed_self = (self.x_self_encoder(encoded_self)
+                          if self.x_self_encoder is not None and encoded_self is not None else None)
+        embeddings = torch.cat([self.processors[i](processed_self, inputs[i].to(dtype))
+                                for i in self.variable], dim=1)
+        attention = self.rsa(embeddings, masks)
+        return attention if encoded_self is None else torch.cat([encoded_self, attention], dim=1)
+
+
+class NetworkBody(nn.Module):
+    """Observation encoder, `_body_endoder` (ML-Agents' spelling), and the LSTM if any."""
+
+    def __init__(self, architecture: ActorArchitecture) -> None:
+        super().__init__()
+        self.observation_encoder = ObservationEncoder(architecture)
+        self._body_endoder = LinearEncoder(self.observation_encoder.total_enc_size,
+                                           architecture.num_layers, architecture.hidden_units)
+        self.lstm = (LSTM(architecture.hidden_units, architecture.memory_size)
+                     if architecture.memory_size else None)
+
+    def forward(self, inputs: list[torch.Tensor], memories: torch.Tensor | None, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        encoding = self._body_endoder(self.observation_encoder(inputs, dtype))
+        if self.lstm is None:
+            return encoding, None
+        assert memories is not None
+        return self.lstm(encoding, memories.to(dtype))
+
+
+class GaussianDistribution(nn.Module):
+    """`mu` and `log_sigma`: a (1, c) parameter (PPO, POCA) or a Linear layer clamped to
+    [-20, 2] (SAC's conditional sigma)."""
+
+    def __init__(self, hidden_size: int, num_outputs: int, conditional_sigma: bool) -> None:
+        super().__init__()
+        self.mu = nn.Linear(hidden_size, num_outputs)
+        self.log_sigma: nn.Module | nn.Parameter = (
+            nn.Linear(hidden_size, num_outputs) if conditional_sigma
+            else nn.Parameter(torch.zeros(1, num_outputs)))
+
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.log_sigma, nn.Linear):
+            return self.mu(inputs), torch.clamp(self.log_sigma(inputs), *SAC_LOG_SIGMA_RANGE)
+        return self.mu(inputs), self.log_sigma
+
+
+class MultiCategoricalDistribution(nn.Module):
+    """One Linear layer per discrete branch (`branches.<j>`); logits concatenated."""
+
+    def __init__(self, hidden_size: int, branches: tuple[int, ...]) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(nn.Linear(hidden_size, size) for size in branches)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return torch.cat([branch(inputs) for branch in self.branches], dim=1)
+
+
+class ActionModel(nn.Module):
+    """`_continuous_distribution` and/or `_discrete_distribution`, as the action spec has them."""
+
+    def __init__(self, architecture: ActorArchitecture, encoding_size: int) -> None:
+        super().__init__()
+        self._continuous_distribution = (
+            GaussianDistribution(encoding_size, architecture.continuous_size,
+                                 conditional_sigma=architecture.head == "sac")
+            if architecture.continuous_size else None)
+        self._discrete_distribution = (
+            MultiCategoricalDistribution(encoding_size, architecture.discrete_branches)
+            if architecture.discrete_branches else None)
+
+
+class Actor(nn.Module):
+    """The policy network; see the module docstring for `forward`'s inputs and outputs.
+
+    The normalizers stay float32 in every precision; everything after them runs in the dtype the
+    module was moved to (`.to(torch.bfloat16)`, ...).
+    """
+
+    def __init__(self, architecture: ActorArchitecture) -> None:
+        super().__init__()
+        self.architecture = architecture
+        self.network_body = NetworkBody(architecture)
+        encoding_size = architecture.memory_size // 2 or architecture.hidden_units
+        self.action_model = ActionModel(architecture, encoding_size)
+        self._inputs = len(architecture.inputs)
+
+    @property
+    def layer_dtype(self) -> torch.dtype:
+        """The dtype of the layers (the precision the actor runs in)."""
+        return self.network_body._body_endoder.seq_layers[0].weight.dtype
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        inputs = list(tensors[: self._inputs])
+        memories = tensors[self._inputs] if len(tensors) > self._inputs else None
+        encoding, memories_out = self.network_body(inputs, memories, self.layer_dtype)
+        outputs: list[torch.Tensor] = []
+        model = self.action_model
+        if model._continuous_distribution is not None:
+            outputs += model._continuous_distribution(encoding)
+        if model._discrete_distribution is not None:
+            outputs.append(model._discrete_distribution(encoding))
+        if memories_out is not None:
+            outputs.append(memories_out)
+        return tuple(outputs)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters per part: observation encoders, body (the Linear layers), LSTM, action
+        heads, log-sigma, and the normalizers' values (mean and std)."""
+        counts = {"encoders": 0, "body": 0, "lstm": 0, "heads": 0, "log_sigma": 0,
+                  "normalizer": 0}
+        for name, tensor in [*self.named_parameters(), *self.named_buffers()]:
+            if ".normalizer." in name:
+                counts["normalizer"] += tensor.numel()
+            elif name.startswith("network_body.observation_encoder."):
+                counts["encoders"] += tensor.numel()
+            elif name.startswith("network_body._body_endoder."):
+                counts["body"] += tensor.numel()
+            elif name.startswith("network_body.lstm."):
+                counts["lstm"] += tensor.numel()
+            elif "log_sigma" in name:
+                counts["log_sigma"] += tensor.numel()
+            else:
+                counts["heads"] += tensor.numel()
+        return counts
+
+
+def expected_keys(architecture: ActorArchitecture) -> dict[str, tuple[int, ...]]:
+    """The state-dict keys an `Actor` of `architecture` holds, with their shapes, in order."""
+    return {key: tuple(value.shape) for key, value in Actor(architecture).state_dict().items()}
+
+
+def build_actor(architecture: ActorArchitecture, tensors: dict[str, torch.Tensor],
+                origin: str) -> Actor:
+    """A float32 `Actor` holding `tensors` (its own state-dict keys); every key and shape is
+    checked first. Raises ValueError naming `origin`, the key and both shapes on a mismatch."""
+    actor = Actor(architecture)
+    expected = {key: tuple(value.shape) for key, value in actor.state_dict().items()}
+    missing = [key for key in expected if key not in tensors]
+    unexpected = [key for key in tensors if key not in expected]
+    if missing or unexpected:
+        raise ValueError(f"{origin}: weights do not match {architecture.describe()}: "
+                         f"missing {missing}, unexpected {unexpected}")
+    for key, shape in expected.items():
+        if tuple(tensors[key].shape) != shape:
+            raise ValueError(f"{origin}: shape mismatch for {key}: expected {shape}, "
+                             f"got {tuple(tensors[key].shape)}")
+    actor.load_state_dict({key: tensors[key].detach().float() for key in expected}, strict=True)
+    return actor.eval().requires_grad_(False)
+
+
+__all__ = ["Actor", "ActorArchitecture", "InputArchitecture", "Normalizer", "build_actor",
+           "expected_keys"]
