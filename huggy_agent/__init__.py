@@ -5,7 +5,7 @@
     actions = agent.compute_action(obs, deterministic=True)
 """
 
-from huggy_agent.agent import ActionDistribution, HuggyAgent, bundled_policy_path
+from huggy_agent.agent import Actions, HuggyAgent, PolicyOutputs, bundled_policy_path
 from huggy_agent.errors import PolicyLoadError
 
-__all__ = ["ActionDistribution", "HuggyAgent", "PolicyLoadError", "bundled_policy_path"]
+__all__ = ["Actions", "HuggyAgent", "PolicyLoadError", "PolicyOutputs", "bundled_policy_path"]

@@ -1,4 +1,14 @@
-"""HuggyAgent: the one inference boundary, `compute_action(obs, deterministic, seed)`."""
+"""HuggyAgent: the one inference boundary, `compute_action(obs, deterministic, seed, ...)`.
+
+    agent = HuggyAgent.from_checkpoint("results/Pyramids")
+    agent.spec           # observation inputs, continuous size, discrete branches, memory size
+    actions = agent.compute_action(obs, deterministic=True, seed=None, action_mask=None)
+
+`obs` is one array for a single-input policy; a list or tuple in `obs_0, obs_1, ...` order
+otherwise (see `huggy_agent.inputs`). Continuous-only policies return float32 (N, c), discrete-only
+int64 (N, branches), hybrid `Actions(continuous, discrete)`; a single row comes back without N.
+Recurrent policies take `memory=` (None: zeros, an episode's start) and return (actions, memory).
+"""
 
 from __future__ import annotations
 
@@ -7,16 +17,18 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from huggy_agent.actor import Actor, expected_keys
 from huggy_agent.devices import resolve_device, resolve_precision
 from huggy_agent.formats import LoadedPolicy, load_policy
-from huggy_agent.network import PPO_ACTION_CLIP, PolicyNet, canonical_keys
-from huggy_agent.noise import SEED_RANGE, gaussian_noise
-from huggy_agent.observations import as_observation_batch
+from huggy_agent.heads import continuous_actions, discrete_actions
+from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
+from huggy_agent.noise import SEED_RANGE, gaussian_noise, uniform_noise
+from huggy_agent.spec import ActorSpec
 
 CPU_CHUNK_ROWS = 1024
 
@@ -26,20 +38,37 @@ def bundled_policy_path() -> Path:
     return Path(str(resources.files("huggy_agent") / "assets" / "Huggy.onnx"))
 
 
-@dataclass(frozen=True)
-class ActionDistribution:
-    """The policy's output for a batch, float32 on the policy's device: mu (N, act) and log_sigma,
-    (N, act) or a state-independent (1, act) that broadcasts over rows."""
+class Actions(NamedTuple):
+    """A hybrid policy's actions: float32 continuous and int64 discrete, same rows."""
 
-    mu: torch.Tensor
-    log_sigma: torch.Tensor
+    continuous: np.ndarray
+    discrete: np.ndarray
+
+
+@dataclass(frozen=True)
+class PolicyOutputs:
+    """The actor's outputs for a batch, float32: `mu` (N, c) and `log_sigma` ((N, c), or PPO's
+    state-independent (1, c) that broadcasts over rows) when there are continuous actions,
+    `logits` (N, sum of branches) when there are discrete ones, `memory` (N, m) when recurrent."""
+
+    mu: torch.Tensor | None
+    log_sigma: torch.Tensor | None
+    logits: torch.Tensor | None
+    memory: torch.Tensor | None
+    rows: int
 
     def __len__(self) -> int:
-        return self.mu.shape[0]
+        return self.rows
 
-    def __getitem__(self, rows: slice) -> ActionDistribution:
-        shared = self.log_sigma.shape[0] == 1 and len(self) != 1
-        return ActionDistribution(self.mu[rows], self.log_sigma if shared else self.log_sigma[rows])
+    def __getitem__(self, rows: slice) -> PolicyOutputs:
+        def part(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            if tensor is None or (tensor.shape[0] == 1 and self.rows != 1):
+                return tensor  # absent, or shared by every row
+            return tensor[rows]
+
+        count = len(range(*rows.indices(self.rows)))
+        return PolicyOutputs(part(self.mu), part(self.log_sigma), part(self.logits),
+                             part(self.memory), count)
 
 
 class HuggyAgent:
@@ -48,7 +77,7 @@ class HuggyAgent:
     Args:
         policy: a `.onnx`, a `.pt`, a results folder, or None for the bundled default policy.
         device: `auto` (NPU, then CUDA, then CPU), `cpu`, `cuda[:N]` or `npu[:N]`.
-        precision: `fp32`, `fp16` or `bf16` for the layers; the normalizer stays float32.
+        precision: `fp32`, `fp16` or `bf16` for the layers; the normalizers stay float32.
         seed: seeds the generator used by stochastic calls that pass no seed of their own.
     """
 
@@ -58,10 +87,9 @@ class HuggyAgent:
         self.device = resolve_device(device)
         self.precision = precision
         dtype = resolve_precision(precision)
-        self.net: PolicyNet = self.loaded.build().to(device=self.device, dtype=dtype)
+        self.net: Actor = self.loaded.build().to(device=self.device, dtype=dtype)
         self.arch = self.loaded.arch
-        self.obs_size = self.arch.obs_size
-        self.act_size = self.arch.act_size
+        self.spec: ActorSpec = self.arch.spec
         self._rng = np.random.default_rng(seed)
         self.fingerprint = weights_fingerprint(self.loaded)
 
@@ -71,71 +99,124 @@ class HuggyAgent:
         """Load `path` (a `.onnx`, a `.pt` or a results folder); see the class docstring."""
         return cls(path, device=device, precision=precision, seed=seed)
 
-    def distribution(self, obs: Any) -> ActionDistribution:
-        """One forward pass over every row of `obs` ((obs,) or (N, obs)): mu and log_sigma, float32."""
-        batch, _ = as_observation_batch(obs, self.obs_size)
-        return self._forward(batch)
+    @property
+    def obs_size(self) -> int:
+        """Values per observation row, all inputs together."""
+        return sum(observation.size for observation in self.spec.inputs)
 
-    def _forward(self, batch: np.ndarray) -> ActionDistribution:
+    @property
+    def act_size(self) -> int:
+        """Continuous actions per row."""
+        return self.spec.continuous_size
+
+    # -- the forward pass -------------------------------------------------------------------------
+
+    def _forward(self, inputs: list[np.ndarray]) -> PolicyOutputs:
+        """One pass of the actor over (N, ...) float32 inputs (the memory last, if any)."""
+        rows = len(inputs[0])
         with torch.inference_mode():
-            obs = torch.from_numpy(batch).to(self.device)
-            if self.device.type == "cpu" and len(obs) > CPU_CHUNK_ROWS:
+            tensors = [torch.from_numpy(array).to(self.device) for array in inputs]
+            if self.device.type == "cpu" and rows > CPU_CHUNK_ROWS:
                 # Chunks whose activations stay in the CPU's cache: ~25% more throughput on
                 # large batches (measured, 4,096 rows on 2 cores). Rows agree with an unchunked
                 # call within the numerical contract, not bit for bit.
-                parts = [self.net(obs[start:start + CPU_CHUNK_ROWS])
-                         for start in range(0, len(obs), CPU_CHUNK_ROWS)]
-                mu = torch.cat([part[0] for part in parts])
-                log_sigma = (parts[0][1] if self.arch.head == "ppo"
-                             else torch.cat([part[1] for part in parts]))
+                parts = [self.net(*[t[start:start + CPU_CHUNK_ROWS] for t in tensors])
+                         for start in range(0, rows, CPU_CHUNK_ROWS)]
+                # An output with one row out of a full chunk is shared by every row (PPO's
+                # log-sigma): kept once; the others are per row.
+                outputs = [chunks[0] if chunks[0].shape[0] == 1 else torch.cat(chunks)
+                           for chunks in zip(*parts, strict=True)]
             else:
-                mu, log_sigma = self.net(obs)
-            if mu.dtype != torch.float32:
-                mu, log_sigma = mu.float(), log_sigma.float()
-        return ActionDistribution(mu, log_sigma)
+                outputs = list(self.net(*tensors))
+            outputs = [o.float() for o in outputs]
+        spec = self.spec
+        mu = log_sigma = logits = memory = None
+        if spec.continuous_size:
+            mu, log_sigma = outputs.pop(0), outputs.pop(0)
+        if spec.discrete_branches:
+            logits = outputs.pop(0)
+        if spec.memory_size:
+            memory = outputs.pop(0)
+        return PolicyOutputs(mu, log_sigma, logits, memory, rows)
 
-    def actions_from(self, dist: ActionDistribution, deterministic: bool = True,
-                     seed: int | None = None, row_offset: int = 0) -> np.ndarray:
-        """Apply the action head to `dist`: (N, act) float32 numpy.
+    def distribution(self, obs: Any, memory: Any = None) -> PolicyOutputs:
+        """One forward pass over every row of `obs` (see `compute_action`); float32 outputs."""
+        inputs, _ = as_input_batches(obs, self.spec)
+        if self.spec.memory_size:
+            inputs.append(as_memory_batch(memory, self.spec, len(inputs[0])))
+        elif memory is not None:
+            as_memory_batch(memory, self.spec, len(inputs[0]))  # raises: no memory here
+        return self._forward(inputs)
 
-        PPO: `clip(mu [+ z * sigma], -3, 3) / 3`; SAC: `tanh(mu [+ z * sigma])`. The noise `z` is
-        drawn on the host: row i gets the noise of row `row_offset + i` of stream `seed` (a fresh
-        stream from the agent's generator when `seed` is None), then moves to the device.
+    # -- the heads --------------------------------------------------------------------------------
+
+    def actions_from(self, outputs: PolicyOutputs, deterministic: bool = True,
+                     seed: int | None = None, row_offset: int = 0,
+                     action_mask: Any = None) -> np.ndarray | Actions:
+        """Apply the action heads to `outputs` (N rows): (N, c) float32, (N, branches) int64, or
+        `Actions` for a hybrid policy (see `huggy_agent.heads`).
+
+        Stochastic noise is drawn on the host: row i gets the noise of row `row_offset + i` of
+        stream `seed` (a fresh stream from the agent's generator when `seed` is None), Gaussian
+        for continuous actions and uniform for discrete ones, on every device alike.
         """
+        spec = self.spec
+        rows = len(outputs)
+        mask = as_mask_batch(action_mask, spec, rows)
+        if not deterministic and seed is None:
+            seed = int(self._rng.integers(SEED_RANGE))
+        continuous = discrete = None
         with torch.inference_mode():
-            action = dist.mu
-            if not deterministic:
-                if seed is None:
-                    seed = int(self._rng.integers(SEED_RANGE))
-                noise = gaussian_noise(seed, len(dist), self.act_size, row_offset)
-                action = action + torch.from_numpy(noise).to(self.device) * torch.exp(dist.log_sigma)
-            if self.arch.head == "sac":
-                action = torch.tanh(action)
-            else:
-                action = torch.clamp(action, -PPO_ACTION_CLIP, PPO_ACTION_CLIP).div_(PPO_ACTION_CLIP)
-            return action.cpu().numpy()
+            if spec.continuous_size:
+                noise = (None if deterministic
+                         else gaussian_noise(seed, rows, spec.continuous_size, row_offset))
+                continuous = continuous_actions(outputs.mu, outputs.log_sigma, self.arch.head,
+                                                noise).cpu().numpy()
+            if spec.discrete_branches:
+                uniforms = (None if deterministic else
+                            uniform_noise(seed, rows, len(spec.discrete_branches), row_offset))
+                discrete = discrete_actions(outputs.logits, spec.discrete_branches,
+                                            None if mask is None else torch.from_numpy(mask),
+                                            uniforms)
+        if continuous is not None and discrete is not None:
+            return Actions(continuous, discrete)
+        return continuous if continuous is not None else discrete
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
-                       row_offset: int = 0) -> np.ndarray:
-        """Actions for `obs`: (obs,) -> (act,), (N, obs) -> (N, act), float32 numpy.
+                       row_offset: int = 0, action_mask: Any = None, memory: Any = None
+                       ) -> Any:
+        """Actions for `obs`, one row or a batch (see the module docstring for the types).
 
-        `obs` may be a list, a numpy array or a torch tensor. Raises ValueError on a wrong shape or
-        a non-finite value. See `actions_from` for `seed` and `row_offset`.
+        `obs` may be lists, numpy arrays or torch tensors. `action_mask`: None (all allowed) or
+        bools / 0-1, (sum of branches,) or (N, sum of branches), True = allowed. `memory` (a
+        recurrent policy only): None for zeros, (m,) or (N, m). Raises ValueError on a wrong
+        shape, a non-finite value, or a branch with no allowed action. See `actions_from` for
+        `seed` and `row_offset`.
         """
-        batch, single = as_observation_batch(obs, self.obs_size)
-        actions = self.actions_from(self._forward(batch), deterministic, seed, row_offset)
-        return actions[0] if single else actions
+        inputs, single = as_input_batches(obs, self.spec)
+        rows = len(inputs[0])
+        if self.spec.memory_size:
+            inputs.append(as_memory_batch(memory, self.spec, rows))
+        elif memory is not None:
+            as_memory_batch(memory, self.spec, rows)  # raises: no memory here
+        outputs = self._forward(inputs)
+        actions = self.actions_from(outputs, deterministic, seed, row_offset, action_mask)
+        if single:
+            actions = (Actions(actions.continuous[0], actions.discrete[0])
+                       if isinstance(actions, Actions) else actions[0])
+        if not self.spec.memory_size:
+            return actions
+        new_memory = outputs.memory.cpu().numpy()
+        return actions, new_memory[0] if single else new_memory
 
     def describe(self) -> dict:
-        """A JSON-serialisable summary: architecture, parameter counts, origin, device, precision."""
+        """A JSON-serialisable summary: spec, architecture, parameter counts, origin, device,
+        precision."""
         return {
+            "spec": self.spec.as_dict(),
             "architecture": self.arch.as_dict(),
             "summary": self.arch.describe(),
-            "parameters": {
-                "linear": self.net.linear_parameter_count(),
-                "log_sigma": self.net.log_sigma_parameter_count(),
-                "normalizer": self.net.normalizer_buffer_count(),
-            },
+            "parameters": self.net.parameter_counts(),
             "source": str(self.loaded.origin),
             "format": self.loaded.file_format,
             "step": self.loaded.step,
@@ -153,7 +234,7 @@ def weights_fingerprint(loaded: LoadedPolicy) -> str:
     """A 16-hex-digit hash of the architecture and the weights, the same for one run's `.pt` and
     `.onnx` on any machine: it hashes only values that no machine's arithmetic touched.
 
-    Stored tensors (every layer, the normalizer's mean, log-sigma) enter bit for bit. The
+    Stored tensors (every layer, the normalizers' means, log-sigma) enter bit for bit. A
     normalizer's std is derived: a `.pt` stores a running variance and a step count (the loader
     takes `sqrt(variance / steps)` in float64, rounded once to float32), while an ONNX export
     holds the std that its exporter folded in float32, which can be 1 ulp off the correctly
@@ -161,7 +242,7 @@ def weights_fingerprint(loaded: LoadedPolicy) -> str:
     than that ulp and exact to compute (frexp, a power of two, rint).
     """
     digest = hashlib.sha256(json.dumps(loaded.arch.as_dict(), sort_keys=True).encode())
-    for key in canonical_keys(loaded.arch):
+    for key in expected_keys(loaded.arch):
         values = loaded.tensors[key].detach().float().contiguous().numpy()
         if key.endswith(".std"):
             mantissa, exponent = np.frexp(values.astype(np.float64))

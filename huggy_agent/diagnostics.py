@@ -7,10 +7,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from huggy_agent.agent import HuggyAgent
+from huggy_agent.agent import Actions, HuggyAgent
 from huggy_agent.devices import PRECISIONS, available_devices
-from huggy_agent.reference import canonical_observations, float64_actions
+from huggy_agent.heads import continuous_actions, masked_probabilities
+from huggy_agent.reference import canonical_inputs, float64_outputs
 
 # The error each precision is expected to stay within, against float64 (max abs, actions in [-1, 1]).
 PRECISION_TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 5e-2}
@@ -50,30 +52,70 @@ def compare(label: str, actions: np.ndarray, reference: np.ndarray,
                      bool(np.isfinite(a).all()), tolerance)
 
 
+def comparable_outputs(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarray:
+    """What a precision report compares, flattened: the deterministic continuous actions and
+    the probabilities of every discrete action (both in [-1, 1]), and the new memory."""
+    outputs = agent.distribution(inputs if len(inputs) > 1 else inputs[0])
+    parts = []
+    with torch.inference_mode():
+        if outputs.mu is not None:
+            parts.append(continuous_actions(outputs.mu, outputs.log_sigma, agent.arch.head, None))
+        if outputs.logits is not None:
+            parts += masked_probabilities(outputs.logits, agent.spec.discrete_branches, None)
+        if outputs.memory is not None:
+            parts.append(outputs.memory)
+        return np.concatenate([p.float().cpu().numpy().reshape(len(p), -1) for p in parts], axis=1)
+
+
+def _float64_comparable(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarray:
+    outputs = list(float64_outputs(agent.loaded, inputs))
+    parts = []
+    with torch.inference_mode():
+        if agent.spec.continuous_size:
+            mu = torch.from_numpy(outputs.pop(0))
+            log_sigma = torch.from_numpy(outputs.pop(0))
+            parts.append(continuous_actions(mu, log_sigma, agent.arch.head, None))
+        if agent.spec.discrete_branches:
+            parts += masked_probabilities(torch.from_numpy(outputs.pop(0)),
+                                          agent.spec.discrete_branches, None)
+        if agent.spec.memory_size:
+            parts.append(torch.from_numpy(outputs.pop(0)))
+        return np.concatenate([p.double().numpy().reshape(len(p), -1) for p in parts], axis=1)
+
+
 def precision_report(policy: str | Path | None, devices: list[str] | None = None,
                      count: int = 1024) -> list[Agreement]:
     """Each precision on each device (default: every available kind) against float64, on
-    `count` observations from the normalizer's own statistics, plus 64 rows scaled by 1e3 to show
-    that large observations stay finite (the normalizer is float32 in every precision)."""
+    `count` canonical inputs, plus 64 rows scaled by 1e3 to show that large observations stay
+    finite (the normalizers are float32 in every precision). Compared: continuous actions,
+    discrete action probabilities and memories (see `comparable_outputs`)."""
     reference_agent = HuggyAgent(policy, device="cpu")
-    obs = canonical_observations(reference_agent.loaded, count)
-    obs = np.concatenate([obs, obs[:64] * 1e3])
-    reference = float64_actions(reference_agent.loaded, obs)
+    inputs = canonical_inputs(reference_agent.loaded, count)
+    inputs = [np.concatenate([a, a[:64] * (1e3 if arch.input.kind == "vector" else 1.0)])
+              for a, arch in zip(inputs, reference_agent.arch.inputs, strict=True)]
+    reference = _float64_comparable(reference_agent, inputs)
     rows = []
     for device in devices or available_devices():
         for precision in PRECISIONS:
             agent = HuggyAgent(policy, device=device, precision=precision)
-            rows.append(compare(f"{device} {precision}", agent.compute_action(obs), reference,
-                                PRECISION_TOLERANCE[precision]))
+            rows.append(compare(f"{device} {precision}", comparable_outputs(agent, inputs),
+                                reference, PRECISION_TOLERANCE[precision]))
     return rows
 
 
-def reference_actions(agent: HuggyAgent) -> list[float]:
-    """Deterministic actions for canonical observation 0 (drawn from the normalizer's own
-    statistics with a fixed seed). Two deployments serve the same model computed correctly when
-    these agree within the numerical contract's tolerance (`huggy_agent.numerics`); they are
-    not hashed, since floats need not match bit for bit across machines or devices."""
-    return agent.compute_action(canonical_observations(agent.loaded, 1)[0]).tolist()
+def reference_actions(agent: HuggyAgent) -> dict[str, list]:
+    """Deterministic actions for canonical row 0 (every action allowed; zero memory): float
+    `continuous` and/or integer `discrete` lists. Two deployments serve the same model computed
+    correctly when these agree within the numerical contract's tolerance (`huggy_agent.numerics`);
+    they are not hashed, since floats need not match bit for bit across machines or devices."""
+    inputs = [a[0] for a in canonical_inputs(agent.loaded, 1)]
+    result = agent.compute_action(inputs if len(inputs) > 1 else inputs[0])
+    if agent.spec.memory_size:
+        result = result[0]
+    if isinstance(result, Actions):
+        return {"continuous": result.continuous.tolist(), "discrete": result.discrete.tolist()}
+    key = "discrete" if agent.spec.discrete_branches else "continuous"
+    return {key: result.tolist()}
 
 
 def fingerprints(agent: HuggyAgent) -> dict:
@@ -83,33 +125,70 @@ def fingerprints(agent: HuggyAgent) -> dict:
 
 
 def policy_stats(agent: HuggyAgent) -> dict:
-    """Parameter counts per layer, normalizer and log-sigma statistics."""
+    """Parameter counts per layer and per part, normalizer and log-sigma statistics."""
     layers = [{"name": name, "shape": list(p.shape), "count": p.numel()}
               for name, p in agent.net.named_parameters()]
-    stats: dict = {"layers": layers, "parameters": agent.describe()["parameters"]}
+    stats: dict = {"layers": layers, "parameters": agent.net.parameter_counts(),
+                   "normalizers": []}
     tensors = agent.loaded.tensors
-    if agent.arch.normalize:
-        mean, std = tensors["normalizer.mean"].double(), tensors["normalizer.std"].double()
-        stats["normalizer"] = {"mean_min": float(mean.min()), "mean_max": float(mean.max()),
-                               "std_min": float(std.min()), "std_max": float(std.max()),
-                               **{k: v for k, v in agent.loaded.extras.items()}}
-    if agent.arch.head == "ppo":
-        log_sigma = tensors["log_sigma"].double()
+    for index, arch in enumerate(agent.arch.inputs):
+        if arch.normalize:
+            prefix = f"network_body.observation_encoder.processors.{index}.normalizer."
+            mean = tensors[prefix + "running_mean"].double()
+            std = tensors[prefix + "std"].double()
+            stats["normalizers"].append({
+                "input": arch.input.name, "mean_min": float(mean.min()),
+                "mean_max": float(mean.max()), "std_min": float(std.min()),
+                "std_max": float(std.max())})
+    stats.update({k: v for k, v in agent.loaded.extras.items()})
+    key = "action_model._continuous_distribution.log_sigma"
+    if key in tensors:
+        log_sigma = tensors[key].double()
         stats["log_sigma"] = {"min": float(log_sigma.min()), "max": float(log_sigma.max()),
                               "mean": float(log_sigma.mean()),
                               "sigma_mean": float(log_sigma.exp().mean())}
     return stats
 
 
-def onnx_compare(agent: HuggyAgent, onnx_path: str | Path, count: int = 1000) -> Agreement:
-    """Our deterministic actions against onnxruntime's `deterministic_continuous_actions` on the
-    same ONNX file (tanh applied to it for SAC exports, whose output is the raw mean)."""
+def onnx_reference(onnx_path: str | Path, agent: HuggyAgent, inputs: list[np.ndarray]
+                   ) -> np.ndarray:
+    """onnxruntime's deterministic actions on an ML-Agents ONNX file, comparable with
+    `_ours_for_onnx`: continuous actions (tanh of a SAC export's raw mean) and discrete actions
+    (every action allowed; zero memory), side by side."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    obs = canonical_observations(agent.loaded, count)
-    (reference,) = session.run(["deterministic_continuous_actions"], {"obs_0": obs})
-    if agent.arch.head == "sac":
-        reference = np.tanh(reference)
-    return compare(f"{agent.device} {agent.precision} vs onnxruntime", agent.compute_action(obs),
-                   reference, PRECISION_TOLERANCE[agent.precision])
+    names = {i.name for i in session.get_inputs()}
+    rows = len(inputs[0])
+    feed = {f"obs_{i}": array for i, array in enumerate(inputs)}
+    if "action_masks" in names:
+        feed["action_masks"] = np.ones((rows, agent.spec.mask_size), np.float32)
+    if "recurrent_in" in names:
+        feed["recurrent_in"] = np.zeros((rows, 1, agent.spec.memory_size), np.float32)
+    wanted = [n for n in ("deterministic_continuous_actions", "deterministic_discrete_actions")
+              if n in {o.name for o in session.get_outputs()}]
+    outputs = dict(zip(wanted, session.run(wanted, feed), strict=True))
+    parts = []
+    if "deterministic_continuous_actions" in outputs:
+        continuous = outputs["deterministic_continuous_actions"]
+        parts.append(np.tanh(continuous) if agent.arch.head == "sac" else continuous)
+    if "deterministic_discrete_actions" in outputs:
+        parts.append(outputs["deterministic_discrete_actions"].astype(np.float64))
+    return np.concatenate(parts, axis=1)
+
+
+def _ours_for_onnx(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarray:
+    result = agent.compute_action(inputs if len(inputs) > 1 else inputs[0])
+    if agent.spec.memory_size:
+        result = result[0]
+    if isinstance(result, Actions):
+        return np.concatenate([result.continuous, result.discrete.astype(np.float64)], axis=1)
+    return np.asarray(result, np.float64)
+
+
+def onnx_compare(agent: HuggyAgent, onnx_path: str | Path, count: int = 1000) -> Agreement:
+    """Our deterministic actions against onnxruntime's on the same ONNX file (see
+    `onnx_reference`); discrete actions count as errors of 1 or more where they differ."""
+    inputs = canonical_inputs(agent.loaded, count)
+    return compare(f"{agent.device} {agent.precision} vs onnxruntime", _ours_for_onnx(agent, inputs),
+                   onnx_reference(onnx_path, agent, inputs), PRECISION_TOLERANCE[agent.precision])

@@ -1,6 +1,7 @@
 """Counter-based noise on the host: the same bits on every machine, device, split and engine.
 
-Entry (i, j) of `gaussian_noise(seed, rows, cols, row_offset)` depends only on
+Entry (i, j) of `gaussian_noise(seed, rows, cols, row_offset)` (and of `uniform_noise`, a second
+stream) depends only on
 (seed, row_offset + i, j): a batch split into pieces, each given its row offset, gets bit-identical
 noise, and so does the same request whether a server batches it alone or with others. SplitMix64
 hashes the counter; Box-Muller turns two 53-bit uniforms into one normal.
@@ -20,6 +21,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 SEED_RANGE = 2**63
+_UNIFORM_DOMAIN = 0x5DEECE66D5A17C3B  # keys the uniform stream apart from the Gaussian one
 
 _LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that e * _LN2_HI is exact for |e| < 2**11
 _LN2_LO = 1.90821492927058770002e-10
@@ -99,3 +101,17 @@ def gaussian_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.n
     uniform_a = (bits[..., 0].ravel().astype(np.float64) + 1.0) * scale  # (0, 1]
     uniform_b = bits[..., 1].ravel().astype(np.float64) * scale  # [0, 1)
     return _box_muller(uniform_a, uniform_b).astype(np.float32).reshape(rows, cols)
+
+
+def uniform_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.ndarray:
+    """(rows, cols) float64 uniforms in [0, 1) for rows `row_offset ..` of stream `seed`: a
+    stream of its own (another key), exact on every machine (integer hashing and one exact
+    scaling). Discrete actions draw one per (row, branch)."""
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed}")
+    key = _splitmix64(np.array([seed ^ _UNIFORM_DOMAIN], dtype=np.uint64))
+    row = np.arange(row_offset, row_offset + rows, dtype=np.uint64)[:, None]
+    col = np.arange(cols, dtype=np.uint64)[None, :]
+    with np.errstate(over="ignore"):
+        bits = _splitmix64(key ^ _splitmix64(row * np.uint64(cols) + col)) >> np.uint64(11)
+    return bits.astype(np.float64) * 2.0**-53

@@ -1,48 +1,74 @@
-"""Independent references for checking the policy: float64 numpy forward, canonical inputs."""
+"""References for checking a policy: canonical inputs, and its outputs computed in float64.
+
+The float64 forward pass is the actor itself, moved to float64 on the CPU (normalizers included):
+the same operations with about 29 more bits each, which is what a precision report measures
+against. Independent references (onnxruntime on the ML-Agents file, recorded values) are the
+tests' business.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from huggy_agent.formats import LoadedPolicy
-from huggy_agent.network import NORMALIZER_CLIP, PPO_ACTION_CLIP, SAC_LOG_SIGMA_RANGE
+from huggy_agent.heads import continuous_actions
+
+
+def canonical_inputs(loaded: LoadedPolicy, count: int = 256, seed: int = 0) -> list[np.ndarray]:
+    """`count` float32 rows of every observation input: vectors drawn from their normalizer's
+    statistics (mean + std * N(0, 1); N(0, 1) without one), images U[0, 1), variable-length
+    inputs with a random number of entities N(0, 1) then zero padding. Row 0 of each vector input
+    is all zeros."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for index, arch in enumerate(loaded.arch.inputs):
+        observation = arch.input
+        shape = (count, *observation.shape)
+        if observation.kind == "visual":
+            arrays.append(rng.random(shape, dtype=np.float32))
+            continue
+        values = rng.standard_normal(shape)
+        if observation.kind == "variable":
+            present = rng.integers(0, observation.shape[0] + 1, count)
+            values[np.arange(observation.shape[0])[None, :] >= present[:, None]] = 0.0
+        elif arch.normalize:
+            prefix = f"network_body.observation_encoder.processors.{index}.normalizer."
+            values = (loaded.tensors[prefix + "running_mean"].double().numpy()
+                      + loaded.tensors[prefix + "std"].double().numpy() * values)
+        if observation.kind == "vector":
+            values[0] = 0.0
+        arrays.append(values.astype(np.float32))
+    return arrays
 
 
 def canonical_observations(loaded: LoadedPolicy, count: int = 256, seed: int = 0) -> np.ndarray:
-    """(count, obs) float32 observations drawn from the normalizer's own statistics
-    (mean + std * N(0, 1)); unit normal without a normalizer. Row 0 is all zeros."""
-    z = np.random.default_rng(seed).standard_normal((count, loaded.arch.obs_size))
-    if loaded.arch.normalize:
-        z = loaded.tensors["normalizer.mean"].double().numpy() + \
-            loaded.tensors["normalizer.std"].double().numpy() * z
-    z[0] = 0.0
-    return z.astype(np.float32)
+    """`canonical_inputs` of a single-input policy, as one (count, ...) array."""
+    (array,) = canonical_inputs(loaded, count, seed) if len(loaded.arch.inputs) == 1 else (None,)
+    if array is None:
+        raise ValueError(f"{loaded.origin}: the policy has {len(loaded.arch.inputs)} observation "
+                         "inputs; use canonical_inputs")
+    return array
 
 
-def float64_mu(loaded: LoadedPolicy, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mu, log_sigma) in float64, straight from the loaded tensors with numpy."""
-    t = {k: v.double().numpy() for k, v in loaded.tensors.items()}
-    x = np.asarray(obs, dtype=np.float64).reshape(-1, loaded.arch.obs_size)
-    if loaded.arch.normalize:
-        x = np.clip((x - t["normalizer.mean"]) / t["normalizer.std"], -NORMALIZER_CLIP,
-                    NORMALIZER_CLIP)
-    for index in range(len(loaded.arch.hidden_sizes)):
-        x = x @ t[f"body.{2 * index}.weight"].T + t[f"body.{2 * index}.bias"]
-        x = x / (1.0 + np.exp(-x))
-    mu = x @ t["mu.weight"].T + t["mu.bias"]
-    if loaded.arch.head == "sac":
-        log_sigma = np.clip(x @ t["log_sigma.weight"].T + t["log_sigma.bias"], *SAC_LOG_SIGMA_RANGE)
-    else:
-        log_sigma = np.broadcast_to(t["log_sigma"], mu.shape)
-    return mu, log_sigma
+def float64_outputs(loaded: LoadedPolicy, inputs: list[np.ndarray],
+                    memory: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """The actor's outputs (see `huggy_agent.actor.networks`) in float64 on the CPU."""
+    actor = loaded.build().double()
+    tensors = [torch.from_numpy(np.asarray(a, np.float64)) for a in inputs]
+    if loaded.arch.memory_size:
+        rows = len(tensors[0])
+        tensors.append(torch.zeros(rows, loaded.arch.memory_size, dtype=torch.float64)
+                       if memory is None else torch.from_numpy(np.asarray(memory, np.float64)))
+    with torch.inference_mode():
+        return tuple(o.numpy() for o in actor(*tensors))
 
 
-def float64_actions(loaded: LoadedPolicy, obs: np.ndarray, noise: np.ndarray | None = None
-                    ) -> np.ndarray:
-    """The policy's actions in float64; deterministic unless standard-normal `noise` is given."""
-    mu, log_sigma = float64_mu(loaded, obs)
-    if noise is not None:
-        mu = mu + noise.astype(np.float64) * np.exp(log_sigma)
-    if loaded.arch.head == "sac":
-        return np.tanh(mu)
-    return np.clip(mu, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
+def float64_actions(loaded: LoadedPolicy, inputs: list[np.ndarray] | np.ndarray,
+                    noise: np.ndarray | None = None) -> np.ndarray:
+    """The continuous actions in float64; deterministic unless standard-normal `noise` is given."""
+    if isinstance(inputs, np.ndarray):
+        inputs = [inputs]
+    mu, log_sigma = float64_outputs(loaded, inputs)[:2]
+    return continuous_actions(torch.from_numpy(mu), torch.from_numpy(log_sigma), loaded.arch.head,
+                              None if noise is None else noise.astype(np.float64)).numpy()

@@ -31,6 +31,37 @@ def fixtures_dir() -> Path:
 FIXTURE_RUNS = ("ppo_baseline", "ppo_num_layers_2", "ppo_normalize_False")
 
 
+def mlagents_fixtures_dir() -> Path:
+    """ML-Agents policies of every other kind: `$MLAGENTS_FIXTURES`, else
+    `../shared/fixtures/mlagents` beside the repo (see its README)."""
+    path = Path(os.environ.get("MLAGENTS_FIXTURES",
+                               REPO_ROOT.parent / "shared" / "fixtures" / "mlagents"))
+    if not path.is_dir():
+        raise FileNotFoundError(f"ML-Agents fixtures not found at {path}; set MLAGENTS_FIXTURES")
+    return path
+
+
+MLAGENTS_RUNS = ("discrete_multibranch", "hybrid", "raycast_stack", "visual_simple",
+                 "visual_nature", "visual_resnet", "visual_fc", "lstm", "buffer_sensor",
+                 "pyramids_trained")
+
+
+EXTRA_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "mlagents_extra"
+EXTRA_RUNS = ("sac_continuous", "sac_discrete", "poca_hybrid", "visual_match3")
+
+
+def mlagents_policy_files() -> list[Path]:
+    """Every ML-Agents fixture file the loaders must read: each run's final `.onnx` and its
+    `.pt` where it has one (the trained Pyramids policy has none), the shared fixtures first,
+    then this repository's extra ones (tests/fixtures/mlagents_extra: SAC, POCA, match3)."""
+    runs = [mlagents_fixtures_dir() / run for run in MLAGENTS_RUNS]
+    runs += [EXTRA_FIXTURES / run for run in EXTRA_RUNS]
+    files = []
+    for run in runs:
+        files += sorted(run.glob("*.onnx")) + sorted(run.glob("*/*.pt"))
+    return files
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:

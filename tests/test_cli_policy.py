@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import fixtures_dir
+from conftest import fixtures_dir, mlagents_fixtures_dir
 
 from huggy_agent.cli import build_parser, main
 from huggy_agent.numerics import FP32_ACTION_ATOL
@@ -39,9 +39,13 @@ def test_info_shows_the_three_parameter_counts(capsys) -> None:
     assert main(["info", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "566,805" in text and "log-sigma parameters" in text and "normalizer values" in text
+    assert "obs_0 (59,) -> 21 continuous" in text
     info = run_json(capsys, "info", "--policy", str(BASELINE / "Huggy" / "Huggy-2000343.pt"))
-    assert info["parameters"] == {"linear": 566_805, "log_sigma": 21, "normalizer": 118}
+    counts = info["parameters"]
+    assert counts["body"] + counts["heads"] == 566_805
+    assert (counts["log_sigma"], counts["normalizer"]) == (21, 118)
     assert info["step"] == 2_000_343
+    assert info["spec"]["inputs"] == [{"name": "obs_0", "shape": [59], "kind": "vector"}]
 
 
 def test_act_matches_onnxruntime(capsys) -> None:
@@ -49,7 +53,26 @@ def test_act_matches_onnxruntime(capsys) -> None:
     out = run_json(capsys, "act", "--obs", json.dumps(obs.tolist()), "--device", "cpu")
     session = ort.InferenceSession(str(BASELINE / "Huggy.onnx"), providers=["CPUExecutionProvider"])
     (reference,) = session.run(["deterministic_continuous_actions"], {"obs_0": obs[None]})
-    assert np.abs(np.array(out["actions"]) - reference[0]).max() <= 1e-5
+    assert np.abs(np.array(out["continuous"]) - reference[0]).max() <= 1e-5
+
+
+def test_act_takes_several_inputs_and_a_mask(capsys) -> None:
+    """A multi-input discrete policy (the trained Pyramids one) from the command line: the mask
+    allows only action 3, so that is the answer whatever the observation."""
+    pyramids = mlagents_fixtures_dir() / "pyramids_trained"
+    obs = json.dumps([[0.1] * 56, [0.2] * 56, [0.3] * 56, [0.4] * 4])
+    out = run_json(capsys, "act", "--policy", str(pyramids), "--obs", obs, "--mask",
+                   "[0, 0, 0, 1, 0]", "--device", "cpu")
+    assert out["discrete"] == [3]
+    free = run_json(capsys, "act", "--policy", str(pyramids), "--obs", obs, "--device", "cpu")
+    session = ort.InferenceSession(str(pyramids / "Pyramids.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    feed = {f"obs_{i}": np.asarray([row], np.float32) for i, row in enumerate(json.loads(obs))}
+    feed["action_masks"] = np.ones((1, 5), np.float32)
+    (reference,) = session.run(["deterministic_discrete_actions"], feed)
+    assert free["discrete"] == reference[0].tolist()
+    assert main(["act", "--policy", str(pyramids), "--obs", "[[0.1]]"]) == 2
+    assert "this policy has 4 inputs" in capsys.readouterr().err
 
 
 def test_act_rejects_a_wrong_shape(capsys) -> None:
@@ -61,7 +84,7 @@ def test_sample_spread_follows_log_sigma(capsys) -> None:
     out = run_json(capsys, "sample", "--samples", "4000", "--seed", "1", "--device", "cpu")
     # Sigma is ~1 (log-sigma ~0) on a [-3, 3] / 3 scale: the spread per action is ~0.3 unless clipped.
     assert 0.15 < float(np.median(out["std"])) < 0.4
-    assert np.abs(np.array(out["mean"]) - np.array(out["deterministic"])).max() < 0.1
+    assert np.abs(np.array(out["mean"]) - np.array(out["deterministic"]["continuous"])).max() < 0.1
 
 
 def test_batch_writes_actions(capsys, tmp_path) -> None:
@@ -99,7 +122,7 @@ def test_fingerprint_is_the_same_for_pt_and_onnx_of_one_run(capsys) -> None:
     other = run_json(capsys, "fingerprint", "--policy", str(fixtures_dir() / "ppo_num_layers_2"))
     assert from_pt["weights"] == from_onnx["weights"]  # exact on any machine, by construction
     assert other["weights"] != from_onnx["weights"]
-    actions = {name: np.asarray(run["reference_actions"])
+    actions = {name: np.asarray(run["reference_actions"]["continuous"])
                for name, run in (("pt", from_pt), ("onnx", from_onnx), ("other", other))}
     assert np.abs(actions["pt"] - actions["onnx"]).max() <= FP32_ACTION_ATOL
     assert np.abs(actions["other"] - actions["onnx"]).max() > 100 * FP32_ACTION_ATOL
@@ -111,9 +134,12 @@ def test_fingerprint_is_the_same_for_pt_and_onnx_of_one_run(capsys) -> None:
 def test_stats_counts_each_layer(capsys) -> None:
     stats = run_json(capsys, "stats", "--policy", str(BASELINE / "Huggy.onnx"))
     counts = {layer["name"]: layer["count"] for layer in stats["layers"]}
-    assert counts["body.0.weight"] == 512 * 59 and counts["mu.weight"] == 21 * 512
-    assert sum(v for k, v in counts.items() if k != "log_sigma") == 566_805
-    assert stats["normalizer"]["std_min"] > 0
+    body = "network_body._body_endoder.seq_layers."
+    assert counts[f"{body}0.weight"] == 512 * 59
+    assert counts["action_model._continuous_distribution.mu.weight"] == 21 * 512
+    assert sum(v for k, v in counts.items() if not k.endswith("log_sigma")) == 566_805
+    (normalizer,) = stats["normalizers"]
+    assert normalizer["input"] == "obs_0" and normalizer["std_min"] > 0
 
 
 def test_export_then_fingerprint(capsys, tmp_path) -> None:
@@ -146,4 +172,5 @@ def test_benchmark_reports_every_implementation(capsys) -> None:
 def test_entry_point_runs_as_a_process() -> None:
     done = subprocess.run([sys.executable, "-m", "huggy_agent.cli", "info", "--json"],
                           capture_output=True, text=True, timeout=120, check=True)
-    assert json.loads(done.stdout)["parameters"]["linear"] == 566_805
+    counts = json.loads(done.stdout)["parameters"]
+    assert counts["body"] + counts["heads"] == 566_805

@@ -1,46 +1,80 @@
-"""ONNX export in ML-Agents' interface, checked with onnxruntime and onnx's own checker."""
+"""ONNX export in ML-Agents' interface for every policy kind, checked with onnxruntime on the
+original file, onnx's own checker and our loader."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
-from conftest import FIXTURE_RUNS, fixtures_dir
 
 from huggy_agent import HuggyAgent
-from huggy_agent.formats import load_policy
-from huggy_agent.formats.export_onnx import OUTPUTS, export_onnx
-from huggy_agent.network import PolicyArchitecture, build_policy, canonical_keys
+from huggy_agent.formats.export_onnx import export_onnx, output_names
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.reference import canonical_observations, float64_actions
+from tests.conftest import FIXTURE_RUNS, fixtures_dir, mlagents_policy_files
+from tests.test_policy_kinds import random_inputs, random_masks, run_onnx
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
+ORIGINALS = [fixtures_dir() / run / "Huggy.onnx" for run in FIXTURE_RUNS] + [
+    path for path in mlagents_policy_files() if path.suffix == ".onnx"]
 
-def _session(path) -> ort.InferenceSession:
+
+def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("run", FIXTURE_RUNS)
-def test_export_matches_ours_and_keeps_mlagents_interface(run: str, tmp_path) -> None:
-    agent = HuggyAgent(fixtures_dir() / run / "Huggy.onnx", device="cpu")
+def _label(path: Path) -> str:
+    return path.parent.name
+
+
+@pytest.mark.parametrize("original", ORIGINALS, ids=_label)
+def test_export_keeps_the_interface_the_outputs_and_the_fingerprint(original: Path,
+                                                                    tmp_path: Path) -> None:
+    agent = HuggyAgent(original, device="cpu")
     path = export_onnx(agent.net, tmp_path / "export.onnx")
     model = onnx.load(str(path))
     onnx.checker.check_model(model)
-    assert [o.name for o in model.graph.output] == list(OUTPUTS)
-    assert [i.name for i in model.graph.input] == ["obs_0"]
     assert model.opset_import[0].version == 9
-    obs = canonical_observations(agent.loaded, 512)
-    version, memory, sampled, shape, deterministic = _session(path).run(None, {"obs_0": obs})
-    assert version.tolist() == [3.0] and memory.tolist() == [0.0] and shape.tolist() == [21.0]
-    assert np.abs(deterministic - agent.compute_action(obs)).max() <= FP32_ACTION_ATOL
-    # The in-graph sample is mu + z * sigma, clipped: inside [-1, 1] and not the mean.
-    assert np.abs(sampled).max() <= 1.0 and np.abs(sampled - deterministic).mean() > 0.05
+    theirs, ours = _session(original), _session(path)
+    assert [i.name for i in ours.get_inputs()] == [i.name for i in theirs.get_inputs()]
+    assert [o.name for o in ours.get_outputs()] == [o.name for o in theirs.get_outputs()]
+    assert [o.name for o in ours.get_outputs()] == output_names(agent.net)
+    # Our loader reads the export back to the same weights, bit for bit.
+    assert HuggyAgent(path, device="cpu").fingerprint == agent.fingerprint
+    spec = agent.spec
+    rng = np.random.default_rng(2)
+    inputs = random_inputs(spec, 256, rng)
+    mask = random_masks(spec, 256, rng) if spec.discrete_branches else None
+    memory = (rng.standard_normal((256, spec.memory_size)).astype(np.float32)
+              if spec.memory_size else None)
+    expected, exported = run_onnx(theirs, inputs, mask, memory), run_onnx(ours, inputs, mask, memory)
+    for name in ("version_number", "memory_size", "continuous_action_output_shape",
+                 "discrete_action_output_shape"):
+        if name in expected:
+            np.testing.assert_array_equal(exported[name], expected[name])
+    for name in ("deterministic_continuous_actions", "recurrent_out"):
+        if name in expected:
+            assert np.abs(exported[name] - expected[name]).max() <= FP32_ACTION_ATOL
+    if "deterministic_discrete_actions" in expected:
+        assert np.mean(exported["deterministic_discrete_actions"]
+                       == expected["deterministic_discrete_actions"]) >= 0.999
+        start = 0  # the in-graph samples respect the masks
+        for branch, size in enumerate(spec.discrete_branches):
+            sampled = exported["discrete_actions"][:, branch]
+            assert mask[np.arange(256), start + sampled].all()
+            start += size
+    if "continuous_actions" in expected:  # sampled in-graph: bounded, and not the mean
+        sampled, mean = exported["continuous_actions"], exported["deterministic_continuous_actions"]
+        assert np.abs(sampled).max() <= 1.0
+        if agent.arch.head == "sac":
+            mean = np.tanh(mean)  # ML-Agents' SAC export carries the unsquashed mean
+        assert np.abs(sampled - mean).mean() > 0.01
 
 
-def test_round_trip_keeps_the_fingerprint(tmp_path) -> None:
+def test_round_trip_keeps_the_fingerprint(tmp_path: Path) -> None:
     pt = fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
     original = HuggyAgent(pt, device="cpu")
     first = export_onnx(original.net, tmp_path / "first.onnx")
@@ -54,7 +88,7 @@ def test_round_trip_keeps_the_fingerprint(tmp_path) -> None:
     assert all(np.array_equal(first_init[k], second_init[k]) for k in first_init)
 
 
-def test_half_precision_net_exports_float32(tmp_path) -> None:
+def test_half_precision_net_exports_float32(tmp_path: Path) -> None:
     agent = HuggyAgent(fixtures_dir() / "ppo_baseline" / "Huggy.onnx", device="cpu", precision="bf16")
     path = export_onnx(agent.net, tmp_path / "bf16.onnx")
     types = {i.data_type for i in onnx.load(str(path)).graph.initializer}
@@ -63,20 +97,3 @@ def test_half_precision_net_exports_float32(tmp_path) -> None:
     assert HuggyAgent(path, device="cpu").fingerprint != agent.fingerprint
     source = export_onnx(agent.loaded.build(), tmp_path / "source.onnx")
     assert HuggyAgent(source, device="cpu").fingerprint == agent.fingerprint
-
-
-def test_sac_export_follows_mlagents_and_loads_back(tmp_path) -> None:
-    arch = PolicyArchitecture(obs_size=7, act_size=3, hidden_sizes=(16, 16), normalize=True, head="sac")
-    generator = torch.Generator().manual_seed(0)
-    tensors = {k: 0.3 * torch.randn(shape, generator=generator)
-               for k, shape in canonical_keys(arch).items()}
-    tensors["normalizer.std"] = tensors["normalizer.std"].abs() + 0.5
-    net = build_policy(arch, tensors, "synthetic SAC")
-    path = export_onnx(net, tmp_path / "sac.onnx")
-    loaded = load_policy(path)
-    assert loaded.arch == arch
-    obs = np.random.default_rng(0).standard_normal((32, 7)).astype(np.float32)
-    (raw_mean,) = _session(path).run(["deterministic_continuous_actions"], {"obs_0": obs})
-    # ML-Agents' SAC export carries the unsquashed mean; the policy's action is its tanh.
-    assert np.abs(np.tanh(raw_mean) - float64_actions(loaded, obs)).max() <= 1e-5
-    assert np.abs(HuggyAgent(path, device="cpu").compute_action(obs) - np.tanh(raw_mean)).max() <= 1e-5

@@ -129,16 +129,22 @@ def test_describe_counts_layers_log_sigma_and_normalizer_apart(run: str, hidden:
                                                                 normalizer: int) -> None:
     onnx_path = fixtures_dir() / run / "Huggy.onnx"
     description = HuggyAgent.from_checkpoint(onnx_path, device="cpu").describe()
-    assert description["parameters"] == {"linear": _linear_parameters(onnx_path),
-                                         "log_sigma": 21, "normalizer": normalizer}
-    assert description["architecture"] == {"obs_size": 59, "act_size": 21, "hidden_sizes": hidden,
-                                           "normalize": normalizer > 0, "head": "ppo"}
+    counts = description["parameters"]
+    assert counts["body"] + counts["heads"] == _linear_parameters(onnx_path)
+    assert (counts["log_sigma"], counts["normalizer"]) == (21, normalizer)
+    assert (counts["encoders"], counts["lstm"]) == (0, 0)
+    architecture = description["architecture"]
+    assert (architecture["hidden_units"], architecture["num_layers"]) == (hidden[0], len(hidden))
+    assert architecture["inputs"] == [{"input": {"name": "obs_0", "shape": [59], "kind": "vector"},
+                                       "normalize": normalizer > 0, "encoder": None}]
+    assert (architecture["continuous_size"], architecture["head"]) == (21, "ppo")
 
 
 def test_baseline_has_566805_linear_parameters_in_four_layers() -> None:
     agent = HuggyAgent.from_checkpoint(
         fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt", device="cpu")
-    assert agent.describe()["parameters"]["linear"] == 566_805
+    counts = agent.describe()["parameters"]
+    assert counts["body"] + counts["heads"] == 566_805
     assert len(ReferencePolicy.from_onnx(fixtures_dir() / "ppo_baseline" / "Huggy.onnx").layers) == 3
 
 

@@ -87,12 +87,12 @@ def test_a_float16_normalizer_would_overflow(checkpoint_policy: dict,
 def test_our_normalizer_stays_float32_in_every_precision(precision: str) -> None:
     fp32 = HuggyAgent.from_checkpoint(BASELINE_PT, device="cpu")
     low = HuggyAgent.from_checkpoint(BASELINE_PT, device="cpu", precision=precision)
-    assert low.net.mu.weight.dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    for name in ("mean", "std"):
-        buffer = getattr(low.net.normalizer, name)
+    assert low.net.layer_dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    for name in ("running_mean", "std"):
+        buffer = getattr(_normalizer(low), name)
         assert buffer.dtype == torch.float32
         # Bit-equal values, not float32 copies of float16-rounded ones.
-        assert torch.equal(buffer, getattr(fp32.net.normalizer, name)), name
+        assert torch.equal(buffer, getattr(_normalizer(fp32), name)), name
     obs = normalizer_observations(BASELINE_ONNX, 256, seed=9)
     actions = low.compute_action(obs)
     assert np.all(np.isfinite(actions))
@@ -101,7 +101,11 @@ def test_our_normalizer_stays_float32_in_every_precision(precision: str) -> None
 
 def test_normalizer_survives_moves_and_casts_after_loading() -> None:
     agent = HuggyAgent.from_checkpoint(BASELINE_ONNX, device="cpu")
-    mean = agent.net.normalizer.mean.clone()
+    mean = _normalizer(agent).running_mean.clone()
     agent.net.half().to(torch.bfloat16).float()
-    assert agent.net.normalizer.mean.dtype == torch.float32
-    assert torch.equal(agent.net.normalizer.mean, mean)
+    assert _normalizer(agent).running_mean.dtype == torch.float32
+    assert torch.equal(_normalizer(agent).running_mean, mean)
+
+
+def _normalizer(agent: HuggyAgent) -> torch.nn.Module:
+    return agent.net.network_body.observation_encoder.processors[0].normalizer

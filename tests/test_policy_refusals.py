@@ -18,7 +18,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from huggy_agent import HuggyAgent, PolicyLoadError
-from tests.conftest import fixtures_dir
+from tests.conftest import EXTRA_FIXTURES, fixtures_dir, mlagents_fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
@@ -130,7 +130,8 @@ def _save_policy(checkpoint: dict, tmp_path: Path, change: Callable[[dict], None
 def test_unchanged_checkpoint_copy_loads(checkpoint: dict, tmp_path: Path) -> None:
     # The crafting itself does not break anything: each refusal below comes from its one change.
     path = _save_policy(checkpoint, tmp_path, lambda policy: None)
-    assert _load(path).describe()["parameters"]["linear"] == 566_805
+    counts = _load(path).describe()["parameters"]
+    assert counts["body"] + counts["heads"] == 566_805
 
 
 def _add_visual_encoder(policy: dict) -> None:
@@ -148,21 +149,30 @@ def _drop(key: str) -> Callable[[dict], None]:
 
 
 PT_CASES = {
-    "visual": (_add_visual_encoder,
-               "visual or multiple observations are not supported; expected one vector observation"),
-    "discrete": (_set("discrete_act_size_vector", torch.tensor([[3.0, 2.0]])),
-                 "discrete actions are not supported; only continuous-action policies are"),
-    "recurrent": (_set("memory_size_vector", torch.tensor([256.0])),
-                  "recurrent policy (memory) is not supported; only feed-forward policies are"),
-    "no-mu": (_drop(f"{DIST}mu.weight"), "not an ML-Agents continuous-action policy: missing"),
+    "visual-without-export": (
+        _add_visual_encoder, "cannot tell the observation shapes from the checkpoint alone (it "
+        "has visual or variable-length inputs); keep the run's ONNX export"),
+    "normalizer-58": (
+        _set(f"{NORMALIZER}running_mean", torch.zeros(58)),
+        "cannot tell the observation shapes from the checkpoint alone (its normalizers, of inputs "
+        "[0], cover 58 of the body's 59 input values: the rest are inputs without a normalizer)"),
+    "no-body": (_drop(f"{BODY}0.weight"),
+                f"no {BODY}0.weight: not an ML-Agents policy network"),
+    "no-heads": (_drop(f"{DIST}mu.weight"), "no action heads (action_model._continuous_distribution"
+                                            ".mu or action_model._discrete_distribution.branches.0)"),
     "act-size": (_set("continuous_act_size_vector", torch.tensor([20.0])),
-                 "shape mismatch: continuous_act_size_vector says 20 actions, mu has 21"),
-    "normalizer-58": (_set(f"{NORMALIZER}running_mean", torch.zeros(58)),
-                      "shape mismatch for normalizer.mean: expected (59,), got (58,)"),
+                 "shape mismatch: continuous_act_size_vector says [20.0], the weights have [21.0]"),
+    "memory-size": (_set("memory_size_vector", torch.tensor([256.0])),
+                    "shape mismatch: memory_size_vector says [256.0], the weights have [0.0]"),
     "hidden-width": (_set(f"{BODY}2.weight", torch.zeros(512, 500)),
-                     "shape mismatch for body.2.weight: expected (512, 512), got (512, 500)"),
+                     f"shape mismatch for {BODY}2.weight: expected (512, 512), got (512, 500)"),
     "log-sigma-width": (_set(f"{DIST}log_sigma", torch.zeros(1, 20)),
-                        "shape mismatch for log_sigma: expected (1, 21), got (1, 20)"),
+                        f"shape mismatch for {DIST}log_sigma: expected (1, 21), got (1, 20)"),
+    "unknown-part": (_set("network_body.critic_trunk.0.weight", torch.zeros(3)),
+                     "unsupported network parts (not an ML-Agents SimpleActor this loader knows): "
+                     "['network_body.critic_trunk.0.weight']"),
+    "two-layer-lstm": (_set("network_body.lstm.lstm.weight_ih_l1", torch.zeros(3)),
+                       "an LSTM of more than one layer is not supported"),
 }
 
 
@@ -172,7 +182,18 @@ def test_checkpoint_refusal(checkpoint: dict, tmp_path: Path, case: str) -> None
     _refused(_save_policy(checkpoint, tmp_path, change), cause)
 
 
-# --- ONNX graphs we cannot run ----------------------------------------------------------------
+GOAL = EXTRA_FIXTURES / "goal_hyper"
+GOAL_CAUSE = ("goal-conditioned policy (goal_conditioning_type: hyper, a hypernetwork body) is "
+              "not supported; train it with goal_conditioning_type: none to run it here")
+
+
+@pytest.mark.parametrize("path", [GOAL / "Goal.onnx", GOAL / "Goal" / "Goal-10000.pt"],
+                         ids=["onnx", "pt"])
+def test_goal_conditioned_policies_are_refused_by_name(path: Path) -> None:
+    _refused(path, GOAL_CAUSE)
+
+
+# --- ONNX graphs we cannot read ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def model() -> onnx.ModelProto:
@@ -199,11 +220,6 @@ def _add_input(name: str, shape: list) -> Callable[[onnx.ModelProto], None]:
         helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
 
 
-def _add_output(name: str) -> Callable[[onnx.ModelProto], None]:
-    return lambda model: model.graph.output.append(
-        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", 1]))
-
-
 def _remove_output(name: str) -> Callable[[onnx.ModelProto], None]:
     def change(model: onnx.ModelProto) -> None:
         (index,) = [i for i, out in enumerate(model.graph.output) if out.name == name]
@@ -225,36 +241,45 @@ def _drop_initializer(name: str) -> Callable[[onnx.ModelProto], None]:
     return change
 
 
-def _relu_body(model: onnx.ModelProto) -> None:
-    for node in model.graph.node:
-        if node.op_type == "Sigmoid":
-            node.op_type = "Relu"
+def _rename_ops(old: str, new: str) -> Callable[[onnx.ModelProto], None]:
+    def change(model: onnx.ModelProto) -> None:
+        for node in model.graph.node:
+            if node.op_type == old:
+                node.op_type = new
+    return change
+
+
+def _drop_normalizer_division(model: onnx.ModelProto) -> None:
+    (index,) = [i for i, node in enumerate(model.graph.node)
+                if node.op_type == "Div" and node.input[1].startswith("onnx::Div")]
+    del model.graph.node[index]
 
 
 ONNX_CASES = {
-    "visual-rank-4": (lambda m: _replace_input(m, ["batch", 84, 84, 3]),
-                      "visual observations are not supported; expected input 'obs_0' of rank 2 "
-                      "[batch, obs], got rank 4"),
-    "two-observations": (_add_input("obs_1", ["batch", 84, 84, 3]),
-                         "visual or multiple observations are not supported; expected one input "
-                         "'obs_0', got ['obs_0', 'obs_1']"),
-    "discrete": (_add_output("discrete_actions"),
-                 "discrete actions are not supported; only continuous-action policies are"),
-    "action-masks": (_add_input("action_masks", ["batch", 3]),
-                     "discrete actions are not supported"),
-    "recurrent-memory": (_set_initializer("memory_size_vector", np.array([256.0])),
-                         "recurrent policy (memory) is not supported"),
-    "recurrent-input": (_add_input("recurrent_in", ["batch", 1, 256]),
-                        "recurrent policy (memory) is not supported"),
+    "rank-5-input": (lambda m: _replace_input(m, ["batch", 3, 84, 84, 2]),
+                     "input obs_0 has shape ['batch', 3, 84, 84, 2]; expected [batch, size], "
+                     "[batch, C, H, W] or [batch, entities, size]"),
+    "inputs-out-of-order": (_add_input("obs_2", ["batch", 4]),
+                            "observation inputs must be obs_0, obs_1, ... in order, got "
+                            "['obs_0', 'obs_2']"),
+    "unknown-input": (_add_input("goal", ["batch", 3]),
+                      "unknown graph inputs ['goal']; an ML-Agents policy has obs_<i>, "
+                      "action_masks and recurrent_in"),
+    "memory-without-lstm": (_add_input("recurrent_in", ["batch", 1, 256]),
+                            "recurrent_in has 256 values, the LSTM needs 0"),
     "no-deterministic-output": (_remove_output("deterministic_continuous_actions"),
-                                "not an ML-Agents continuous-action policy: outputs"),
-    "unknown-operator": (_relu_body, "graph uses operators this loader cannot run: ['Relu']"),
-    "missing-mu": (_drop_initializer(f"{DIST}mu.weight"),
-                   "not an ML-Agents policy graph: missing"),
+                                "not an ML-Agents policy: expected inputs obs_0, ... and an output "
+                                "deterministic_continuous_actions or deterministic_discrete_actions"),
+    "unknown-operator": (_rename_ops("Sigmoid", "Elu"),
+                         "graph uses operators this loader cannot map: ['Elu']"),
+    "missing-mu": (_drop_initializer(f"{DIST}mu.weight"), "no action heads"),
     "act-size": (_set_initializer("continuous_act_size_vector", np.array([20.0])),
-                 "shape mismatch: continuous_act_size_vector says 20 actions, mu has 21"),
+                 "shape mismatch: continuous_act_size_vector says [20.0], the weights have [21.0]"),
     "normalizer-58": (_set_initializer(f"{NORMALIZER}running_mean", np.zeros(58)),
-                      "shape mismatch for normalizer.mean: expected (59,), got (58,)"),
+                      f"shape mismatch for {NORMALIZER}running_mean: expected (59,), got (58,)"),
+    "normalizer-without-division": (_drop_normalizer_division,
+                                    f"normalizer {NORMALIZER}running_mean without its "
+                                    "(x - mean) / std"),
 }
 
 
@@ -271,9 +296,24 @@ def test_onnx_that_is_not_ml_agents(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 59])])
     path = tmp_path / "plain.onnx"
     onnx.save(helper.make_model(graph), str(path))
-    _refused(path, "not an ML-Agents policy: expected one input 'obs_0', got ['x']")
+    _refused(path, "not an ML-Agents policy: expected inputs obs_0, ... and an output "
+                   "deterministic_continuous_actions or deterministic_discrete_actions, got inputs "
+                   "['x'] and outputs ['y']")
 
 
 def test_unchanged_onnx_copy_loads(model: onnx.ModelProto, tmp_path: Path) -> None:
     path = _save_model(model, tmp_path, lambda m: None)
     assert _load(path).fingerprint == _load(BASELINE_ONNX).fingerprint
+
+
+def test_visual_checkpoint_reads_its_spec_from_the_export_beside_it(tmp_path: Path) -> None:
+    """The shapes a checkpoint cannot tell come from the run's export; without it, a clear
+    refusal (the shared visual fixture, copied with and without its export)."""
+    run = mlagents_fixtures_dir() / "visual_simple" / "VisualSimple"
+    shutil.copy(run / "VisualSimple-80000.pt", tmp_path / "VisualSimple-80000.pt")
+    _refused(tmp_path / "VisualSimple-80000.pt", "cannot tell the observation shapes from the "
+             "checkpoint alone (it has visual or variable-length inputs)")
+    shutil.copy(run / "VisualSimple-80000.onnx", tmp_path / "VisualSimple-80000.onnx")
+    agent = _load(tmp_path / "VisualSimple-80000.pt")
+    assert [i.shape for i in agent.spec.inputs] == [(3, 32, 32), (8,)]
+    assert agent.loaded.extras["observation_spec_from"] == str(tmp_path / "VisualSimple-80000.onnx")

@@ -131,8 +131,10 @@ class ObservationEncoder(nn.Module):
         self.total_enc_size = self_size + (EMBEDDING_SIZE if self.variable else 0)
 
     def forward(self, inputs: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        encodes = [processor(inputs[i]).to(dtype) for i, processor in enumerate(self.processors)
-                   if i not in self.variable]
+        # Vector inputs pass their float32 normalizer first; the other encoders run in `dtype`.
+        encodes = [processor(inputs[i]).to(dtype) if isinstance(processor, VectorInput)
+                   else processor(inputs[i].to(dtype))
+                   for i, processor in enumerate(self.processors) if i not in self.variable]
         encoded_self = torch.cat(encodes, dim=1) if encodes else None
         if self.rsa is None:
             assert encoded_self is not None

@@ -36,20 +36,56 @@ def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def _observation(args: argparse.Namespace, agent) -> np.ndarray:  # noqa: ANN001
+def _observation(args: argparse.Namespace, agent) -> list[np.ndarray]:  # noqa: ANN001
+    """One observation row per input: from --obs (JSON: the row of a single-input policy, or a
+    list of rows, one per input), else canonical row 1 (drawn from the normalizers' statistics)."""
     if args.obs is not None:
-        return np.asarray(json.loads(args.obs), dtype=np.float32)
-    from huggy_agent.reference import canonical_observations
+        value = json.loads(args.obs)
+        inputs = [value] if len(agent.spec.inputs) == 1 else value
+        if not isinstance(inputs, list) or len(inputs) != len(agent.spec.inputs):
+            raise ValueError(f"--obs: this policy has {len(agent.spec.inputs)} inputs "
+                             f"({agent.spec.describe()}); give a JSON list of one observation "
+                             "per input")
+        return [np.asarray(row, dtype=np.float32) for row in inputs]
+    from huggy_agent.reference import canonical_inputs
 
-    return canonical_observations(agent.loaded, 2, seed=args.obs_seed)[1]
+    return [array[1] for array in canonical_inputs(agent.loaded, 2, seed=args.obs_seed)]
 
 
 def _add_observation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--obs", default=None,
-                        help="one observation as a JSON list (default: a random one drawn from the "
-                             "normalizer's statistics)")
+                        help="one observation as JSON: a list of numbers, or for a policy with "
+                             "several inputs a list with one (nested) list per input (default: a "
+                             "random one drawn from the normalizers' statistics)")
     parser.add_argument("--obs-seed", type=int, default=0,
                         help="seed of the random observation when --obs is not given")
+    parser.add_argument("--mask", default=None,
+                        help="action mask as a JSON list of 0/1 or booleans, one per discrete "
+                             "action of every branch, 1 = allowed (default: all allowed)")
+
+
+def _policy_args(agent, observation: list[np.ndarray], args: argparse.Namespace,  # noqa: ANN001
+                 rows: int | None = None) -> dict:
+    """compute_action's obs and action_mask, one row or `rows` copies of it."""
+    inputs = observation if rows is None else [np.repeat(o[None], rows, axis=0)
+                                               for o in observation]
+    mask = None if args.mask is None else np.asarray(json.loads(args.mask))
+    return {"obs": inputs[0] if len(inputs) == 1 else inputs, "action_mask": mask}
+
+
+def _as_lists(result: object, agent) -> dict:  # noqa: ANN001
+    """A compute_action result as JSON-ready lists by kind."""
+    from huggy_agent import Actions
+
+    out = {}
+    if agent.spec.memory_size:
+        result, memory = result  # type: ignore[misc]
+        out["memory"] = memory.tolist()
+    if isinstance(result, Actions):
+        out.update(continuous=result.continuous.tolist(), discrete=result.discrete.tolist())
+    else:
+        out["discrete" if agent.spec.discrete_branches else "continuous"] = result.tolist()
+    return out
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -61,7 +97,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     params = info["parameters"]
     rows = [("source", info["source"]), ("format", info["format"]), ("step", info["step"]),
-            ("network", info["summary"]), ("linear parameters", params["linear"]),
+            ("interface", _agent_spec_line(info)), ("network", info["summary"]),
+            ("linear parameters (body + heads)", params["body"] + params["heads"]),
+            ("encoder parameters", params["encoders"]), ("LSTM parameters", params["lstm"]),
             ("log-sigma parameters", params["log_sigma"]),
             ("normalizer values", params["normalizer"]), ("fingerprint", info["fingerprint"]),
             ("device", info["device"]), ("precision", info["precision"])]
@@ -69,60 +107,110 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_spec_line(info: dict) -> str:
+    from huggy_agent.spec import ActorSpec, ObservationInput
+
+    spec = info["spec"]
+    return ActorSpec(tuple(ObservationInput(i["name"], tuple(i["shape"]), i["kind"])
+                           for i in spec["inputs"]), spec["continuous_size"],
+                     tuple(spec["discrete_branches"]), spec["memory_size"]).describe()
+
+
 def cmd_act(args: argparse.Namespace) -> int:
     agent = _agent(args)
-    obs = _observation(args, agent)
-    actions = agent.compute_action(obs, deterministic=not args.stochastic, seed=args.seed)
+    observation = _observation(args, agent)
+    kwargs = _policy_args(agent, observation, args)
+    if agent.spec.memory_size and args.memory is not None:
+        kwargs["memory"] = np.asarray(json.loads(args.memory), dtype=np.float32)
+    result = _as_lists(agent.compute_action(deterministic=not args.stochastic, seed=args.seed,
+                                            **kwargs), agent)
     if args.json:
-        _print_json({"obs": obs.tolist(), "actions": actions.tolist(),
+        _print_json({"obs": [o.tolist() for o in observation], **result,
                      "deterministic": not args.stochastic, "seed": args.seed})
     else:
-        print("actions:", np.array2string(actions, precision=4, max_line_width=100))
+        for name, values in result.items():
+            print(f"{name}:", np.array2string(np.asarray(values), precision=4,
+                                              max_line_width=100))
     return 0
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
+    from huggy_agent import Actions
     from huggy_agent.tables import format_table
 
     agent = _agent(args, seed=args.seed)
-    obs = _observation(args, agent)
-    samples = agent.compute_action(np.repeat(obs[None], args.samples, axis=0), deterministic=False,
-                                   seed=args.seed)
-    mean_action = agent.compute_action(obs)
-    summary = {"deterministic": mean_action.tolist(), "mean": samples.mean(0).tolist(),
-               "std": samples.std(0).tolist(), "samples": args.samples, "seed": args.seed}
+    observation = _observation(args, agent)
+    samples = agent.compute_action(deterministic=False, seed=args.seed,
+                                   **_policy_args(agent, observation, args, args.samples))
+    mean_action = agent.compute_action(**_policy_args(agent, observation, args))
+    if agent.spec.memory_size:
+        samples, mean_action = samples[0], mean_action[0]
+    continuous = samples.continuous if isinstance(samples, Actions) else (
+        None if agent.spec.discrete_branches else samples)
+    discrete = samples.discrete if isinstance(samples, Actions) else (
+        samples if agent.spec.discrete_branches else None)
+    summary: dict = {"deterministic": _as_lists(mean_action, agent), "samples": args.samples,
+                     "seed": args.seed}
+    rows = []
+    if continuous is not None:
+        summary.update(mean=continuous.mean(0).tolist(), std=continuous.std(0).tolist())
+        deterministic = np.asarray(summary["deterministic"]["continuous"])
+        rows += [(f"continuous {i}", f"{deterministic[i]:+.4f}",
+                  f"mean {continuous[:, i].mean():+.4f}, std {continuous[:, i].std():.4f}")
+                 for i in range(continuous.shape[1])]
+    if discrete is not None:
+        frequencies = [np.bincount(discrete[:, b], minlength=size) / len(discrete)
+                       for b, size in enumerate(agent.spec.discrete_branches)]
+        summary["frequencies"] = [f.tolist() for f in frequencies]
+        deterministic = summary["deterministic"]["discrete"]
+        rows += [(f"branch {b}", str(deterministic[b]),
+                  " ".join(f"{a}:{share:.3f}" for a, share in enumerate(f)))
+                 for b, f in enumerate(frequencies)]
     if args.json:
         _print_json(summary)
         return 0
-    rows = [(i, float(mean_action[i]), float(samples[:, i].mean()), float(samples[:, i].std()))
-            for i in range(agent.act_size)]
-    print(format_table(["action", "deterministic", "sample mean", "sample std"], rows))
+    print(format_table(["action", "deterministic", f"{args.samples} samples"], rows))
     return 0
+
+
+def _batch_inputs(args: argparse.Namespace, agent) -> list[np.ndarray]:  # noqa: ANN001
+    if args.input is None:
+        from huggy_agent.reference import canonical_inputs
+
+        return canonical_inputs(agent.loaded, args.count, seed=args.obs_seed)
+    loaded = np.load(args.input)
+    if isinstance(loaded, np.ndarray):
+        return [loaded]
+    missing = [i.name for i in agent.spec.inputs if i.name not in loaded.files]
+    if missing:
+        raise ValueError(f"--input {args.input}: expected arrays {[i.name for i in agent.spec.inputs]}"
+                         f" (np.savez), missing {missing}")
+    return [loaded[i.name] for i in agent.spec.inputs]
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
     agent = _agent(args)
-    if args.input is not None:
-        obs = np.load(args.input)
-    else:
-        from huggy_agent.reference import canonical_observations
-
-        obs = canonical_observations(agent.loaded, args.count, seed=args.obs_seed)
+    inputs = _batch_inputs(args, agent)
     start = time.perf_counter()
-    actions = agent.compute_action(obs, deterministic=not args.stochastic, seed=args.seed)
+    result = agent.compute_action(inputs[0] if len(inputs) == 1 else inputs,
+                                  deterministic=not args.stochastic, seed=args.seed)
     seconds = time.perf_counter() - start
+    arrays = {k: np.asarray(v) for k, v in _as_lists(result, agent).items()}
+    rows = len(inputs[0])
     if args.output is not None:
-        np.save(args.output, actions)
-    summary = {"rows": len(actions), "seconds": seconds, "obs_per_s": len(actions) / seconds,
-               "action_mean": float(actions.mean()), "action_std": float(actions.std()),
+        if len(arrays) == 1:
+            np.save(args.output, next(iter(arrays.values())))
+        else:
+            np.savez(args.output, **arrays)
+    summary = {"rows": rows, "seconds": seconds, "obs_per_s": rows / seconds,
+               **{f"{k}_mean": float(v.mean()) for k, v in arrays.items()},
                "output": str(args.output) if args.output else None}
     if args.json:
         _print_json(summary)
     else:
-        print(f"{len(actions):,} observations in {seconds * 1e3:.1f} ms "
-              f"({summary['obs_per_s']:,.0f} obs/s); actions mean {summary['action_mean']:+.4f}, "
-              f"std {summary['action_std']:.4f}" + (f"; written to {args.output}" if args.output
-                                                      else ""))
+        means = ", ".join(f"{k} mean {float(v.mean()):+.4f}" for k, v in arrays.items())
+        print(f"{rows:,} observations in {seconds * 1e3:.1f} ms ({summary['obs_per_s']:,.0f} "
+              f"obs/s); {means}" + (f"; written to {args.output}" if args.output else ""))
     return 0
 
 
@@ -169,11 +257,12 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
     else:
-        actions = np.array2string(np.asarray(result["reference_actions"]), precision=6,
-                                  max_line_width=96)
         print(f"weights  {result['weights']}\nsource   {result['source']}\n"
               f"actions of canonical observation 0 (equal within the numerical contract's "
-              f"tolerance wherever this model runs):\n{actions}")
+              f"tolerance wherever this model runs):")
+        for kind, values in result["reference_actions"].items():
+            print(f"{kind}: " + np.array2string(np.asarray(values), precision=6,
+                                                max_line_width=96))
     return 0
 
 
@@ -188,10 +277,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
     rows = [(layer["name"], "x".join(map(str, layer["shape"])), layer["count"])
             for layer in stats["layers"]]
     print(format_table(["parameter", "shape", "count"], rows))
-    for section in ("parameters", "normalizer", "log_sigma"):
+    for section in ("parameters", "log_sigma"):
         if section in stats:
             print(f"\n{section}:")
             print(format_table(["statistic", "value"], list(stats[section].items())))
+    for normalizer in stats["normalizers"]:
+        print(f"\nnormalizer of {normalizer['input']}:")
+        print(format_table(["statistic", "value"],
+                           [(k, v) for k, v in normalizer.items() if k != "input"]))
     return 0
 
 
@@ -261,6 +354,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     _add_observation_options(act)
     act.add_argument("--stochastic", action="store_true", help="sample instead of the mean action")
     act.add_argument("--seed", type=int, default=None, help="seed of the stochastic noise")
+    act.add_argument("--memory", default=None,
+                     help="a recurrent policy's memory as a JSON list (default: zeros)")
 
     sample = command("sample", cmd_sample,
                      "draw many stochastic actions for one observation and summarise them")
@@ -270,8 +365,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     batch = command("batch", cmd_batch, "compute actions for many observations at once")
     batch.add_argument("--input", type=Path, default=None,
-                       help=".npy file of shape (N, obs) (default: random observations)")
-    batch.add_argument("--output", type=Path, default=None, help="write actions to this .npy")
+                       help=".npy file of shape (N, ...) for a single-input policy, or .npz with "
+                            "arrays obs_0, obs_1, ... (default: random observations)")
+    batch.add_argument("--output", type=Path, default=None,
+                       help="write actions to this .npy (.npz with continuous/discrete/memory "
+                            "when there is more than one array)")
     batch.add_argument("--count", type=int, default=4096, help="random observations (default 4096)")
     batch.add_argument("--obs-seed", type=int, default=0, help="seed of the random observations")
     batch.add_argument("--stochastic", action="store_true", help="sample instead of the mean")

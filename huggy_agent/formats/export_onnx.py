@@ -1,10 +1,14 @@
-"""Export a PolicyNet in ML-Agents' own ONNX interface, so the file drops back into Unity.
+"""Export an `Actor` in ML-Agents' own ONNX interface, so the file drops back into Unity.
 
-Input `obs_0` [batch, obs]; outputs `version_number` (3), `memory_size` (0), `continuous_actions`
-(sampled in-graph with RandomNormalLike, as ML-Agents does), `continuous_action_output_shape`,
-`deterministic_continuous_actions`; opset 9. Module paths mirror ML-Agents' so the initializers
-carry its names (`network_body._body_endoder.seq_layers.0.weight`, ...), and our own loader and
-Unity's importer both read the file like one ML-Agents wrote.
+Inputs: `obs_0, obs_1, ...` (visual ones NCHW), then `action_masks` [batch, sum of branches]
+(1 = allowed) when there are discrete branches, then `recurrent_in` [batch, 1, memory] with
+memory. Outputs, in ML-Agents' order and only those the policy has: `version_number` (3),
+`memory_size`; `continuous_actions` (sampled in-graph with RandomNormalLike),
+`continuous_action_output_shape`, `deterministic_continuous_actions`; `discrete_actions`
+(Multinomial), `discrete_action_output_shape`, `deterministic_discrete_actions`; `recurrent_out`.
+Opset 9. The actor's modules carry ML-Agents' names, so the initializers do too
+(`network_body._body_endoder.seq_layers.0.weight`, ...), and our loader and Unity's importer
+both read the file like one ML-Agents wrote.
 """
 
 from __future__ import annotations
@@ -15,119 +19,117 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from huggy_agent.network import NORMALIZER_CLIP, PPO_ACTION_CLIP, SAC_LOG_SIGMA_RANGE, PolicyNet
+from huggy_agent.actor import PPO_ACTION_CLIP, Actor, build_actor
 
 OPSET = 9
 MLAGENTS_EXPORT_VERSION = 3.0
-OUTPUTS = ("version_number", "memory_size", "continuous_actions",
-           "continuous_action_output_shape", "deterministic_continuous_actions")
 
 
-class _Normalizer(nn.Module):
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("running_mean", mean.detach().float().clone())
-        self.register_buffer("std", std.detach().float().clone())
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((obs - self.running_mean) / self.std, -NORMALIZER_CLIP, NORMALIZER_CLIP)
-
-
-class _Processor(nn.Module):
-    def __init__(self, normalizer: _Normalizer) -> None:
-        super().__init__()
-        self.normalizer = normalizer
-
-
-class _ObservationEncoder(nn.Module):
-    def __init__(self, normalizer: _Normalizer | None) -> None:
-        super().__init__()
-        self.processors = nn.ModuleList([_Processor(normalizer)] if normalizer is not None else [])
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.processors[0].normalizer(obs) if len(self.processors) else obs
+def output_names(actor: Actor) -> list[str]:
+    """The ONNX outputs ML-Agents exports for this actor's spec, in order."""
+    spec = actor.architecture.spec
+    names = ["version_number", "memory_size"]
+    if spec.continuous_size:
+        names += ["continuous_actions", "continuous_action_output_shape",
+                  "deterministic_continuous_actions"]
+    if spec.discrete_branches:
+        names += ["discrete_actions", "discrete_action_output_shape",
+                  "deterministic_discrete_actions"]
+    if spec.memory_size:
+        names.append("recurrent_out")
+    return names
 
 
-class _BodyEncoder(nn.Module):
-    def __init__(self, body: nn.Sequential) -> None:
-        super().__init__()
-        self.seq_layers = body
-
-
-class _NetworkBody(nn.Module):
-    def __init__(self, normalizer: _Normalizer | None, body: nn.Sequential) -> None:
-        super().__init__()
-        self.observation_encoder = _ObservationEncoder(normalizer)
-        self._body_endoder = _BodyEncoder(body)  # ML-Agents' own spelling
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self._body_endoder.seq_layers(self.observation_encoder(obs))
-
-
-class _Distribution(nn.Module):
-    def __init__(self, net: PolicyNet) -> None:
-        super().__init__()
-        self.mu = net.mu
-        self.log_sigma = net.log_sigma
-
-
-class _ActionModel(nn.Module):
-    def __init__(self, net: PolicyNet) -> None:
-        super().__init__()
-        self._continuous_distribution = _Distribution(net)
+def input_names(actor: Actor) -> list[str]:
+    """The ONNX inputs ML-Agents exports for this actor's spec, in order."""
+    spec = actor.architecture.spec
+    return ([i.name for i in spec.inputs] + (["action_masks"] if spec.discrete_branches else [])
+            + (["recurrent_in"] if spec.memory_size else []))
 
 
 class MLAgentsExportModule(nn.Module):
-    """A float32 CPU PolicyNet's weights under ML-Agents' module names, computing its five outputs."""
+    """An Actor's modules under ML-Agents' top-level names, computing ML-Agents' outputs."""
 
-    def __init__(self, net: PolicyNet) -> None:
+    def __init__(self, actor: Actor) -> None:
         super().__init__()
-        normalizer = (None if net.normalizer is None
-                      else _Normalizer(net.normalizer.mean, net.normalizer.std))
-        self.head = net.arch.head
-        self.network_body = _NetworkBody(normalizer, net.body)
-        self.action_model = _ActionModel(net)
+        spec = actor.architecture.spec
+        self.spec = spec
+        self.head = actor.architecture.head
+        self.network_body = actor.network_body
+        self.action_model = actor.action_model
         self.register_buffer("version_number", torch.tensor([MLAGENTS_EXPORT_VERSION]))
-        self.register_buffer("memory_size_vector", torch.tensor([0.0]))
-        self.register_buffer("continuous_act_size_vector", torch.tensor([float(net.arch.act_size)]))
+        self.register_buffer("memory_size_vector", torch.tensor([float(spec.memory_size)]))
+        self.register_buffer("continuous_act_size_vector",
+                             torch.tensor([float(spec.continuous_size)]))
+        self.register_buffer("discrete_act_size_vector",
+                             torch.tensor([[float(b) for b in spec.discrete_branches]]))
 
-    def forward(self, obs_0: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        hidden = self.network_body(obs_0)
-        dist = self.action_model._continuous_distribution
-        mu = dist.mu(hidden)
-        if self.head == "sac":
-            log_sigma = torch.clamp(dist.log_sigma(hidden), *SAC_LOG_SIGMA_RANGE)
-            sampled = torch.tanh(mu + torch.randn_like(mu) * torch.exp(log_sigma))
-            # ML-Agents' TanhGaussian deterministic_sample() is the raw mean; kept for Unity parity.
-            deterministic = mu
-        else:
-            log_sigma = mu * 0 + dist.log_sigma
-            sampled = torch.clamp(mu + torch.randn_like(mu) * torch.exp(log_sigma),
-                                  -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
-            deterministic = torch.clamp(mu, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
-        return (self.version_number, self.memory_size_vector, sampled,
-                self.continuous_act_size_vector, deterministic)
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        spec = self.spec
+        count = len(spec.inputs)
+        inputs, rest = list(tensors[:count]), list(tensors[count:])
+        masks = rest.pop(0) if spec.discrete_branches else None
+        memories = rest.pop(0)[:, 0, :] if spec.memory_size else None
+        encoding, memories_out = self.network_body(inputs, memories, torch.float32)
+        outputs = [self.version_number, self.memory_size_vector]
+        if spec.continuous_size:
+            mu, log_sigma = self.action_model._continuous_distribution(encoding)
+            log_sigma = mu * 0 + log_sigma  # ML-Agents' export broadcasts it this way
+            sampled = mu + torch.randn_like(mu) * torch.exp(log_sigma)
+            if self.head == "sac":
+                # ML-Agents' TanhGaussian deterministic_sample() is the raw mean: kept for Unity.
+                sampled, deterministic = torch.tanh(sampled), mu
+            else:
+                sampled = torch.clamp(sampled, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
+                deterministic = torch.clamp(mu, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
+            outputs += [sampled, self.continuous_act_size_vector, deterministic]
+        if spec.discrete_branches:
+            assert masks is not None
+            logits = self.action_model._discrete_distribution(encoding)
+            sampled, deterministic = [], []
+            start = 0
+            for size in spec.discrete_branches:
+                allowed = masks[:, start:start + size]
+                branch = logits[:, start:start + size] * allowed - 1e8 * (-1.0 * allowed + 1.0)
+                probs = torch.softmax(branch, dim=-1)
+                sampled.append(torch.multinomial(probs, 1))
+                deterministic.append(torch.argmax(probs, dim=1, keepdim=True))
+                start += size
+            outputs += [torch.cat(sampled, dim=1), self.discrete_act_size_vector,
+                        torch.cat(deterministic, dim=1)]
+        if spec.memory_size:
+            assert memories_out is not None
+            outputs.append(memories_out.unsqueeze(1))
+        return tuple(outputs)
 
 
-def export_onnx(net: PolicyNet, path: str | Path) -> Path:
-    """Write `net` to `path` in ML-Agents' ONNX interface, as float32 (a half-precision net's
+def example_inputs(actor: Actor, rows: int = 1) -> tuple[torch.Tensor, ...]:
+    """Zero inputs of the ML-Agents interface (masks all ones), `rows` rows each."""
+    spec = actor.architecture.spec
+    tensors = [torch.zeros(rows, *i.shape) for i in spec.inputs]
+    if spec.discrete_branches:
+        tensors.append(torch.ones(rows, spec.mask_size))
+    if spec.memory_size:
+        tensors.append(torch.zeros(rows, 1, spec.memory_size))
+    return tuple(tensors)
+
+
+def export_onnx(actor: Actor, path: str | Path) -> Path:
+    """Write `actor` to `path` in ML-Agents' ONNX interface, as float32 (a half-precision actor's
     weights are exported as rounded; export `LoadedPolicy.build()` to keep the source weights)."""
     path = Path(path)
-    module = MLAgentsExportModule(_float_copy(net)).eval()
-    dummy = torch.zeros(1, net.arch.obs_size)
-    batch_axes = {0: "batch"}
+    copy = build_actor(actor.architecture, {k: v.detach().float().cpu() for k, v in
+                                            actor.state_dict().items()}, "export")
+    module = MLAgentsExportModule(copy).eval()
+    inputs, outputs = input_names(copy), output_names(copy)
+    batch = {0: "batch"}
+    dynamic = {name: batch for name in inputs + outputs
+               if name not in ("version_number", "memory_size", "continuous_action_output_shape",
+                               "discrete_action_output_shape")}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module, (dummy,), str(path), input_names=["obs_0"], output_names=list(OUTPUTS),
-            dynamic_axes={"obs_0": batch_axes, "continuous_actions": batch_axes,
-                          "deterministic_continuous_actions": batch_axes},
-            opset_version=OPSET, do_constant_folding=False, dynamo=False,
+            module, example_inputs(copy), str(path), input_names=inputs, output_names=outputs,
+            dynamic_axes=dynamic, opset_version=OPSET, do_constant_folding=True, dynamo=False,
         )
     return path
-
-
-def _float_copy(net: PolicyNet) -> PolicyNet:
-    copy = PolicyNet(net.arch)
-    copy.load_state_dict({k: v.detach().float().cpu() for k, v in net.state_dict().items()})
-    return copy.eval().requires_grad_(False)

@@ -1,5 +1,12 @@
-"""ML-Agents ONNX exports (`<Behavior>.onnx`): read the initializers, after checking that the graph
-is the feed-forward continuous-action actor we can run (opset 9 exports of torch 1.x and 2.x)."""
+"""ML-Agents ONNX exports (`<Behavior>.onnx`): the observation spec from the graph's inputs, the
+weights from its initializers.
+
+Most initializers carry ML-Agents' own module names. Four kinds do not, and are found by the
+graph's structure: a normalizer's std (folded into the `Div` after `x - running_mean`), the
+LSTM's W, R and B (`LSTM` node; ONNX gate order i, o, f, c, torch's i, f, g, o), and the
+attention path's Linear weights, exported as `MatMul` with a transposed, anonymous weight, whose
+`Add` names the bias. Opset-9 exports of torch 1.x and 2.x are read alike.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +18,30 @@ import torch
 from onnx import numpy_helper
 
 from huggy_agent.errors import PolicyLoadError
-from huggy_agent.formats.loaded import LoadedPolicy, infer_architecture, step_from_filename
+from huggy_agent.formats.architecture import (
+    CONTINUOUS,
+    ENCODER,
+    KNOWN_PREFIXES,
+    LSTM,
+    check_declared,
+    infer_architecture,
+    refuse_unsupported,
+)
+from huggy_agent.formats.loaded import LoadedPolicy, step_from_filename
+from huggy_agent.spec import InputKind, ObservationInput
 
-INPUT = "obs_0"
-OUTPUTS = ("version_number", "memory_size", "continuous_actions",
-           "continuous_action_output_shape", "deterministic_continuous_actions")
-SUPPORTED_OPS = {"Sub", "Div", "Clip", "Concat", "Gemm", "Sigmoid", "Mul", "Add", "Exp", "Tanh",
-                 "RandomNormalLike", "Constant", "Identity", "Max", "Min"}
-BODY = "network_body._body_endoder.seq_layers."
-DIST = "action_model._continuous_distribution."
+OUTPUTS = {"version_number", "memory_size", "continuous_actions", "continuous_action_output_shape",
+           "deterministic_continuous_actions", "discrete_actions", "discrete_action_output_shape",
+           "deterministic_discrete_actions", "recurrent_out", "action"}
+SUPPORTED_OPS = {
+    "Add", "ArgMax", "Cast", "Clip", "Concat", "Constant", "Conv", "Div", "Exp", "Gemm",
+    "Identity", "LSTM", "LeakyRelu", "Less", "Log", "MatMul", "MaxPool", "Max", "Min", "Mul",
+    "Multinomial", "Pow", "RandomNormalLike", "ReduceMean", "ReduceSum", "Relu", "Reshape",
+    "Sigmoid", "Slice", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze",
+    "Flatten", "Shape", "Gather", "Expand", "Tile", "Neg", "Equal", "Where", "ConstantOfShape",
+}
+KINDS: dict[int, InputKind] = {1: "vector", 3: "visual", 2: "variable"}
+ONNX_TO_TORCH_GATES = [0, 2, 3, 1]  # blocks i, o, f, c -> i, f, g (= c), o
 
 
 def _read_model(path: Path) -> onnx.ModelProto:
@@ -32,44 +54,76 @@ def _read_model(path: Path) -> onnx.ModelProto:
     return model
 
 
-def _check_interface(model: onnx.ModelProto, initializers: dict, path: Path) -> None:
+def read_spec(model: onnx.ModelProto, initializers: dict, path: Path
+              ) -> tuple[tuple[ObservationInput, ...], int]:
+    """The observation inputs (`obs_0, obs_1, ...`) and the memory size that the graph declares;
+    refuses graphs that are not an ML-Agents policy interface."""
     graph = model.graph
-    inputs = [i for i in graph.input if i.name not in initializers]
-    names = [i.name for i in inputs]
+    names = [i.name for i in graph.input if i.name not in initializers]
     outputs = {o.name for o in graph.output}
-    if "recurrent_in" in names or "recurrent_out" in outputs:
-        raise PolicyLoadError(f"{path}: recurrent policy (memory) is not supported")
-    if "discrete_actions" in outputs or "action_masks" in names:
-        raise PolicyLoadError(f"{path}: discrete actions are not supported; "
-                              "only continuous-action policies are")
-    if names != [INPUT]:
-        if any(name.startswith("obs_") for name in names):
-            raise PolicyLoadError(f"{path}: visual or multiple observations are not supported; "
-                                  f"expected one input {INPUT!r}, got {names}")
-        raise PolicyLoadError(f"{path}: not an ML-Agents policy: expected one input {INPUT!r}, "
-                              f"got {names}")
-    dims = inputs[0].type.tensor_type.shape.dim
-    if len(dims) != 2:
-        raise PolicyLoadError(f"{path}: visual observations are not supported; expected input "
-                              f"{INPUT!r} of rank 2 [batch, obs], got rank {len(dims)}")
-    if "deterministic_continuous_actions" not in outputs:
-        raise PolicyLoadError(f"{path}: not an ML-Agents continuous-action policy: outputs {sorted(outputs)} "
-                              "lack 'deterministic_continuous_actions'")
-    memory = initializers.get("memory_size_vector")
-    if memory is not None and float(memory.flatten()[0]) > 0:
-        raise PolicyLoadError(f"{path}: recurrent policy (memory) is not supported")
-    unknown = sorted({node.op_type for node in graph.node} - SUPPORTED_OPS)
+    observations = [name for name in names if name.startswith("obs_")]
+    if not observations or not outputs & {"deterministic_continuous_actions",
+                                          "deterministic_discrete_actions"}:
+        raise PolicyLoadError(f"{path}: not an ML-Agents policy: expected inputs obs_0, ... and "
+                              "an output deterministic_continuous_actions or "
+                              f"deterministic_discrete_actions, got inputs {names} and outputs "
+                              f"{sorted(outputs)}")
+    if observations != [f"obs_{i}" for i in range(len(observations))]:
+        raise PolicyLoadError(f"{path}: observation inputs must be obs_0, obs_1, ... in order, "
+                              f"got {observations}")
+    unknown = sorted(set(names) - set(observations) - {"action_masks", "recurrent_in"})
     if unknown:
-        raise PolicyLoadError(f"{path}: graph uses operators this loader cannot run: {unknown}")
+        raise PolicyLoadError(f"{path}: unknown graph inputs {unknown}; an ML-Agents policy has "
+                              "obs_<i>, action_masks and recurrent_in")
+    by_name = {i.name: i for i in graph.input}
+    inputs = []
+    for name in observations:
+        dims = [d.dim_value for d in by_name[name].type.tensor_type.shape.dim][1:]
+        if len(dims) not in KINDS or not all(dims):
+            raise PolicyLoadError(f"{path}: input {name} has shape {['batch', *dims]}; expected "
+                                  "[batch, size], [batch, C, H, W] or [batch, entities, size]")
+        inputs.append(ObservationInput(name, tuple(dims), KINDS[len(dims)]))
+    memory = 0
+    if "recurrent_in" in names:
+        memory = by_name["recurrent_in"].type.tensor_type.shape.dim[-1].dim_value
+    return tuple(inputs), memory
 
 
-def _normalizer(graph: onnx.GraphProto, initializers: dict) -> tuple[np.ndarray, np.ndarray] | None:
-    """(mean, std) of `clamp((obs_0 - mean) / std)`, found by structure (std has no fixed name)."""
-    subtract = next((n for n in graph.node if n.op_type == "Sub" and n.input[0] == INPUT), None)
-    if subtract is None:
-        return None
-    divide = next(n for n in graph.node if n.op_type == "Div" and n.input[0] == subtract.output[0])
-    return initializers[subtract.input[1]], initializers[divide.input[1]]
+def _consumer(graph: onnx.GraphProto, output: str, op_type: str) -> onnx.NodeProto | None:
+    return next((n for n in graph.node if n.op_type == op_type and output in n.input), None)
+
+
+def _anonymous_weights(graph: onnx.GraphProto, initializers: dict[str, np.ndarray], path: Path
+                       ) -> dict[str, np.ndarray]:
+    """The weights that lost their names on export, under their module keys (see module doc)."""
+    found: dict[str, np.ndarray] = {}
+    for name in [n for n in initializers if n.endswith("normalizer.running_mean")]:
+        subtract = next((n for n in graph.node if n.op_type == "Sub" and n.input[1] == name), None)
+        divide = subtract and _consumer(graph, subtract.output[0], "Div")
+        if divide is None or divide.input[1] not in initializers:
+            raise PolicyLoadError(f"{path}: normalizer {name} without its (x - mean) / std")
+        found[name.replace("running_mean", "std")] = initializers[divide.input[1]]
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in initializers \
+                and not node.input[1].startswith(KNOWN_PREFIXES):
+            add = _consumer(graph, node.output[0], "Add")
+            bias = add and next((i for i in add.input if i.endswith(".bias")), None)
+            if bias is None:
+                raise PolicyLoadError(f"{path}: MatMul weight {node.input[1]} without a named bias")
+            found[bias[: -len("bias")] + "weight"] = initializers[node.input[1]].T
+        elif node.op_type == "LSTM":
+            weight, recurrence, bias = (initializers[name] for name in node.input[1:4])
+            hidden = recurrence.shape[-1]
+
+            def gates(matrix: np.ndarray, hidden: int = hidden) -> np.ndarray:
+                return np.concatenate([matrix[k * hidden:(k + 1) * hidden]
+                                       for k in ONNX_TO_TORCH_GATES])
+
+            found[f"{LSTM}weight_ih_l0"] = gates(weight[0])
+            found[f"{LSTM}weight_hh_l0"] = gates(recurrence[0])
+            found[f"{LSTM}bias_ih_l0"] = gates(bias[0, : 4 * hidden])
+            found[f"{LSTM}bias_hh_l0"] = gates(bias[0, 4 * hidden:])
+    return found
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -78,34 +132,33 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def load_onnx(path: str | Path) -> LoadedPolicy:
-    """Canonical tensors of an ML-Agents ONNX export; refuses what the graph shows we cannot run."""
+    """The spec and weights of an ML-Agents ONNX export; refuses what it cannot run, naming why."""
     path = Path(path)
     model = _read_model(path)
-    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    _check_interface(model, initializers, path)
-    tensors: dict[str, torch.Tensor] = {}
     try:
-        normalizer = _normalizer(model.graph, initializers)
-        if normalizer is not None:
-            tensors["normalizer.mean"] = _tensor(normalizer[0])
-            tensors["normalizer.std"] = _tensor(normalizer[1])
-        index = 0
-        while f"{BODY}{index}.weight" in initializers:
-            tensors[f"body.{index}.weight"] = _tensor(initializers[f"{BODY}{index}.weight"])
-            tensors[f"body.{index}.bias"] = _tensor(initializers[f"{BODY}{index}.bias"])
-            index += 2
-        tensors["mu.weight"] = _tensor(initializers[f"{DIST}mu.weight"])
-        tensors["mu.bias"] = _tensor(initializers[f"{DIST}mu.bias"])
-        if f"{DIST}log_sigma.weight" in initializers:
-            tensors["log_sigma.weight"] = _tensor(initializers[f"{DIST}log_sigma.weight"])
-            tensors["log_sigma.bias"] = _tensor(initializers[f"{DIST}log_sigma.bias"])
-        else:
-            tensors["log_sigma"] = _tensor(initializers[f"{DIST}log_sigma"])
-    except (KeyError, StopIteration) as error:
-        raise PolicyLoadError(f"{path}: not an ML-Agents policy graph: missing {error}") from error
-    arch = infer_architecture(tensors, path)
-    declared = initializers.get("continuous_act_size_vector")
-    if declared is not None and int(declared.flatten()[0]) != arch.act_size:
-        raise PolicyLoadError(f"{path}: shape mismatch: continuous_act_size_vector says "
-                              f"{int(declared.flatten()[0])} actions, mu has {arch.act_size}")
-    return LoadedPolicy(arch, tensors, path, "mlagents-onnx", step_from_filename(path))
+        initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    except (TypeError, ValueError) as error:
+        raise PolicyLoadError(f"{path}: corrupt ONNX initializer ({error})") from error
+    refuse_unsupported(list(initializers), path)
+    inputs, memory = read_spec(model, initializers, path)
+    unsupported = sorted({node.op_type for node in model.graph.node} - SUPPORTED_OPS)
+    if unsupported:
+        raise PolicyLoadError(f"{path}: graph uses operators this loader cannot map: {unsupported}")
+    named = {k: v for k, v in initializers.items() if k.startswith(KNOWN_PREFIXES)}
+    tensors = {k: _tensor(v) for k, v in {**named, **_anonymous_weights(model.graph, initializers,
+                                                                        path)}.items()}
+    arch = infer_architecture(tensors, inputs, path)
+    if arch.memory_size != memory:
+        raise PolicyLoadError(f"{path}: recurrent_in has {memory} values, the LSTM needs "
+                              f"{arch.memory_size}")
+    check_declared({name: initializers[name].flatten().tolist() for name in
+                    ("continuous_act_size_vector", "discrete_act_size_vector", "memory_size_vector")
+                    if name in initializers}, arch, path)
+    if arch.head == "sac" and f"{CONTINUOUS}log_sigma.weight" not in tensors:
+        raise PolicyLoadError(f"{path}: SAC head without its log_sigma layer")
+    loaded = LoadedPolicy(arch, tensors, path, "mlagents-onnx", step_from_filename(path))
+    loaded.build()  # every key and shape checked now, with the file's name in the error
+    return loaded
+
+
+__all__ = ["ENCODER", "load_onnx", "read_spec"]

@@ -1,5 +1,12 @@
-"""ML-Agents PyTorch checkpoints (`Huggy-<step>.pt`, `checkpoint.pt`): `torch.save` of a dict whose
-`Policy` entry is the actor's state dict. Loaded with `weights_only=True`: no code is unpickled."""
+"""ML-Agents PyTorch checkpoints (`<Behavior>-<step>.pt`, `checkpoint.pt`): `torch.save` of a dict
+whose `Policy` entry is the actor's state dict. Loaded with `weights_only=True`: no code is
+unpickled.
+
+A checkpoint holds weights, not the observation spec. When the weights do not tell it (visual or
+variable-length inputs, several vector inputs without normalizers), the spec comes from the run's
+ONNX export beside the checkpoint: `<Behavior>-<step>.onnx` next to it, else the run's final
+`<Behavior>.onnx` one folder up, as ML-Agents lays out `results/<run_id>/`.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +18,19 @@ import numpy as np
 import torch
 
 from huggy_agent.errors import PolicyLoadError
-from huggy_agent.formats.loaded import LoadedPolicy, infer_architecture, step_from_filename
+from huggy_agent.formats.architecture import (
+    BODY,
+    ENCODER,
+    KNOWN_PREFIXES,
+    check_declared,
+    infer_architecture,
+    refuse_unsupported,
+    vector_inputs_from_weights,
+)
+from huggy_agent.formats.loaded import LoadedPolicy, step_from_filename
+from huggy_agent.spec import ObservationInput
 
-NORMALIZER = "network_body.observation_encoder.processors.0.normalizer."
-BODY = "network_body._body_endoder.seq_layers."
-DIST = "action_model._continuous_distribution."
+NORMALIZER_STATS = ("running_mean", "running_variance", "normalization_steps")
 
 
 def _check_archive(path: Path) -> None:
@@ -47,29 +62,6 @@ def _read_checkpoint(path: Path) -> dict:
     return checkpoint["Policy"]
 
 
-def _refuse_unsupported(policy: dict, path: Path) -> None:
-    """Name the first feature of `policy` that this project cannot run."""
-    memory = policy.get("memory_size_vector")
-    if memory is not None and float(memory.flatten()[0]) > 0 or any("lstm" in k for k in policy):
-        raise PolicyLoadError(f"{path}: recurrent policy (memory) is not supported; "
-                              "only feed-forward policies are")
-    discrete = policy.get("discrete_act_size_vector")
-    if (discrete is not None and discrete.numel() > 0) or any(
-            k.startswith("action_model._discrete_distribution") for k in policy):
-        raise PolicyLoadError(f"{path}: discrete actions are not supported; "
-                              "only continuous-action policies are")
-    encoders = {k.split("processors.")[1].split(".")[0] for k in policy
-                if k.startswith("network_body.observation_encoder.processors.")}
-    visual = [k for k in policy if k.startswith("network_body.observation_encoder.processors.")
-              and "normalizer" not in k]
-    if visual or len(encoders) > 1:
-        raise PolicyLoadError(f"{path}: visual or multiple observations are not supported; "
-                              "expected one vector observation")
-    if f"{DIST}mu.weight" not in policy or f"{BODY}0.weight" not in policy:
-        raise PolicyLoadError(f"{path}: not an ML-Agents continuous-action policy: missing "
-                              f"{BODY}0.weight or {DIST}mu.weight")
-
-
 def normalizer_std(running_variance: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """`sqrt(running_variance / steps)` computed in float64 and rounded once to float32: the
     same bits on every machine (float32 kernels may divide through a reciprocal), and within
@@ -79,34 +71,81 @@ def normalizer_std(running_variance: torch.Tensor, steps: torch.Tensor) -> torch
     return torch.from_numpy(std)
 
 
+def _actor_tensors(policy: dict) -> dict[str, torch.Tensor]:
+    """The actor's weights under its keys: ML-Agents' own, with each normalizer's running
+    statistics turned into its std, and the `network_body.processors.*` aliases, critic heads
+    and bookkeeping scalars left out."""
+    tensors: dict[str, torch.Tensor] = {}
+    unknown = sorted(key for key in policy if key.startswith(("network_body.", "action_model."))
+                     and not key.startswith((*KNOWN_PREFIXES, "network_body.processors.")))
+    if unknown:
+        raise PolicyLoadError(f"unsupported network parts (not an ML-Agents SimpleActor this "
+                              f"loader knows): {unknown[:4]}")
+    for key, value in policy.items():
+        if not key.startswith(KNOWN_PREFIXES):
+            continue
+        if key.endswith("normalizer.running_mean"):
+            prefix = key[: -len("running_mean")]
+            tensors[key] = value.float()
+            tensors[prefix + "std"] = normalizer_std(policy[prefix + "running_variance"],
+                                                     policy[prefix + "normalization_steps"])
+        elif not key.endswith(NORMALIZER_STATS):
+            tensors[key] = value.float()
+    return tensors
+
+
+def _sibling_export(path: Path) -> Path | None:
+    """The run's ONNX export that belongs with checkpoint `path`, if it is there."""
+    candidates = [path.with_suffix(".onnx")]
+    behavior = path.parent.name
+    candidates.append(path.parent.parent / f"{behavior}.onnx")
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _inputs(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[tuple[ObservationInput, ...],
+                                                                     str]:
+    """The observation inputs, and where they were read: the run's ONNX export beside the
+    checkpoint when it is there, else the weights (see `vector_inputs_from_weights`)."""
+    export = _sibling_export(path)
+    if export is None:
+        return vector_inputs_from_weights(tensors, path), "weights"
+    import onnx
+
+    from huggy_agent.formats.mlagents_onnx import read_spec
+
+    try:
+        model = onnx.load(str(export), load_external_data=False)
+    except Exception as error:  # noqa: BLE001 - protobuf raises several unrelated types here
+        raise PolicyLoadError(f"{path}: its run's export {export} is unreadable ({error})") from error
+    initializers = {i.name: None for i in model.graph.initializer}
+    inputs, _ = read_spec(model, initializers, export)
+    return inputs, str(export)
+
+
 def load_pt(path: str | Path) -> LoadedPolicy:
-    """Map an ML-Agents checkpoint's keys onto PolicyNet's canonical keys, checking every shape."""
+    """An ML-Agents checkpoint's actor weights and architecture, every key and shape checked."""
     path = Path(path)
     policy = _read_checkpoint(path)
-    _refuse_unsupported(policy, path)
-    tensors: dict[str, torch.Tensor] = {}
-    if f"{NORMALIZER}running_mean" in policy:
-        tensors["normalizer.mean"] = policy[f"{NORMALIZER}running_mean"].float()
-        tensors["normalizer.std"] = normalizer_std(policy[f"{NORMALIZER}running_variance"],
-                                                   policy[f"{NORMALIZER}normalization_steps"])
-    index = 0
-    while f"{BODY}{index}.weight" in policy:
-        tensors[f"body.{index}.weight"] = policy[f"{BODY}{index}.weight"]
-        tensors[f"body.{index}.bias"] = policy[f"{BODY}{index}.bias"]
-        index += 2
-    tensors["mu.weight"] = policy[f"{DIST}mu.weight"]
-    tensors["mu.bias"] = policy[f"{DIST}mu.bias"]
-    if f"{DIST}log_sigma.weight" in policy:  # SAC: state-dependent log sigma
-        tensors["log_sigma.weight"] = policy[f"{DIST}log_sigma.weight"]
-        tensors["log_sigma.bias"] = policy[f"{DIST}log_sigma.bias"]
-    else:
-        tensors["log_sigma"] = policy[f"{DIST}log_sigma"]
-    arch = infer_architecture(tensors, path)
-    declared = policy.get("continuous_act_size_vector")
-    if declared is not None and int(declared.flatten()[0]) != arch.act_size:
-        raise PolicyLoadError(f"{path}: shape mismatch: continuous_act_size_vector says "
-                              f"{int(declared.flatten()[0])} actions, mu has {arch.act_size}")
+    refuse_unsupported(list(policy), path)
+    try:
+        tensors = _actor_tensors(policy)
+    except PolicyLoadError as error:
+        raise PolicyLoadError(f"{path}: {error}") from None
+    if not any(key.startswith("network_body.") for key in tensors):
+        raise PolicyLoadError(f"{path}: not an ML-Agents policy: its Policy state dict has no "
+                              "network_body weights")
+    if f"{BODY}0.weight" not in tensors:
+        raise PolicyLoadError(f"{path}: no {BODY}0.weight: not an ML-Agents policy network")
+    inputs, spec_source = _inputs(path, tensors)
+    arch = infer_architecture(tensors, inputs, path)
+    check_declared({name: policy[name].flatten().tolist() for name in
+                    ("continuous_act_size_vector", "discrete_act_size_vector", "memory_size_vector")
+                    if name in policy}, arch, path)
     loaded = LoadedPolicy(arch, tensors, path, "mlagents-pt", step_from_filename(path))
-    if arch.normalize:
-        loaded.extras["normalization_steps"] = int(policy[f"{NORMALIZER}normalization_steps"])
+    loaded.extras["observation_spec_from"] = spec_source
+    steps = [int(policy[k]) for k in policy if k.endswith("normalizer.normalization_steps")
+             and k.startswith(ENCODER)]
+    if steps:
+        loaded.extras["normalization_steps"] = steps[0]
+    loaded.build()  # every key and shape checked now, with the file's name in the error
     return loaded

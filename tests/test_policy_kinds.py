@@ -1,0 +1,305 @@
+"""Every kind of ML-Agents policy against onnxruntime on its own file: discrete and hybrid
+actions with masks, several observation inputs, visual encoders, attention over variable-length
+inputs, LSTM memory; PPO, SAC and POCA actors.
+
+The reference is onnxruntime running the fixture's ONNX graph (for a `.pt`, the run's own
+export beside it). Continuous actions agree within 1e-5 (a SAC export's deterministic output is
+the raw mean: compared with tanh of it, see facts.md); deterministic discrete actions are equal
+on >= 99.9% of rows (a row may differ only where two probabilities tie within float rounding);
+LSTM memories agree within 1e-5 over 20 chained steps.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from huggy_agent import Actions, HuggyAgent
+from huggy_agent.spec import ActorSpec
+from tests.conftest import EXTRA_FIXTURES, mlagents_fixtures_dir, mlagents_policy_files
+
+pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
+
+CONTINUOUS_ATOL = 1e-5
+DISCRETE_AGREEMENT = 0.999
+FILES = mlagents_policy_files()
+
+
+def _label(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}" if path.suffix == ".pt" else path.name
+
+
+def reference_onnx(path: Path) -> Path:
+    """The ONNX graph that is the reference for `path`: itself, or the run's export of a .pt."""
+    return path if path.suffix == ".onnx" else path.with_suffix(".onnx")
+
+
+def random_inputs(spec: ActorSpec, rows: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Vectors N(0, 2^2), images U[0, 1), variable-length inputs with a random number of
+    non-zero entities then zero padding (as the fixtures' own verification draws them)."""
+    arrays = []
+    for observation in spec.inputs:
+        shape = (rows, *observation.shape)
+        if observation.kind == "vector":
+            arrays.append((2 * rng.standard_normal(shape)).astype(np.float32))
+        elif observation.kind == "visual":
+            arrays.append(rng.random(shape, dtype=np.float32))
+        else:
+            values = rng.standard_normal(shape).astype(np.float32)
+            present = rng.integers(0, observation.shape[0] + 1, rows)
+            values[np.arange(observation.shape[0])[None, :] >= present[:, None]] = 0.0
+            arrays.append(values)
+    return arrays
+
+
+def random_masks(spec: ActorSpec, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """(rows, sum of branches) bool, True = allowed: each action with probability 0.7, and at
+    least one per branch."""
+    mask = rng.random((rows, spec.mask_size)) < 0.7
+    start = 0
+    for size in spec.discrete_branches:
+        mask[np.arange(rows), start + rng.integers(0, size, rows)] = True
+        start += size
+    return mask
+
+
+def onnx_feed(session: ort.InferenceSession, inputs: list[np.ndarray], mask: np.ndarray | None,
+              memory: np.ndarray | None) -> dict[str, np.ndarray]:
+    feed = {f"obs_{i}": array for i, array in enumerate(inputs)}
+    names = {i.name for i in session.get_inputs()}
+    if "action_masks" in names:
+        feed["action_masks"] = (np.ones((len(inputs[0]), session.get_inputs()[-1].shape[-1]))
+                                if mask is None else mask).astype(np.float32)
+    if "recurrent_in" in names:
+        feed["recurrent_in"] = memory[:, None, :]
+    return feed
+
+
+def run_onnx(session: ort.InferenceSession, inputs: list[np.ndarray], mask: np.ndarray | None,
+             memory: np.ndarray | None) -> dict[str, np.ndarray]:
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, onnx_feed(session, inputs, mask, memory)),
+                    strict=True))
+
+
+@pytest.fixture(scope="module", params=FILES, ids=_label)
+def policy(request: pytest.FixtureRequest) -> tuple[Path, HuggyAgent, ort.InferenceSession]:
+    path = request.param
+    session = ort.InferenceSession(str(reference_onnx(path)), providers=["CPUExecutionProvider"])
+    return path, HuggyAgent.from_checkpoint(path, device="cpu"), session
+
+
+def _split(agent: HuggyAgent, result: object) -> tuple[np.ndarray | None, np.ndarray | None,
+                                                        np.ndarray | None]:
+    """(continuous, discrete, memory) of a compute_action result."""
+    memory = None
+    if agent.spec.memory_size:
+        result, memory = result  # type: ignore[misc]
+    if isinstance(result, Actions):
+        return result.continuous, result.discrete, memory
+    if agent.spec.discrete_branches:
+        return None, result, memory  # type: ignore[return-value]
+    return result, None, memory  # type: ignore[return-value]
+
+
+def test_deterministic_actions_match_onnxruntime(policy) -> None:
+    path, agent, session = policy
+    spec = agent.spec
+    rng = np.random.default_rng(7)
+    inputs = random_inputs(spec, 1000, rng)
+    mask = random_masks(spec, 1000, rng) if spec.discrete_branches else None
+    memory = ((0.5 * rng.standard_normal((1000, spec.memory_size))).astype(np.float32)
+              if spec.memory_size else None)
+    obs = inputs[0] if len(inputs) == 1 else inputs
+    result = agent.compute_action(obs, deterministic=True, action_mask=mask,
+                                  **({"memory": memory} if spec.memory_size else {}))
+    continuous, discrete, new_memory = _split(agent, result)
+    expected = run_onnx(session, inputs, mask, memory)
+    if spec.continuous_size:
+        reference = expected["deterministic_continuous_actions"]
+        if agent.arch.head == "sac":
+            reference = np.tanh(reference)
+        assert continuous.dtype == np.float32 and continuous.shape == (1000, spec.continuous_size)
+        assert np.abs(continuous - reference).max() <= CONTINUOUS_ATOL
+    if spec.discrete_branches:
+        assert discrete.dtype == np.int64 and discrete.shape == (1000, len(spec.discrete_branches))
+        agreement = np.mean(np.all(discrete == expected["deterministic_discrete_actions"], axis=1))
+        assert agreement >= DISCRETE_AGREEMENT
+        offsets = np.cumsum([0, *spec.discrete_branches[:-1]])
+        assert mask[np.arange(1000)[:, None], offsets + discrete].all()  # only allowed actions
+    if spec.memory_size:
+        assert new_memory.dtype == np.float32 and new_memory.shape == (1000, spec.memory_size)
+        assert np.abs(new_memory - expected["recurrent_out"][:, 0]).max() <= CONTINUOUS_ATOL
+
+
+def test_recurrent_memory_over_20_chained_steps() -> None:
+    root = mlagents_fixtures_dir() / "lstm"
+    for path in (root / "Recurrent.onnx", root / "Recurrent" / "Recurrent-150016.pt"):
+        agent = HuggyAgent.from_checkpoint(path, device="cpu")
+        session = ort.InferenceSession(str(root / "Recurrent.onnx"),
+                                       providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(11)
+        ours = theirs = np.zeros((64, 32), np.float32)
+        for _ in range(20):
+            (obs,) = random_inputs(agent.spec, 64, rng)
+            actions, ours = agent.compute_action(obs, memory=ours)
+            expected = run_onnx(session, [obs], None, theirs)
+            theirs = expected["recurrent_out"][:, 0]
+            assert np.abs(ours - theirs).max() <= CONTINUOUS_ATOL
+            assert np.abs(actions - expected["deterministic_continuous_actions"]).max() \
+                <= CONTINUOUS_ATOL
+        assert np.abs(ours).max() > 0.1  # the memory really moved
+
+
+def test_memory_none_means_zeros() -> None:
+    agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "lstm", device="cpu")
+    obs = random_inputs(agent.spec, 8, np.random.default_rng(1))[0]
+    zero_actions, zero_memory = agent.compute_action(obs, memory=np.zeros((8, 32), np.float32))
+    actions, memory = agent.compute_action(obs)
+    assert np.abs(actions - zero_actions).max() <= CONTINUOUS_ATOL
+    assert np.abs(memory - zero_memory).max() <= CONTINUOUS_ATOL
+    single, single_memory = agent.compute_action(obs[0])
+    assert single.shape == (2,) and single_memory.shape == (32,)
+
+
+DISCRETE_FILES = [f for f in FILES if f.suffix == ".onnx" and "deterministic_discrete_actions"
+                  in {o.name for o in ort.InferenceSession(
+                      str(f), providers=["CPUExecutionProvider"]).get_outputs()}]
+
+
+@pytest.mark.parametrize("path", DISCRETE_FILES, ids=_label)
+def test_masks_change_the_actions(path: Path) -> None:
+    """The parity test would pass with masks ignored if they never mattered: they do."""
+    spec = HuggyAgent.from_checkpoint(path, device="cpu").spec
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    inputs = random_inputs(spec, 500, rng)
+    mask = random_masks(spec, 500, rng)
+    memory = np.zeros((500, spec.memory_size), np.float32) if spec.memory_size else None
+    unmasked = run_onnx(session, inputs, None, memory)["deterministic_discrete_actions"]
+    masked = run_onnx(session, inputs, mask, memory)["deterministic_discrete_actions"]
+    assert np.mean(np.any(unmasked != masked, axis=1)) > 0.1
+
+
+@pytest.mark.parametrize("path", DISCRETE_FILES, ids=_label)
+def test_stochastic_discrete_actions_follow_onnxruntime_sampling(path: Path) -> None:
+    """20,000 draws for one row (with a random mask): our seeded inverse-CDF draws and
+    onnxruntime's own Multinomial sampling give frequencies within total variation 0.03 per
+    branch; the same seed gives the same draws."""
+    agent = HuggyAgent.from_checkpoint(path, device="cpu")
+    spec = agent.spec
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    inputs = [np.repeat(a, 20_000, axis=0) for a in random_inputs(spec, 1, rng)]
+    mask = np.repeat(random_masks(spec, 1, rng), 20_000, axis=0)
+    memory = np.zeros((20_000, spec.memory_size), np.float32) if spec.memory_size else None
+    obs = inputs[0] if len(inputs) == 1 else inputs
+    ours = _split(agent, agent.compute_action(obs, deterministic=False, seed=21,
+                                              action_mask=mask))[1]
+    again = _split(agent, agent.compute_action(obs, deterministic=False, seed=21,
+                                               action_mask=mask))[1]
+    np.testing.assert_array_equal(ours, again)
+    theirs = run_onnx(session, inputs, mask, memory)["discrete_actions"]
+    start = 0
+    for branch, size in enumerate(spec.discrete_branches):
+        mine = np.bincount(ours[:, branch], minlength=size) / 20_000
+        reference = np.bincount(theirs[:, branch], minlength=size) / 20_000
+        assert 0.5 * np.abs(mine - reference).sum() < 0.03
+        assert mine[~mask[0, start:start + size]].sum() == 0  # forbidden actions never drawn
+        start += size
+
+
+def test_pyramids_reference_values() -> None:
+    """The trained Pyramids policy's recorded deterministic actions (its README): rows of three
+    successive standard-normal draws per input from default_rng(0), all actions allowed."""
+    agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "pyramids_trained", device="cpu")
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(3):
+        obs = [rng.standard_normal((1, *i.shape)).astype(np.float32) for i in agent.spec.inputs]
+        rows.append(agent.compute_action(obs, action_mask=np.ones(5, bool)).tolist())
+    assert rows == [[[1]], [[3]], [[2]]]
+
+
+def test_shapes_and_types_of_each_kind() -> None:
+    root = mlagents_fixtures_dir()
+    hybrid = HuggyAgent.from_checkpoint(root / "hybrid", device="cpu")
+    obs = np.zeros(10, np.float32)
+    single = hybrid.compute_action(obs)
+    assert isinstance(single, Actions)
+    assert single.continuous.shape == (2,) and single.continuous.dtype == np.float32
+    assert single.discrete.shape == (1,) and single.discrete.dtype == np.int64
+    batch = hybrid.compute_action(np.zeros((4, 10), np.float32), deterministic=False, seed=1)
+    assert batch.continuous.shape == (4, 2) and batch.discrete.shape == (4, 1)
+    target = HuggyAgent.from_checkpoint(root / "discrete_multibranch", device="cpu")
+    actions = target.compute_action([np.zeros(27), np.zeros(12)])
+    assert actions.shape == (3,) and actions.dtype == np.int64
+    assert target.spec.discrete_branches == (3, 3, 2) and target.spec.mask_size == 8
+    assert [i.shape for i in target.spec.inputs] == [(27,), (12,)]
+
+
+@pytest.mark.parametrize(("mask", "message"), [
+    (np.ones(7, bool), "action_mask must have shape (8,) or (N, 8)"),
+    (np.ones((3, 8), bool), "action_mask has 3 rows, the observations 2"),
+    (np.array([1, 1, 1, 0, 0, 0, 1, 1]), "branch 1 (actions 3-5) allows no action in row 0"),
+    (np.full(8, 2), "action_mask must hold booleans or 0/1"),
+])
+def test_bad_masks_are_refused(mask: np.ndarray, message: str) -> None:
+    agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "discrete_multibranch",
+                                       device="cpu")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        agent.compute_action([np.zeros((2, 27)), np.zeros((2, 12))], action_mask=mask)
+
+
+@pytest.mark.parametrize(("path", "kwargs", "message"), [
+    ("hybrid", {"memory": np.zeros(32)}, "has no recurrent memory"),
+    ("lstm", {"memory": np.zeros(31)}, "memory must have shape (32,) or (N, 32)"),
+    ("lstm", {"memory": np.full(32, np.nan)}, "memory must be finite"),
+    ("lstm", {"action_mask": np.ones(2)}, "has no discrete actions: action_mask must be None"),
+])
+def test_bad_memory_and_masks_are_refused(path: str, kwargs: dict, message: str) -> None:
+    agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / path, device="cpu")
+    obs = np.zeros(agent.spec.inputs[0].shape, np.float32)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        agent.compute_action(obs, **kwargs)
+
+
+@pytest.mark.parametrize(("obs", "message"), [
+    ([np.zeros(27)], "expected 2 observation inputs (obs_0, obs_1), received 1"),
+    ([np.zeros(27), np.zeros(11)], "obs_1: observation shape mismatch: expected (12,) or (N, 12)"),
+    ([np.zeros((2, 27)), np.zeros((3, 12))], "inputs must have the same number of rows"),
+    (np.zeros(39), "expected 2 observation inputs (obs_0, obs_1)"),
+])
+def test_bad_multi_input_observations_are_refused(obs: object, message: str) -> None:
+    agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "discrete_multibranch",
+                                       device="cpu")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        agent.compute_action(obs)
+
+
+def test_pt_and_onnx_of_one_run_have_one_fingerprint() -> None:
+    for run in ("discrete_multibranch", "hybrid", "lstm", "visual_simple", "buffer_sensor"):
+        folder = mlagents_fixtures_dir() / run
+        (pt,) = folder.glob("*/*.pt")
+        assert HuggyAgent.from_checkpoint(pt, device="cpu").fingerprint == \
+            HuggyAgent.from_checkpoint(folder, device="cpu").fingerprint, run
+    fingerprints = {HuggyAgent.from_checkpoint(EXTRA_FIXTURES / run, device="cpu").fingerprint
+                    for run in ("sac_continuous", "sac_discrete", "poca_hybrid", "visual_match3")}
+    assert len(fingerprints) == 4
+
+
+def test_describe_counts_parameters_of_each_kind() -> None:
+    agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "visual_simple", device="cpu")
+    description = agent.describe()
+    counts = description["parameters"]
+    # simple encoder: conv 3->16 8x8 and 16->32 4x4, dense 128->64; body 72->64; mu 64->2
+    assert counts["encoders"] == (16 * 3 * 64 + 16) + (32 * 16 * 16 + 32) + (64 * 128 + 64)
+    assert counts["body"] == 64 * 72 + 64 and counts["heads"] == 2 * 64 + 2
+    assert counts["log_sigma"] == 2 and counts["normalizer"] == 16
+    assert description["spec"]["inputs"] == [
+        {"name": "obs_0", "shape": [3, 32, 32], "kind": "visual"},
+        {"name": "obs_1", "shape": [8], "kind": "vector"}]
