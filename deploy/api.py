@@ -168,7 +168,7 @@ def _exact_json(body: bytes) -> Any:
         raise ApiError(400, "malformed_json", f"request body is not valid JSON, {expected}; "
                        f"received {error}") from None
     except RecursionError:
-        raise ApiError(400, "malformed_json", f"request body is nested too deeply to read, "
+        raise ApiError(400, "malformed_json", "request body is nested too deeply to read, "
                        f"{expected} (3 levels); received arrays or objects nested deeper than "
                        "the parser's limit of about 1,000 levels") from None
 
@@ -178,7 +178,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(document) < len(pairs):
         keys = [key for key, _ in pairs]
         repeated = next(key for key in keys if keys.count(key) > 1)
-        raise ApiError(422, "invalid_request", f"each field may appear once in an object, "
+        raise ApiError(422, "invalid_request", "each field may appear once in an object, "
                        f"received {repeated!r} {keys.count(repeated)} times")
     return document
 
@@ -246,7 +246,7 @@ def _check_values(obs: list, single: bool, obs_size: int, expected: str) -> None
 
 
 def _describe(value: Any) -> str:
-    """`value` in JSON's words, short enough for a message."""
+    """`value`, as read from JSON, in JSON's words and short enough for a message."""
     if value is None or isinstance(value, bool):
         return json.dumps(value)
     if isinstance(value, int):
@@ -262,7 +262,7 @@ def _describe(value: Any) -> str:
         return f"the string {shown!r}"
     if isinstance(value, list):
         return "an empty list" if not value else f"a list of {len(value)}"
-    return f"an object with {len(value)} field(s)" if isinstance(value, dict) else type(value).__name__
+    return f"an object with {len(value)} field(s)"  # the only other type JSON gives
 
 
 def act_response(actions: np.ndarray, single: bool, fingerprint: str) -> bytes:

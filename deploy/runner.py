@@ -10,11 +10,13 @@ which the proxy and the replicas inherit them):
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
 
 The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
-running Serve instance that has another ingress.
+running Serve instance that has another ingress. `stop_serve` drains HAProxy before Serve's own
+shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -142,9 +144,84 @@ def _status_messages(status: object) -> str:
 
 
 def stop_serve(port: int) -> None:
-    """Shut Serve down on the connected cluster and remove the HAProxy files of `port`."""
+    """Shut Serve down on the connected cluster and remove the HAProxy files of `port`.
+
+    HAProxy on this machine is drained first (`drain_haproxy`): Serve's own shutdown kills it
+    outright, which would cut the requests in flight.
+    """
+    drain_haproxy(port)
     serve.shutdown()
     shutil.rmtree(haproxy_dir(port), ignore_errors=True)
+
+
+def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
+    """Soft-stop the HAProxy of HTTP port `port`; return when it has no request in flight, or
+    after `timeout_s`.
+
+    Soft stop (SIGUSR1): HAProxy closes its listening sockets at once, so new connections are
+    refused, answers the requests in flight, and closes each client connection after its next
+    answer. The requests in flight are counted (`show sess`) on an admin session opened before
+    the soft stop, which survives it. HAProxy is reached through its admin socket under
+    `haproxy_dir(port)`, so only a HAProxy on this machine; with none (another ingress, or the
+    head node elsewhere) this does nothing.
+    """
+    for path in haproxy_dir(port).glob("*/admin.sock"):
+        try:
+            with _HAProxyAdmin(path) as admin:
+                os.kill(admin.pid(), signal.SIGUSR1)
+                deadline = time.monotonic() + timeout_s
+                while admin.requests_in_flight() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        except OSError:  # a stale socket, or HAProxy gone: nothing in flight there
+            continue
+
+
+class _HAProxyAdmin:
+    """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command,
+    each ending with a prompt line)."""
+
+    def __init__(self, path: Path) -> None:
+        self._sock = socket.socket(socket.AF_UNIX)
+        self._sock.settimeout(5)
+        try:
+            self._sock.connect(str(path))
+            self._sock.sendall(b"prompt\n")
+            self._reply()
+        except OSError:
+            self._sock.close()
+            raise
+
+    def __enter__(self) -> _HAProxyAdmin:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._sock.close()
+
+    def command(self, text: str) -> str:
+        """HAProxy's reply to the CLI command `text`."""
+        self._sock.sendall(text.encode() + b"\n")
+        return self._reply()
+
+    def pid(self) -> int:
+        """HAProxy's process id (`show info`)."""
+        for line in self.command("show info").splitlines():
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+        raise ConnectionError("HAProxy's `show info` has no Pid line")
+
+    def requests_in_flight(self) -> int:
+        """Streams (one per request being handled) of any frontend but the CLI's own."""
+        return sum(line.startswith("0x") and " fe=GLOBAL " not in line
+                   for line in self.command("show sess").splitlines())
+
+    def _reply(self) -> str:
+        reply = b""
+        while not reply.endswith(b"\n> "):
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("HAProxy closed its admin session")
+            reply += chunk
+        return reply[:-3].decode(errors="replace")
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -184,10 +261,11 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     """Start (or join, with `address`) a cluster and serve until SIGTERM or SIGINT (Ctrl-C).
 
     Either signal, also one arriving while the app starts, prints "huggy serve: shutting down
-    (SIGTERM)" (or SIGINT), then Serve shuts down gracefully (requests in flight are answered)
+    (SIGTERM)" (or SIGINT), then `stop_serve` (HAProxy answers the requests in flight first)
     and the function returns 0. A cluster started here is stopped; a joined one is left running,
-    with Serve removed. Signals that arrive during the shutdown are ignored. Errors (for example
-    an app that fails to start) still raise, after the same shutdown. Call from the main thread.
+    with Serve removed. Errors (for example an app that fails to start) still raise, after the
+    same shutdown. Signals that arrive during the shutdown are ignored, and stay ignored after
+    the return: this is meant to end the process. Call from the main thread.
     """
     # "local": a new cluster even where `ray start` left one that a bare ray.init() would join
     ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False,

@@ -1,28 +1,47 @@
-"""`huggy serve` as a user runs it: a subprocess that joins the session cluster, serves the bundled
-policy over HTTP until SIGINT (Ctrl-C), then removes Serve and exits 0."""
+"""`huggy serve` as a user runs it: a subprocess that serves the bundled policy over HTTP until
+SIGTERM or SIGINT (Ctrl-C), then shuts down and exits 0. Joining the session cluster, it leaves
+that cluster running; on a cluster of its own, it leaves no process behind, also when started as a
+background job of a non-interactive shell (SIGINT ignored) and when requests are in flight."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 
 from deploy.client import RemoteAgent
 from huggy_agent import HuggyAgent
-from tests.conftest import REPO_ROOT, RayCluster, free_port
+from huggy_agent.numerics import FP32_ACTION_ATOL
+from tests.conftest import REPO_ROOT, RayCluster, _kill_processes_mentioning, _mentions, free_port
+
+# what a non-interactive shell does to a background job: SIGINT ignored (inherited through exec)
+IGNORING_SIGINT = ("bash", "-c", 'trap "" INT; exec "$@"', "bash")
 
 
-def huggy(*args: str, **kwargs: object) -> subprocess.Popen:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.Popen([sys.executable, "-m", "huggy_agent.cli", *args], cwd=REPO_ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            **kwargs)
+def huggy(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = (),
+          stdout: object = subprocess.PIPE, **kwargs: object) -> subprocess.Popen:
+    """`huggy ARGS` started through `wrapper`, with `env` added, stdout and stderr together."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           **(env or {})}
+    return subprocess.Popen([*wrapper, sys.executable, "-m", "huggy_agent.cli", *args],
+                            cwd=REPO_ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+                            text=True, **kwargs)
 
 
 def test_serve_arguments_are_checked_before_anything_starts(tmp_path) -> None:
@@ -65,7 +84,7 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
         with RemoteAgent(f"http://127.0.0.1:{port}") as remote:
             np.testing.assert_allclose(remote.compute_action(obs),
                                        HuggyAgent(device="cpu").compute_action(obs),
-                                       rtol=0, atol=1e-6)
+                                       rtol=0, atol=FP32_ACTION_ATOL)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=90) == 0, "".join(lines[-30:])
     finally:
@@ -73,8 +92,139 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     reader.join(timeout=10)
-    assert "shutting down" in "".join(lines)
+    assert "huggy serve: shutting down (SIGINT)\n" in lines
+    assert sum("policy served at" in line for line in lines) == 1
     assert not port_open(port)
     with pytest.raises(ValueError):  # Serve was removed from the joined cluster
         ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2  # the joined cluster still runs
+
+
+@dataclass
+class OwnServer:
+    """`huggy serve` on a Ray cluster of its own, with Ray's files under `temp_dir`."""
+
+    process: subprocess.Popen
+    port: int
+    temp_dir: Path
+    haproxy_dir: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def markers(self) -> tuple[str, ...]:
+        """What the command line or open files of each of its processes mention."""
+        return str(self.temp_dir), f"{self.haproxy_dir}/"
+
+    def leftovers(self) -> list[str]:
+        """Processes still alive (not zombies) that belong to this server: pid and command."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and any(_mentions(proc, marker) for marker in self.markers()):
+                try:
+                    if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                        found.append(f"{proc.name} {proc.joinpath('cmdline').read_bytes()[:150]!r}")
+                except OSError:
+                    pass
+        return found
+
+
+@contextmanager
+def own_server(wrapper: tuple[str, ...] = ()) -> Iterator[OwnServer]:
+    """Start `huggy serve` without --address, on a free port, with RAY_TMPDIR=/tmp/hs<8 hex>
+    (Ray's temp root: every process of its cluster names it) and its output in a log file there;
+    wait for the ready line. Whatever is left of it is killed on exit."""
+    from deploy.runner import haproxy_dir
+
+    temp_dir = Path(f"/tmp/hs{uuid.uuid4().hex[:8]}")
+    temp_dir.mkdir()
+    port = free_port()
+    log = temp_dir / "serve.log"
+    with log.open("w") as out:
+        process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
+                        env={"RAY_TMPDIR": str(temp_dir)}, wrapper=wrapper, stdout=out,
+                        start_new_session=True)
+    server = OwnServer(process, port, temp_dir, haproxy_dir(port), log)
+    try:
+        deadline = time.monotonic() + 150
+        while "served at" not in server.output():
+            assert process.poll() is None and time.monotonic() < deadline, (
+                "huggy serve did not come up:\n" + server.output()[-3000:])
+            time.sleep(0.2)
+        yield server
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        for marker in server.markers():
+            _kill_processes_mentioning(marker)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(server.haproxy_dir, ignore_errors=True)
+
+
+async def post_all(url: str, bodies: list[bytes],
+                   first_answer: threading.Event) -> list[tuple[float, int | str]]:
+    """POST every body to /v1/act at once: (time answered, HTTP status or the error's name)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async def post(body: bytes) -> tuple[float, int | str]:
+            try:
+                async with session.post(f"{url}/v1/act", data=body) as response:
+                    await response.read()
+                    outcome: int | str = response.status
+            except aiohttp.ClientError as error:
+                outcome = type(error).__name__
+            first_answer.set()
+            return time.monotonic(), outcome
+
+        return list(await asyncio.gather(*(post(body) for body in bodies)))
+
+
+@pytest.mark.parametrize("case", ["SIGTERM", "SIGINT", "SIGINT, ignored as in a background job"])
+def test_huggy_serve_on_its_own_cluster_stops_cleanly_on_a_signal(case: str) -> None:
+    """The signal arrives while 50 requests are in flight: those are answered with 200, then it
+    exits 0 within 30 s with one line for the shutdown and no traceback (a second signal during
+    the shutdown included), and no process of its cluster or its HAProxy is left."""
+    signum = signal.SIGTERM if case == "SIGTERM" else signal.SIGINT
+    wrapper = IGNORING_SIGINT if "ignored" in case else ()
+    if wrapper:  # the case is what it claims: what the wrapper starts has SIGINT ignored
+        ignored = subprocess.run([*wrapper, "grep", "SigIgn", "/proc/self/status"], check=True,
+                                 capture_output=True, text=True).stdout.split()[1]
+        assert int(ignored, 16) & 1 << (signal.SIGINT - 1)
+    with own_server(wrapper) as server:
+        obs = np.random.default_rng(6).standard_normal((256, 59)).astype(np.float32)
+        with RemoteAgent(server.url) as remote:
+            np.testing.assert_allclose(remote.compute_action(obs[:4]),
+                                       HuggyAgent(device="cpu").compute_action(obs[:4]),
+                                       rtol=0, atol=FP32_ACTION_ATOL)
+        first_answer = threading.Event()
+        answers: list[tuple[float, int | str]] = []
+        burst = threading.Thread(target=lambda: answers.extend(asyncio.run(post_all(
+            server.url, [json.dumps({"obs": obs.tolist()}).encode()] * 50, first_answer))))
+        burst.start()
+        assert first_answer.wait(60)
+        signalled = time.monotonic()
+        server.process.send_signal(signum)
+        time.sleep(0.5)
+        server.process.send_signal(signum)  # a second one, during the shutdown
+        assert server.process.wait(timeout=30) == 0, server.output()[-3000:]
+        burst.join(timeout=60)
+        deadline = time.monotonic() + 5
+        while (left := server.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        output = server.output()
+    assert not left, f"processes left behind: {left}"
+    assert not port_open(server.port)
+    # each request is answered, or refused before it is sent; none gets a 5xx or is cut off
+    assert len(answers) == 50
+    assert {outcome for _, outcome in answers} <= {200, "ClientConnectorError"}, answers
+    assert any(when > signalled and outcome == 200 for when, outcome in answers), (
+        "no request was in flight when the signal came")
+    assert output.count("huggy serve: policy served at") == 1, output
+    assert output.count("huggy serve: shutting down") == 1, output
+    assert f"huggy serve: shutting down ({signal.Signals(signum).name})\n" in output
+    assert "Traceback" not in output and "SIGTERM received" not in output, output

@@ -8,9 +8,10 @@ import argparse
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """Register `huggy serve`."""
     parser = subparsers.add_parser(
-        "serve", help="serve a policy over HTTP with Ray Serve until Ctrl-C",
+        "serve", help="serve a policy over HTTP with Ray Serve until Ctrl-C or SIGTERM",
         description="Serve a policy over HTTP (POST /v1/act, GET /v1/healthz, /v1/info, "
-                    "/v1/openapi.json) with Ray Serve and dynamic batching, until Ctrl-C.")
+                    "/v1/openapi.json) with Ray Serve and dynamic batching, until Ctrl-C or "
+                    "SIGTERM.")
     parser.add_argument("--policy", default=None,
                         help="a .onnx, an ML-Agents .pt or a results folder (default: bundled)")
     parser.add_argument("--accelerator", choices=("auto", "cpu", "gpu", "npu"), default="auto",
