@@ -19,7 +19,9 @@ import orjson
 import requests
 
 from deploy.api import ACT_PATH, HEALTH_PATH, INFO_PATH, SEED_LIMIT
-from huggy_agent.observations import as_observation_batch
+from huggy_agent.agent import Actions
+from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
+from huggy_agent.spec import ActorSpec
 
 RETRIED_STATUS = (502, 503, 504)
 
@@ -60,29 +62,40 @@ class RemoteAgent:
         self.backoff = backoff
         self._session = requests.Session()
         info = self.describe()
-        self.obs_size: int = info["architecture"]["obs_size"]
-        self.act_size: int = info["architecture"]["act_size"]
+        self.spec: ActorSpec = ActorSpec.from_dict(info["spec"])
         self.fingerprint: str = info["fingerprint"]
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
-                       row_offset: int = 0) -> np.ndarray:
-        """Actions for `obs`: (obs,) -> (act,), (N, obs) -> (N, act), float32 numpy.
-
-        Same contract as `HuggyAgent.compute_action`: ValueError on a wrong shape or a
-        non-finite value (checked before sending); with `seed`, row i gets the noise of row
-        `row_offset + i` of stream `seed`, so the answer does not depend on the server's batching.
+                       row_offset: int = 0, action_mask: Any = None, memory: Any = None) -> Any:
+        """Actions for `obs`, with the contract and return types of `HuggyAgent.compute_action`
+        (one array or a list of inputs; an action mask; a recurrent policy's memory, returning
+        (actions, memory)). ValueError on a wrong shape or value, checked before sending; with
+        `seed`, row i gets the noise of row `row_offset + i` of stream `seed`, so the answer does
+        not depend on the server's batching.
         """
-        batch, single = as_observation_batch(obs, self.obs_size)
+        spec = self.spec
+        inputs, _ = as_input_batches(obs, spec)
+        rows = len(inputs[0])
         if seed is not None and not 0 <= seed < SEED_LIMIT:
             raise ValueError(f"seed must be an integer in [0, 2**64), got {seed}")
-        payload: dict[str, Any] = {"obs": batch, "deterministic": bool(deterministic),
+        payload: dict[str, Any] = {"inputs": {i.name: array for i, array in
+                                              zip(spec.inputs, inputs, strict=True)},
+                                   "deterministic": bool(deterministic),
                                    "seed": None if seed is None else int(seed)}
+        if len(spec.inputs) == 1:
+            payload["obs"] = payload.pop("inputs")[spec.inputs[0].name]
+        mask = as_mask_batch(action_mask, spec, rows)
+        if mask is not None:
+            payload["action_mask"] = mask
+        if spec.memory_size and memory is not None:
+            payload["memory"] = as_memory_batch(memory, spec, rows)
+        elif memory is not None:
+            as_memory_batch(memory, spec, rows)  # raises: no memory here
         if row_offset:
             payload["row_offset"] = int(row_offset)
         answer = self._request("POST", ACT_PATH,
                                orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
-        actions = np.asarray(answer["actions"], dtype=np.float32)
-        return actions[0] if single else actions
+        return _actions(answer, spec)
 
     def describe(self) -> dict:
         """The server's `/v1/info`: the policy's description, batching settings and counters."""
@@ -122,6 +135,21 @@ class RemoteAgent:
             return _decode(method, self.url + path, response)
         raise RemoteServerError(f"{method} {self.url}{path} failed after {self.retries + 1} "
                                 f"attempt(s): {failure}") from failure
+
+
+def _actions(answer: dict, spec: ActorSpec) -> Any:
+    """A `/v1/act` answer (already in the rank of the request) as `HuggyAgent.compute_action`
+    returns it."""
+    continuous = discrete = None
+    if spec.continuous_size:
+        continuous = np.asarray(answer["continuous"], dtype=np.float32)
+    if spec.discrete_branches:
+        discrete = np.asarray(answer["discrete"], dtype=np.int64)
+    actions = (Actions(continuous, discrete) if continuous is not None and discrete is not None
+               else continuous if continuous is not None else discrete)
+    if not spec.memory_size:
+        return actions
+    return actions, np.asarray(answer["memory"], dtype=np.float32)
 
 
 def _decode(method: str, url: str, response: requests.Response) -> dict:

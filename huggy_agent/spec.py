@@ -73,6 +73,13 @@ class ActorSpec:
             return "hybrid"
         return "continuous" if self.continuous_size else "discrete"
 
+    @classmethod
+    def from_dict(cls, data: dict) -> ActorSpec:
+        """The spec that `as_dict()` described (for example in a server's `/v1/info`)."""
+        return cls(tuple(ObservationInput(i["name"], tuple(i["shape"]), i["kind"])
+                         for i in data["inputs"]), data["continuous_size"],
+                   tuple(data["discrete_branches"]), data["memory_size"])
+
     def as_dict(self) -> dict:
         """JSON-ready."""
         return {"inputs": [i.as_dict() for i in self.inputs], "action_kind": self.kind,

@@ -20,10 +20,12 @@ from deploy.client import RemoteAgent, RemoteServerError
 from deploy.placement import plan_placement, resolve_accelerator
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from huggy_agent.spec import ActorSpec, ObservationInput
 from tests.conftest import REPO_ROOT, RayCluster, free_port
 
 OBS = 59
 ROW = [0.5] * OBS
+SPEC = ActorSpec((ObservationInput("obs_0", (OBS,), "vector"),), continuous_size=21)
 
 
 def body(document: object) -> bytes:
@@ -32,11 +34,11 @@ def body(document: object) -> bytes:
 
 def test_parse_single_and_batch_keep_rank_and_values() -> None:
     rows = np.random.default_rng(0).standard_normal((3, OBS)).astype(np.float32)
-    batch = parse_act_request(body({"obs": rows.tolist(), "seed": 7}), OBS, 8)
+    batch = parse_act_request(body({"obs": rows.tolist(), "seed": 7}), SPEC, 8)
     assert batch.obs.dtype == np.float32 and not batch.single
     np.testing.assert_array_equal(batch.obs, rows)  # float32 -> JSON -> float32 is exact
     assert (batch.deterministic, batch.seed, batch.row_offset) == (True, 7, 0)
-    single = parse_act_request(body({"obs": ROW, "deterministic": False, "row_offset": 5}), OBS, 8)
+    single = parse_act_request(body({"obs": ROW, "deterministic": False, "row_offset": 5}), SPEC, 8)
     assert single.single and single.obs.shape == (1, OBS)
     assert (single.deterministic, single.seed, single.row_offset) == (False, None, 5)
 
@@ -48,7 +50,7 @@ def test_both_readings_of_a_body_give_the_same_request() -> None:
                "12345678901234567890123"] + ["0.25"] * (OBS - 8)
     rows = "[" + ", ".join(numbers) + "], [" + ", ".join(reversed(numbers)) + "]"
     plain = f'{{"obs": [{rows}], "deterministic": false, "seed": null, "row_offset": 3}}'
-    parsed = [parse_act_request(text.encode(), OBS, 8)
+    parsed = [parse_act_request(text.encode(), SPEC, 8)
               for text in (plain, plain.replace('"obs"', '"o\\u0062s"'))]
     for request in parsed:
         assert (request.single, request.deterministic, request.seed, request.row_offset) == (
@@ -117,7 +119,7 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
      f"request body is not valid JSON, {EXPECTED_BODY}; received Unexpected UTF-8 BOM"),
     # nesting
     ("deep-500", nested(500), 422, "invalid_request",
-     "request body must be a JSON object with an 'obs' field, received a list of 1"),
+     "request body must be a JSON object with an 'obs' or 'inputs' field, received a list of 1"),
     ("deep-5000", nested(5000), 400, "malformed_json", TOO_DEEP),
     ("deep-objects-5000", b'{"obs": ' * 5000 + b"1" + b"}" * 5000, 400, "malformed_json",
      TOO_DEEP),
@@ -172,20 +174,23 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
     ("surrogate-in-obs", single_with(b'"\\udc00"'), 422, "invalid_value",
      f"{NOT_NUMBERS} the string '\\udc00' at row 0, column 0"),
     ("surrogate-key", b'{"obs": [0.5], "\\ud800": 1}', 422, "invalid_request",
-     "unknown field(s) ['\\ud800']; expected only ['obs', 'deterministic', 'seed', 'row_offset']"),
+     "unknown field(s) ['\\ud800']; expected only ['obs', 'inputs', 'action_mask', 'memory', "
+     "'deterministic', 'seed', 'row_offset']"),
     # fields
     ("duplicate-obs", b'{"obs": [1], "obs": [' + ROW_TEXT.encode() + b"]}", 422, "invalid_request",
      "each field may appear once in an object, received 'obs' 2 times"),
     ("duplicate-seed", with_field("seed", b'1, "seed": 2, "seed": 3'), 422, "invalid_request",
      "each field may appear once in an object, received 'seed' 3 times"),
     ("top-level-list", body([1, 2]), 422, "invalid_request",
-     "request body must be a JSON object with an 'obs' field, received a list of 2"),
+     "request body must be a JSON object with an 'obs' or 'inputs' field, received a list of 2"),
     ("top-level-null", b"null", 422, "invalid_request",
-     "request body must be a JSON object with an 'obs' field, received null"),
+     "request body must be a JSON object with an 'obs' or 'inputs' field, received null"),
     ("unknown-field", body({"ob": ROW}), 422, "invalid_request",
-     "unknown field(s) ['ob']; expected only ['obs', 'deterministic', 'seed', 'row_offset']"),
+     "unknown field(s) ['ob']; expected only ['obs', 'inputs', 'action_mask', 'memory', "
+     "'deterministic', 'seed', 'row_offset']"),
     ("missing-obs", body({"deterministic": True}), 422, "invalid_request",
-     f"missing field 'obs': {EXPECTED_OBS}"),
+     "give exactly one of 'obs' and 'inputs', received neither: expected 'obs' (its one input, "
+     "(59,)) or 'inputs' {obs_0}"),
     ("deterministic-string", body({"obs": ROW, "deterministic": "yes"}), 422, "invalid_request",
      "'deterministic' must be true or false, received the string 'yes'"),
     ("deterministic-1", body({"obs": ROW, "deterministic": 1}), 422, "invalid_request",
@@ -230,7 +235,7 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
 def test_hostile_bodies_get_their_4xx_and_message(raw: bytes, status: int, kind: str,
                                                   message: str) -> None:
     with pytest.raises(ApiError, match="^" + re.escape(message)) as caught:
-        parse_act_request(raw, OBS, MAX_ROWS)
+        parse_act_request(raw, SPEC, MAX_ROWS)
     error = caught.value
     assert (error.status, error.kind) == (status, kind)
     assert json.loads(error.body()) == {"error": kind, "message": error.message}
@@ -252,11 +257,15 @@ def refused_route(path: str, method: str) -> ApiError:
 
 def test_act_response_is_exact_and_keeps_rank() -> None:
     actions = np.random.default_rng(1).uniform(-1, 1, (2, 21)).astype(np.float32)
-    batch = json.loads(act_response(actions, False, "abc"))
+    batch = json.loads(act_response({"continuous": actions}, False, "abc"))
     assert batch["model"] == "abc"
-    np.testing.assert_array_equal(np.asarray(batch["actions"], dtype=np.float32), actions)
-    single = json.loads(act_response(actions[:1], True, "abc"))
-    assert np.asarray(single["actions"]).shape == (21,)
+    np.testing.assert_array_equal(np.asarray(batch["continuous"], dtype=np.float32), actions)
+    assert batch["actions"] == batch["continuous"]  # continuous-only: the name clients know
+    single = json.loads(act_response({"continuous": actions[:1]}, True, "abc"))
+    assert np.asarray(single["continuous"]).shape == (21,)
+    hybrid = json.loads(act_response({"continuous": actions, "discrete": np.array([[2], [0]])},
+                                     False, "abc"))
+    assert hybrid["discrete"] == [[2], [0]] and "actions" not in hybrid
 
 
 def test_batch_settings_validation() -> None:
@@ -369,7 +378,7 @@ def test_hostile_bodies_over_http_get_their_4xx_and_the_server_stays_healthy(
     with requests.Session() as session:
         for name, raw, status, kind, _ in HOSTILE:
             with pytest.raises(ApiError) as local:
-                parse_act_request(raw, OBS, MAX_ROWS)
+                parse_act_request(raw, SPEC, MAX_ROWS)
             expected[name] = (status, {"error": kind, "message": local.value.message})
             response = session.post(f"{served_url}/v1/act", data=raw, timeout=60)
             try:

@@ -108,12 +108,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _agent_spec_line(info: dict) -> str:
-    from huggy_agent.spec import ActorSpec, ObservationInput
+    from huggy_agent.spec import ActorSpec
 
-    spec = info["spec"]
-    return ActorSpec(tuple(ObservationInput(i["name"], tuple(i["shape"]), i["kind"])
-                           for i in spec["inputs"]), spec["continuous_size"],
-                     tuple(spec["discrete_branches"]), spec["memory_size"]).describe()
+    return ActorSpec.from_dict(info["spec"]).describe()
 
 
 def cmd_act(args: argparse.Namespace) -> int:
