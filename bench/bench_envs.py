@@ -1,44 +1,166 @@
-"""Benchmark of the env stack: the stand-in's own simulation, and the full decision loop
-(stand-in over gRPC -> mlagents-envs -> HuggyVectorEnv -> HuggyAgent.compute_action).
+"""Benchmark of the env stack: the stand-in's own work, mlagents-envs' per-step functions, and
+the full decision loop (stand-in over gRPC -> mlagents-envs -> HuggyVectorEnv ->
+HuggyAgent.compute_action) with one Unity instance or several (`HuggyVectorEnv(instances=K)`).
 
-Prints, from one run: the simulation rate (agent-steps/s, no gRPC), the full loop's
-agent-decisions/s with 18 agents, where each step's time goes (policy / Python-side protobuf +
-mlagents-envs + Gymnasium / waiting on the stand-in: its simulation, its protobuf and gRPC), and
-the same loop with mlagents-envs' original code paths (`compat.set_fast_paths(False)`) as the
-baseline. Bounded: every phase stops after its step count or `--seconds`, whichever comes first.
+Every loop phase runs in a fresh child process, its rounds interleaved with the other phases'
+(the fastest round is reported: other processes on the machine only ever slow a phase down):
+- "K instances" for each K of `--instances`, with the bundled policy;
+- "1 instance, mlagents-envs' own paths" (`compat.set_fast_paths(False)`);
+- with `--baseline DIR` (a folder holding an older copy of `envs/`, e.g. made with
+  `cp -r envs /tmp/old/`), "baseline, 1 instance": that code, with this checkout's policy.
 
-    .venv/bin/python bench/bench_envs.py [--steps 1000] [--seconds 20]
+It prints agent-decisions/s per phase and the ratios the targets name; where one instance's
+step goes (policy; the vector env's own Python; mlagents-envs and protobuf in the caller's
+process; waiting, split into the stand-in's own work, measured apart, and the rest: gRPC,
+transport, threads), for this code and the baseline; and the memory each extra instance costs
+(its worker and its Unity process: RSS, and PSS from /proc/PID/smaps_rollup).
+
+    .venv/bin/python bench/bench_envs.py [--instances 1,2] [--baseline DIR] [--steps 1000]
+        [--seconds 20] [--rounds 3] [--device cpu] [--torch-threads 1]
+    .venv/bin/python bench/bench_envs.py --instances 1,8 --device cuda    # the 16-core GPU host
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-@dataclass
-class LoopTimes:
-    steps: int
-    total: float
-    policy: float
-    env_step: float
-    waiting: float
-
-    @property
-    def per_step_ms(self) -> float:
-        return 1000 * self.total / self.steps
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# -- in a child process -----------------------------------------------------------------------
+
+
+def _memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) in MB of process `pid`, from /proc/PID/smaps_rollup."""
+    values = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Pss"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values["Rss"], values["Pss"]
+
+
+def _standin_work(steps: int) -> float:
+    """Seconds per step of the stand-in's own work with 18 agents (no gRPC): reading the
+    actions from the input message, the simulation, encoding the observations."""
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    from envs import compat
+    from envs.standin.client import BEHAVIOR, StandIn
+
+    standin = StandIn(io.StringIO())
+    standin.reset(0)
+    rng = np.random.default_rng(0)
+    inputs = []
+    for _ in range(min(steps, 500)):
+        message = UnityMessageProto()
+        message.unity_input.rl_input.agent_actions[BEHAVIOR].MergeFromString(
+            compat.encode_agent_actions(rng.uniform(-1, 1, (18, 21)).astype(np.float32)))
+        inputs.append(UnityMessageProto.FromString(message.SerializeToString()))
+    start = time.perf_counter()
+    for k in range(steps):
+        rl_input = inputs[k % len(inputs)].unity_input.rl_input
+        standin.step(standin.actions_from(rl_input))
+    return (time.perf_counter() - start) / steps
+
+
+def _timed(totals: dict[str, float], key: str, function: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - start
+    return wrapper
+
+
+def _instrument(env: Any, totals: dict[str, float]) -> None:
+    """Count time waiting (on the stand-in, or on the workers) and time inside mlagents-envs,
+    for this code and for the baseline's (which kept its UnityEnvironment in `env._unity`)."""
+    if getattr(env, "instances", 1) > 1:
+        env._instances._collect = _timed(totals, "wait", env._instances._collect)
+        return
+    unity = env._unity if hasattr(env, "_unity") else env._instances.instance._unity
+    connection = unity._communicator.unity_to_external.parent_conn
+    connection.poll = _timed(totals, "wait", connection.poll)
+    connection.recv = _timed(totals, "wait", connection.recv)
+    from envs import compat
+
+    if hasattr(compat, "lean_step"):
+        compat.lean_step = _timed(totals, "mlagents", compat.lean_step)
+    for name in ("set_actions", "step", "get_steps"):
+        setattr(unity, name, _timed(totals, "mlagents", getattr(unity, name)))
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one loop phase in this process and return its measurements."""
+    sys.path[:0] = [spec["root"], str(REPO)]  # `envs` from root, the policy from this checkout
+    import torch
+
+    import envs
+    from envs import compat
+    from huggy_agent import HuggyAgent
+
+    torch.set_num_threads(spec["torch_threads"])
+    agent = HuggyAgent(device=spec["device"])
+    compat.set_fast_paths(spec["fast_paths"])
+    kwargs = {"instances": spec["instances"]} if spec["instances"] > 1 else {}
+    env = envs.HuggyVectorEnv(base_port=_free_port(), seed=0, **kwargs)
+    totals = {"wait": 0.0, "mlagents": 0.0}
+    try:
+        _instrument(env, totals)
+        obs, _ = env.reset(seed=0)
+        for _ in range(20):  # warm-up
+            obs, *_ = env.step(agent.compute_action(obs))
+        totals.update(wait=0.0, mlagents=0.0)
+        policy = stepping = 0.0
+        deadline = time.perf_counter() + spec["seconds"]
+        start, steps = time.perf_counter(), 0
+        while steps < spec["steps"] and time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            actions = agent.compute_action(obs)
+            t1 = time.perf_counter()
+            obs, *_ = env.step(actions)
+            policy += t1 - t0
+            stepping += time.perf_counter() - t1
+            steps += 1
+        total = time.perf_counter() - start
+        memory = {}
+        if spec["instances"] > 1:
+            memory = {"instances": [[*_memory_mb(worker), *_memory_mb(unity)] for worker, unity
+                                    in zip(env.worker_process_ids, env.process_ids, strict=True)]}
+        else:
+            memory = {"unity": _memory_mb(env.process_id)}
+        agents = env.num_envs
+    finally:
+        env.close()
+    ms = 1000 / steps
+    return {"rate": agents * steps / total, "agents": agents, "steps": steps,
+            "step_ms": total * ms, "policy_ms": policy * ms, "env_ms": stepping * ms,
+            "wait_ms": totals["wait"] * ms, "mlagents_ms": totals["mlagents"] * ms,
+            "standin_ms": (1000 * min(_standin_work(200) for _ in range(3))
+                           if spec["instances"] == 1 else None),
+            "memory": memory}
+
+
+# -- in the parent ----------------------------------------------------------------------------
 
 
 def bench_sim(steps: int, seconds: float) -> tuple[float, float]:
@@ -106,113 +228,109 @@ def bench_mlagents_paths(repeats: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def bench_loop(agent: object | None, steps: int, seconds: float, fast: bool) -> LoopTimes:
-    """The full loop for `steps` decisions (agent None: zero actions, no policy)."""
-    from envs import HuggyVectorEnv, compat
-
-    compat.set_fast_paths(fast)  # for the whole phase: two of the three are looked up per step
-    try:
-        return _measure_loop(HuggyVectorEnv(base_port=_free_port(), seed=0), agent, steps,
-                             seconds)
-    finally:
-        compat.set_fast_paths(True)
+def run_phase(spec: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"phase {spec} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _measure_loop(env: Any, agent: Any, steps: int, seconds: float) -> LoopTimes:
-    """Time `steps` decisions of `env` driven by `agent` (None: zero actions)."""
-    waiting = 0.0
-    conn = env._unity._communicator.unity_to_external.parent_conn
-    poll, recv = conn.poll, conn.recv
-
-    def timed(method):  # noqa: ANN001, ANN202 - thin wrapper measuring the wait for Unity
-        def wrapper(*args):  # noqa: ANN002, ANN202
-            nonlocal waiting
-            start = time.perf_counter()
-            try:
-                return method(*args)
-            finally:
-                waiting += time.perf_counter() - start
-        return wrapper
-
-    conn.poll, conn.recv = timed(poll), timed(recv)
-    try:
-        obs, _ = env.reset(seed=0)
-        zeros = np.zeros((env.num_envs, 21), np.float32)
-        for _ in range(20):  # warm-up
-            obs, *_ = env.step(zeros if agent is None else agent.compute_action(obs))
-        waiting = policy = env_step = 0.0
-        deadline = time.perf_counter() + seconds
-        start, done = time.perf_counter(), 0
-        while done < steps and time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            actions = zeros if agent is None else agent.compute_action(obs)
-            t1 = time.perf_counter()
-            obs, *_ = env.step(actions)
-            t2 = time.perf_counter()
-            policy += t1 - t0
-            env_step += t2 - t1
-            done += 1
-        return LoopTimes(done, time.perf_counter() - start, policy, env_step, waiting)
-    finally:
-        env.close()
+def _split_row(name: str, r: dict[str, Any]) -> tuple:
+    """(name, step, policy, vector env, mlagents-envs + protobuf, waiting, stand-in's work,
+    gRPC + transport) in ms: the vector env's own time is env.step outside mlagents-envs (and
+    outside `compat.lean_step`, which stands in for it), waiting is inside mlagents-envs."""
+    return (name, r["step_ms"], r["policy_ms"], r["env_ms"] - r["mlagents_ms"],
+            r["mlagents_ms"] - r["wait_ms"], r["wait_ms"], r["standin_ms"],
+            r["wait_ms"] - r["standin_ms"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", default="1,2",
+                        help="comma-separated instance counts to run (default 1,2)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a folder holding an older copy of envs/ to run beside this one")
     parser.add_argument("--steps", type=int, default=1000, help="decisions per loop phase")
     parser.add_argument("--seconds", type=float, default=20.0, help="time cap per phase")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="interleaved repetitions; the fastest of each phase is reported, "
-                             "since other processes on the machine only ever slow a phase down")
+                        help="interleaved repetitions; the fastest of each phase is reported")
+    parser.add_argument("--device", default="cpu", help="the policy's device (default cpu)")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch threads of the policy (default 1: on a small machine more "
+                             "threads spin against the environment processes)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
 
     import envs  # noqa: F401
-    from huggy_agent import HuggyAgent
     from huggy_agent.tables import format_table
 
-    agent = HuggyAgent(device="cpu")
-    sim_rate, standin_rate = max(bench_sim(args.steps, args.seconds) for _ in range(args.rounds))
-    sim_ms = 1000 * 18 / standin_rate
-    configs = {
-        "env only, original mlagents paths": (None, False),
-        "env only, fast paths": (None, True),
-        "full loop, original mlagents paths": (agent, False),
-        "full loop, fast paths": (agent, True),
-    }
-    phases: dict[str, LoopTimes] = {}
+    counts = [int(k) for k in args.instances.split(",")]
+    common = {"steps": args.steps, "seconds": args.seconds, "device": args.device,
+              "torch_threads": args.torch_threads, "root": str(REPO), "fast_paths": True}
+    phases: dict[str, dict[str, Any]] = {
+        f"{k} instance{'s' * (k > 1)}": {**common, "instances": k} for k in counts}
+    phases["1 instance, mlagents-envs' own paths"] = {**common, "instances": 1,
+                                                      "fast_paths": False}
+    if args.baseline is not None:
+        if not (args.baseline / "envs" / "__init__.py").is_file():
+            raise SystemExit(f"--baseline: no envs/ package in {args.baseline}")
+        phases["baseline, 1 instance"] = {**common, "instances": 1,
+                                          "root": str(args.baseline.resolve())}
+    best: dict[str, dict[str, Any]] = {}
     for _ in range(args.rounds):
-        for name, (policy, fast_paths) in configs.items():
-            t = bench_loop(policy, args.steps, args.seconds, fast_paths)
-            if name not in phases or t.per_step_ms < phases[name].per_step_ms:
-                phases[name] = t
-    print(format_table(["stand-in simulation (18 agents, no gRPC)", "agent-steps/s"], [
-        ("HuggySim.step", sim_rate),
-        ("HuggySim.step + wire encoding", standin_rate),
-    ]))
+        for name, spec in phases.items():
+            result = run_phase(spec)
+            if name not in best or result["rate"] > best[name]["rate"]:
+                best[name] = result
+
+    sim_rate, standin_rate = max(bench_sim(args.steps, args.seconds) for _ in range(args.rounds))
+    print(format_table(["stand-in alone (18 agents, no gRPC)", "agent-steps/s"], [
+        ("HuggySim.step", sim_rate), ("HuggySim.step + wire encoding", standin_rate)]))
     print()
     paths = bench_mlagents_paths(max(100, args.steps // 2))
     print(format_table(["mlagents-envs per step (18 agents)", "original us", "fast us", "speed-up"],
                        [(name, o, f, f"{o / f:.1f}x") for name, (o, f) in paths.items()]))
     print()
+    one = best.get("1 instance")
+    base = best.get("baseline, 1 instance")
     rows = []
-    for name, t in phases.items():
-        python_side = t.env_step - t.waiting
-        rows.append((name, 18 * t.steps / t.total, t.per_step_ms,
-                     f"{100 * t.policy / t.total:.0f}%", f"{100 * python_side / t.total:.0f}%",
-                     f"{100 * t.waiting / t.total:.0f}%"))
-    print(format_table(["loop (18 agents)", "agent-decisions/s", "ms/step", "policy",
-                        "protobuf+mlagents+gym", "waiting on stand-in"], rows))
-    fast, slow = phases["full loop, fast paths"], phases["full loop, original mlagents paths"]
-    env_fast, env_slow = phases["env only, fast paths"], phases["env only, original mlagents paths"]
-    full = fast.per_step_ms
-    overhead = full - 1000 * fast.policy / fast.steps - sim_ms
+    for name, r in best.items():
+        rows.append((name, r["agents"], r["rate"], r["step_ms"], r["policy_ms"],
+                     r["env_ms"] - r["wait_ms"], r["wait_ms"],
+                     f"{r['rate'] / one['rate']:.2f}x" if one else "",
+                     f"{r['rate'] / base['rate']:.2f}x" if base else ""))
+    print(format_table(["loop, bundled policy", "slots", "agent-decisions/s", "ms/step",
+                        "policy ms", "env Python ms", "waiting ms", "vs 1 instance",
+                        "vs baseline"], rows))
     print()
-    print(f"fast paths vs original, env only: {env_slow.per_step_ms / env_fast.per_step_ms:.2f}x;"
-          f" full loop: {slow.per_step_ms / fast.per_step_ms:.2f}x")
-    print(f"full loop step {full:.2f} ms = policy {1000 * fast.policy / fast.steps:.2f} ms"
-          f" + stand-in sim+encode {sim_ms:.2f} ms + gRPC/protobuf/Gymnasium {overhead:.2f} ms"
-          f" ({100 * overhead / full:.0f}% of the step)")
-    print(f"target 20,000 agent-decisions/s: measured {18 * fast.steps / fast.total:,.0f}")
+    split = [_split_row(name, r) for name, r in best.items()
+             if r["standin_ms"] is not None and name != "1 instance, mlagents-envs' own paths"]
+    print("Where one instance's step goes (ms; waiting = stand-in's own work + gRPC/transport):")
+    print(format_table(["one instance", "step", "policy", "vector env (ours)",
+                        "mlagents-envs+protobuf", "waiting", "stand-in work", "gRPC+transport"],
+                       split))
+    memories = [m for r in best.values() for m in r["memory"].get("instances", [])]
+    if memories:
+        rss = [worker + unity for worker, _, unity, _ in memories]
+        pss = [worker + unity for _, worker, _, unity in memories]
+        print()
+        print(f"memory per extra instance (worker + its Unity process): RSS {np.mean(rss):.1f} MB "
+              f"(max {max(rss):.1f}), PSS {np.mean(pss):.1f} MB (max {max(pss):.1f}); target "
+              "<= 150 MB")
+    print()
+    if one and "2 instances" in best:
+        print(f"2 instances vs 1: {best['2 instances']['rate'] / one['rate']:.2f}x "
+              "(target >= 1.5x on 2 cores)")
+    if one and base:
+        print(f"1 instance vs baseline: {one['rate'] / base['rate']:.2f}x (target >= 1.2x)")
+    if "8 instances" in best:
+        print(f"8 instances: {best['8 instances']['rate']:,.0f} agent-decisions/s "
+              "(target >= 40,000 on the 16-core GPU host)")
+    print(f"cores: {os.cpu_count()}, policy on {args.device}, torch threads {args.torch_threads}")
 
 
 if __name__ == "__main__":

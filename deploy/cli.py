@@ -32,7 +32,8 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
             "Evaluate each POLICY (a .pt checkpoint, an .onnx file, or an ML-Agents results "
             "folder: every checkpoint in it, by step) on the Huggy environment with Ray runners. "
             "Item i of every policy runs with seed S+i (--seed S), so the numbers do not depend on "
-            "--runners. Writes evaluation.csv, evaluation.json and learning_curve.png to --out."),
+            "--runners or --instances-per-runner. Writes evaluation.csv, evaluation.json and "
+            "learning_curve.png to --out."),
     )
     parser.add_argument("policies", nargs="*", metavar="POLICY",
                         help="checkpoint, ONNX file or results folder (omit with --policy-url)")
@@ -45,6 +46,9 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
                              "the agent slots by per-slot quotas (default 18)")
     parser.add_argument("--runners", metavar="K", type=_positive_int, default=1,
                         help="Ray runners, each with its own environment (default 1)")
+    parser.add_argument("--instances-per-runner", metavar="K", type=_positive_int, default=1,
+                        help="Unity processes per runner, each running one work item at a time "
+                             "(items, seeds and numbers do not depend on K; default 1)")
     parser.add_argument("--address", metavar="ADDRESS", default=None,
                         help="Ray cluster to use: 'auto', HOST:PORT or ray://HOST:PORT "
                              "(default: $RAY_ADDRESS, else a cluster started with `ray start` "
@@ -97,7 +101,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
     env = EnvSpec(file_name=None if args.env == "builtin" else args.env,
                   num_agents=args.num_agents, max_steps=args.max_steps,
-                  parameters=dict(args.env_param))
+                  parameters=dict(args.env_param), instances=args.instances_per_runner)
     config = EvalConfig(episodes=args.episodes, episodes_per_item=args.episodes_per_item,
                         seed=args.seed, stochastic=args.stochastic, runners=args.runners,
                         accelerator=args.accelerator, precision=args.precision,

@@ -2,7 +2,9 @@
 
 Importing `envs` makes mlagents-envs 1.1.0 work on the installed protobuf/numpy (see
 `envs.compat`) and registers the Gymnasium id `huggy_agent/Huggy-v0`. Everything that speaks to
-Unity lives in this package; mlagents-envs is imported nowhere else.
+Unity lives in this package; mlagents-envs is imported nowhere else. `HuggyVectorEnv` drives one
+Unity process in this process (`envs.instance`), or several, each from a worker process
+(`envs.workers`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,19 @@ from envs import compat
 
 compat.apply()
 
+from envs.instance import instance_seed  # noqa: E402
 from envs.registration import register_envs  # noqa: E402
-from envs.rollout import EpisodeResult, RolloutInterrupted, RolloutResult, rollout  # noqa: E402
+from envs.rollout import (  # noqa: E402
+    EpisodeResult,
+    RolloutInterrupted,
+    RolloutResult,
+    rollout,
+    rollout_per_instance,
+)
 from envs.single_env import HuggyEnv  # noqa: E402
 from envs.standin.launcher import builtin_huggy_path  # noqa: E402
 from envs.vector_env import HuggyVectorEnv  # noqa: E402
+from envs.workers import InstanceError  # noqa: E402
 
 register_envs()
 
@@ -23,8 +33,11 @@ __all__ = [
     "EpisodeResult",
     "HuggyEnv",
     "HuggyVectorEnv",
+    "InstanceError",
     "RolloutInterrupted",
     "RolloutResult",
     "builtin_huggy_path",
+    "instance_seed",
     "rollout",
+    "rollout_per_instance",
 ]

@@ -18,6 +18,17 @@ def env_parameter(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}") from None
 
 
+def positive_int(text: str) -> int:
+    """A whole number >= 1, for options such as `--instances`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def add_env_parameter_option(parser: argparse.ArgumentParser) -> None:
     """`--env-param KEY=VALUE` (repeatable), collected into `args.env_param` as a list."""
     parser.add_argument("--env-param", metavar="KEY=VALUE", type=env_parameter, action="append",
@@ -55,8 +66,12 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="write one JSON line per episode to this .jsonl file")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda[:N] or npu[:N]")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
+    parser.add_argument("--instances", metavar="K", type=positive_int, default=1,
+                        help="Unity processes stepped together, each from its own worker "
+                             "process; slots are their agents concatenated (default 1)")
     parser.add_argument("--worker-id", type=int, default=0,
-                        help="port offset from the base port (busy ports move on)")
+                        help="port offset from the base port (busy ports move on; instance i "
+                             "starts at worker id + i)")
     parser.add_argument("--base-port", type=int, default=None,
                         help="first gRPC port (default ML-Agents' 5005)")
     parser.add_argument("--timeout-wait", type=int, default=60,

@@ -1,4 +1,4 @@
-"""The work behind `huggy rollout` (its parser lives in huggy_agent/cli/env_commands.py)."""
+"""The work behind `huggy rollout` (its parser lives in envs/cli.py)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     agent = load_agent(args)
     file_name = None if args.env == "builtin" else str(Path(args.env))
     context = {"env": args.env, "policy": args.policy_url or str(args.policy or "bundled"),
-               "deterministic": not args.stochastic, "seed": args.seed}
+               "deterministic": not args.stochastic, "seed": args.seed,
+               "instances": args.instances}
     bar = tqdm(total=args.episodes, unit="episode", file=sys.stderr, disable=args.no_progress)
 
     def progress(episode: EpisodeResult) -> None:
@@ -81,7 +82,7 @@ def run_rollout(args: argparse.Namespace) -> int:
 
     env = HuggyVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
                          timeout_wait=args.timeout_wait, base_port=args.base_port,
-                         env_parameters=dict(args.env_param))
+                         env_parameters=dict(args.env_param), instances=args.instances)
     status = 0
     try:
         result = rollout(agent, env, episodes=args.episodes, deterministic=not args.stochastic,

@@ -1,7 +1,8 @@
 """Make mlagents-envs 1.1.0 run on a current stack (Python 3.11+, protobuf 5-7, numpy 2).
 
-`apply()` is called once by `import envs`; it imports nothing from `mlagents_envs.envs` (which
-would fetch a registry over the network and import gym/pettingzoo). It does three things:
+`apply()` is called once by `import envs` (and by the instance workers, `envs.bootstrap`); it
+imports nothing from `mlagents_envs.envs` (which would fetch a registry over the network and
+import gym/pettingzoo). It does three things:
 
 1. **Protobuf.** The `*_pb2.py` modules of mlagents-envs use the pre-3.20 generated-code style that
    protobuf >= 4.21 rejects. Each embeds its serialized file descriptor; we read those bytes from
@@ -14,11 +15,14 @@ would fetch a registry over the network and import gym/pettingzoo). It does thre
    to the main thread through in-process queues instead of a pickling `multiprocessing.Pipe`,
    `steps_from_proto` reads float observations with one bulk copy per agent, and the step input is
    encoded to protobuf wire bytes with numpy instead of one `extend` per agent and field.
+   `lean_step` goes further for a build with one behavior: one exchange that reads the agents
+   straight into arrays, without mlagents-envs' per-step objects (`envs.instance` uses it).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import queue
 import re
@@ -26,7 +30,7 @@ import sys
 import threading
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,16 +39,25 @@ _applied = False
 _lock = threading.Lock()
 
 
-def apply() -> None:
-    """Apply every fix once (idempotent, thread-safe)."""
+def apply(own_distutils: bool = False) -> None:
+    """Apply every fix once (idempotent, thread-safe). `own_distutils` installs the distutils
+    shim even where Python has distutils (saves importing it, ~8 MB): only for processes where
+    nothing else needs distutils, such as the instance workers (`envs.bootstrap`)."""
     global _applied
     with _lock:
         if _applied:
             return
-        _install_distutils_shim()
+        _install_distutils_shim(own_distutils)
         _install_protobuf_modules()
         _install_fast_paths()
         _applied = True
+
+
+def install_protobuf_modules() -> None:
+    """Only part 1: mlagents-envs' message classes, for processes that just encode and parse
+    messages (the stand-in). Idempotent."""
+    with _lock:
+        _install_protobuf_modules()
 
 
 # --- 1. protobuf --------------------------------------------------------------------------------
@@ -136,14 +149,16 @@ class StrictVersion:
         self.version = tuple(int(part or 0) for part in match.groups())
 
 
-def _install_distutils_shim() -> None:
-    """Provide `distutils.version.StrictVersion` where Python (3.12+) no longer has it."""
-    try:
-        from distutils.version import StrictVersion as _  # noqa: F401
+def _install_distutils_shim(own: bool = False) -> None:
+    """Provide `distutils.version.StrictVersion` where Python (3.12+) no longer has it, or, with
+    `own`, wherever distutils is not imported yet."""
+    if not own or "distutils" in sys.modules:
+        try:
+            from distutils.version import StrictVersion as _  # noqa: F401
 
-        return
-    except ImportError:
-        pass
+            return
+        except ImportError:
+            pass
     distutils = sys.modules.get("distutils") or types.ModuleType("distutils")
     version = types.ModuleType("distutils.version")
     version.StrictVersion = StrictVersion  # type: ignore[attr-defined]
@@ -227,30 +242,43 @@ def encode_agent_actions(continuous: np.ndarray, deprecated: bool = True) -> byt
     Each row goes into `continuous_actions` (and, as mlagents-envs does, `vector_actions_deprecated`
     when `deprecated`). Parsing the result gives exactly the message mlagents-envs builds.
     """
-    from mlagents_envs.communicator_objects.agent_action_pb2 import AgentActionProto
-
     rows = np.ascontiguousarray(continuous, dtype="<f4")
     n, width = rows.shape
     if n == 0:
         return b""
-    fields = AgentActionProto.DESCRIPTOR.fields_by_name
-    parts: list[bytes] = []
-    header = _packed_floats_header(fields["continuous_actions"].number, width) if width else b""
-    if deprecated and width:
-        parts.append(_packed_floats_header(fields["vector_actions_deprecated"].number, width))
-    body_len = (len(parts[0]) + 4 * width if parts else 0) + (len(header) + 4 * width if width else 0)
-    action_prefix = _varint(1 << 3 | 2) + _varint(body_len)  # ListAgentActionProto.value = 1
+    template, float_columns = _action_table(n, width, deprecated)
+    table = template.copy()
     row_bytes = rows.view(np.uint8).reshape(n, 4 * width)
-    segments: list[np.ndarray] = [np.frombuffer(action_prefix, np.uint8)[None].repeat(n, 0)]
-    if deprecated and width:
-        segments += [np.frombuffer(parts[0], np.uint8)[None].repeat(n, 0), row_bytes]
-    if width:
-        segments += [np.frombuffer(header, np.uint8)[None].repeat(n, 0), row_bytes]
-    return np.concatenate(segments, axis=1).tobytes()
+    for start in float_columns:
+        table[:, start : start + 4 * width] = row_bytes
+    return table.tobytes()
+
+
+@functools.lru_cache(maxsize=8)
+def _action_table(n: int, width: int, deprecated: bool) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A (n, entry bytes) template whose constant columns (the tags and lengths of each entry)
+    are written, and the first column of each copy of the floats. Read-only: callers copy it."""
+    from mlagents_envs.communicator_objects.agent_action_pb2 import AgentActionProto
+
+    fields = AgentActionProto.DESCRIPTOR.fields_by_name
+    heads = [_packed_floats_header(fields[name].number, width) for name in (
+        ["vector_actions_deprecated"] if deprecated else []) + ["continuous_actions"]] \
+        if width else []
+    body_len = sum(len(head) + 4 * width for head in heads)
+    entry = bytearray(_varint(1 << 3 | 2) + _varint(body_len))  # ListAgentActionProto.value = 1
+    float_columns = []
+    for head in heads:
+        entry += head
+        float_columns.append(len(entry))
+        entry += bytes(4 * width)
+    template = np.frombuffer(bytes(entry), np.uint8)[None].repeat(n, 0)
+    template.flags.writeable = False
+    return template, tuple(float_columns)
 
 
 _ORIGINALS: dict[str, Any] = {}
 _FAST: dict[str, Any] = {}
+_lean_enabled = True
 
 
 def _install_fast_paths() -> None:
@@ -271,13 +299,16 @@ def _install_fast_paths() -> None:
 
 
 def set_fast_paths(enabled: bool) -> None:
-    """Switch the speed-ups of part 3 on (the default) or back to mlagents-envs' originals.
+    """Switch the speed-ups of part 3 on (the default) or back to mlagents-envs' originals
+    (`lean_step` then declines).
 
     For measuring them (bench/bench_envs.py) and checking they change nothing (tests); takes
     effect for environments created afterwards (the servicer is chosen at creation).
     """
     from mlagents_envs import environment, rpc_communicator, rpc_utils
 
+    global _lean_enabled
+    _lean_enabled = enabled
     chosen = _FAST if enabled else _ORIGINALS
     rpc_communicator.UnityToExternalServicerImplementation = chosen["servicer"]
     rpc_utils.steps_from_proto = chosen["steps_from_proto"]
@@ -375,3 +406,80 @@ def _fast_steps_from_proto(agent_info_list: Any, behavior_spec: Any, fallback: A
         DecisionSteps([obs_d], rew_d, ids_d, None, gid_d, grew_d),
         TerminalSteps([obs_t], rew_t, cut, ids_t, gid_t, grew_t),
     )
+
+
+class AgentRows(NamedTuple):
+    """One behavior's agents after a step, one row per agent in Unity's order: decision steps
+    (`done` False) and terminal steps (`done` True, `interrupted` where the max step ended it)."""
+
+    agent_id: np.ndarray  # (m,) int64
+    reward: np.ndarray  # (m,) float32
+    done: np.ndarray  # (m,) bool
+    interrupted: np.ndarray  # (m,) bool
+    obs: np.ndarray  # (m, width) float32
+
+
+def agent_rows(decision: Any, terminal: Any) -> AgentRows:
+    """`AgentRows` of mlagents-envs' DecisionSteps (first) and TerminalSteps."""
+    return AgentRows(
+        np.concatenate([decision.agent_id, terminal.agent_id]).astype(np.int64),
+        np.concatenate([decision.reward, terminal.reward]).astype(np.float32),
+        np.repeat([False, True], [len(decision), len(terminal)]),
+        np.concatenate([np.zeros(len(decision), bool), terminal.interrupted]),
+        np.concatenate([decision.obs[0], terminal.obs[0]]).astype(np.float32))
+
+
+def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | None:
+    """`env.set_actions(behavior, ActionTuple(continuous))`, `env.step()` and `env.get_steps`,
+    as one exchange that reads the agents straight into `AgentRows`: no ActionTuple, no copies
+    of the input message, no DecisionSteps or TerminalSteps. Side channels and behavior specs
+    are processed as `UnityEnvironment.step` does; observations and rewards are checked for NaN
+    and inf with mlagents-envs' errors.
+
+    For a loaded `env` whose only behavior is `behavior`, with one vector observation and
+    continuous actions (checked by the caller): returns None, sending nothing, for any other
+    env or when the fast paths are off (the caller then uses mlagents-envs' own calls). While
+    it is used, `env.get_steps` is not kept up to date (a reset refreshes it).
+    """
+    from mlagents_envs.communicator_objects.command_pb2 import STEP
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+    from mlagents_envs.exception import UnityCommunicatorStoppedException
+
+    specs = env._env_specs
+    if not _lean_enabled or env._is_first_message or len(specs) != 1 or behavior not in specs:
+        return None
+    message = UnityMessageProto()
+    message.header.status = 200
+    rl_in = message.unity_input.rl_input
+    if len(continuous):
+        rl_in.agent_actions[behavior].MergeFromString(encode_agent_actions(continuous))
+    rl_in.command = STEP
+    rl_in.side_channel = bytes(env._side_channel_manager.generate_side_channel_messages())
+    communicator = env._communicator  # what RpcCommunicator.exchange does, without its copy
+    connection = communicator.unity_to_external.parent_conn
+    connection.send(message)
+    communicator.poll_for_timeout(env._poll_process)
+    answer = connection.recv()
+    if answer.header.status != 200:
+        raise UnityCommunicatorStoppedException("Communicator has exited.")
+    output = answer.unity_output
+    env._update_behavior_specs(output)
+    rl_output = output.rl_output
+    if len(specs) != 1:  # a behavior appeared: mlagents-envs keeps the state of them all
+        env._update_state(rl_output)
+        return agent_rows(*env.get_steps(behavior))
+    env._side_channel_manager.process_side_channel_message(rl_output.side_channel)
+    spec = specs[behavior]
+    infos = rl_output.agentInfos[behavior].value if behavior in rl_output.agentInfos else []
+    (width,) = spec.observation_specs[0].shape
+    obs = _float_rows(infos, width) if len(infos) else np.zeros((0, width), np.float32)
+    if obs is None:
+        return agent_rows(*original_steps_from_proto(infos, spec))
+    scalars = np.array([(i.reward, i.id, i.done, i.max_step_reached) for i in infos],
+                       dtype=np.float64).reshape(len(infos), 4)
+    reward = scalars[:, 0].astype(np.float32)
+    _check_finite(obs, "observations")
+    _check_finite(reward, "rewards")
+    done = scalars[:, 2] != 0
+    return AgentRows(scalars[:, 1].astype(np.int64), reward, done, done & (scalars[:, 3] != 0),
+                     obs)

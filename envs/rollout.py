@@ -1,4 +1,5 @@
-"""`rollout()`: drive every agent of a vector env with one batched `compute_action` per step.
+"""`rollout()`: drive every agent of a vector env with one batched `compute_action` per step;
+`rollout_per_instance()`: one independent rollout per instance of a multi-instance env.
 
 Episode statistics are unbiased by construction. With many agents stepping together the short
 episodes end first, so "the first N episodes to finish" over-counts them. Instead every slot
@@ -6,14 +7,16 @@ gets a quota fixed before the rollout starts (`slot_quotas`): slot s counts its 
 episodes, q_s = N // S + (1 if s < N % S else 0) (the first N mod S slots get one more), every
 episode a slot starts toward its quota is finished and counted, slots past their quota keep
 stepping uncounted, and episodes are reported in (slot, episode index) order, never in the
-order they ended. This is Stable-Baselines3's `evaluate_policy` scheme.
+order they ended. This is Stable-Baselines3's `evaluate_policy` scheme. `rollout()` counts
+the slots of every instance as one group; `rollout_per_instance()` gives each instance its own
+N and its own quotas over its own slots.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -84,6 +87,54 @@ def slot_quotas(episodes: int, slots: int) -> np.ndarray:
     return quotas
 
 
+class _SlotTally:
+    """Per-slot quota counting over one group of slots (module docstring): running returns and
+    lengths, episodes finished per slot, and the counted episodes (slots numbered from 0)."""
+
+    def __init__(self, episodes: int, slots: int) -> None:
+        self.quotas = slot_quotas(episodes, slots)
+        self.episodes = episodes
+        self.finished = np.zeros(slots, dtype=np.int64)  # episodes each slot has ended so far
+        self.returns = np.zeros(slots, dtype=np.float64)
+        self.lengths = np.zeros(slots, dtype=np.int64)
+        self.counted: list[EpisodeResult] = []
+        self.agent_steps = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.counted) >= self.episodes
+
+    def record(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+               progress: Callable[[EpisodeResult], None] | None) -> None:
+        """Add one step of this group's slots."""
+        self.agent_steps += len(rewards)
+        self.returns += rewards
+        self.lengths += 1
+        for slot in np.flatnonzero(terminated | truncated):
+            if self.finished[slot] < self.quotas[slot]:
+                episode = EpisodeResult(float(self.returns[slot]), int(self.lengths[slot]),
+                                        bool(terminated[slot]), int(slot),
+                                        int(self.finished[slot]))
+                self.counted.append(episode)
+                if progress is not None:
+                    progress(episode)
+            self.finished[slot] += 1
+            self.returns[slot] = 0.0
+            self.lengths[slot] = 0
+
+    def result(self, seconds: float) -> RolloutResult:
+        return RolloutResult(sorted(self.counted, key=lambda e: (e.slot, e.index)),
+                             self.agent_steps, seconds)
+
+
+def _actions(agent: Agent, obs: np.ndarray, deterministic: bool, seed: int | None,
+             step: int) -> np.ndarray:
+    if deterministic:
+        return agent.compute_action(obs, deterministic=True)
+    noise_seed = None if seed is None else step_seed(seed, step)
+    return agent.compute_action(obs, deterministic=False, seed=noise_seed)
+
+
 def rollout(
     agent: Agent,
     env: Any,
@@ -94,11 +145,11 @@ def rollout(
 ) -> RolloutResult:
     """Run `env` (a `HuggyVectorEnv`) until every slot has finished its quota of episodes.
 
-    Every step calls `agent.compute_action(obs)` once for all agents. Slot quotas follow
-    `slot_quotas(episodes, env.num_envs)`; see the module docstring for why. With `seed`, the
-    env is reset with it, and in stochastic mode decision t uses `compute_action(...,
-    seed=step_seed(seed, t))`, so a local and a remote agent give identical results.
-    `progress` is called with each counted episode as it ends (in the order they end).
+    Every step calls `agent.compute_action(obs)` once for all agents (of every instance).
+    Slot quotas follow `slot_quotas(episodes, env.num_envs)`; see the module docstring for why.
+    With `seed`, the env is reset with it, and in stochastic mode decision t uses
+    `compute_action(..., seed=step_seed(seed, t))`, so a local and a remote agent give identical
+    results. `progress` is called with each counted episode as it ends (in the order they end).
 
     Raises:
         RolloutInterrupted: the Unity process died or stopped answering; `.result` holds the
@@ -109,46 +160,92 @@ def rollout(
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
-    result = RolloutResult()
-    counted: list[EpisodeResult] = []
+    tally = _SlotTally(episodes, 1)
     start = time.perf_counter()
     try:
         obs, _ = env.reset(seed=seed)
-        n = env.num_envs
-        quotas = slot_quotas(episodes, n)
-        finished = np.zeros(n, dtype=np.int64)  # episodes each slot has ended so far
-        returns = np.zeros(n, dtype=np.float64)
-        lengths = np.zeros(n, dtype=np.int64)
+        tally = _SlotTally(episodes, env.num_envs)
         step = 0
-        while len(counted) < episodes:
-            if deterministic:
-                actions = agent.compute_action(obs, deterministic=True)
-            else:
-                noise_seed = None if seed is None else step_seed(seed, step)
-                actions = agent.compute_action(obs, deterministic=False, seed=noise_seed)
-            obs, rewards, terminated, truncated, _ = env.step(actions)
+        while not tally.done:
+            obs, rewards, terminated, truncated, _ = env.step(
+                _actions(agent, obs, deterministic, seed, step))
             step += 1
-            result.agent_steps += n
-            returns += rewards
-            lengths += 1
-            for slot in np.flatnonzero(terminated | truncated):
-                if finished[slot] < quotas[slot]:
-                    episode = EpisodeResult(float(returns[slot]), int(lengths[slot]),
-                                            bool(terminated[slot]), int(slot),
-                                            int(finished[slot]))
-                    counted.append(episode)
-                    if progress is not None:
-                        progress(episode)
-                finished[slot] += 1
-                returns[slot] = 0.0
-                lengths[slot] = 0
+            tally.record(rewards, terminated, truncated, progress)
     except UnityException as error:
-        result.episodes = sorted(counted, key=lambda e: (e.slot, e.index))
-        result.seconds = time.perf_counter() - start
+        result = tally.result(time.perf_counter() - start)
         raise RolloutInterrupted(
-            f"the environment stopped after {len(counted)} of {episodes} episodes: "
+            f"the environment stopped after {len(tally.counted)} of {episodes} episodes: "
             f"{error}", result,
         ) from error
-    result.episodes = sorted(counted, key=lambda e: (e.slot, e.index))
-    result.seconds = time.perf_counter() - start
-    return result
+    return tally.result(time.perf_counter() - start)
+
+
+def rollout_per_instance(
+    agent: Agent,
+    env: Any,
+    episodes: Sequence[int],
+    seeds: Sequence[int],
+    deterministic: bool = True,
+) -> list[RolloutResult]:
+    """One independent rollout per instance of `env` (a `HuggyVectorEnv` of K instances),
+    stepped together: what `rollout(agent, <one instance>, episodes[j], deterministic,
+    seeds[j])` gives, for every instance j at once.
+
+    Instance j is reset with `seeds[j]` (`reset(options={"seeds": seeds})`) and counts
+    `episodes[j]` episodes with per-slot quotas over its own slots, numbered from 0 within the
+    instance (`slot_quotas(episodes[j], slots of j)`). Every step calls the policy once per
+    instance that has not filled its quotas, with that instance's rows only and, in stochastic
+    mode, `step_seed(seeds[j], t)`: the batch and the seeds a one-instance rollout would use, so
+    no float can differ with K. An instance that is done (or has `episodes[j] == 0`) gets zero
+    actions, which cannot affect the others, until every instance is done.
+
+    Returns one `RolloutResult` per instance; `agent_steps` counts instance j's agent-steps
+    until its quotas were filled (as `rollout` would), `seconds` is its share of the shared wall
+    time in proportion to those agent-steps (the shares add up to the wall time).
+
+    Raises:
+        RolloutInterrupted: an instance died or stopped answering (the whole environment is
+            then closed); `.result` holds every instance's counted episodes, slots numbered
+            across instances.
+        ValueError: `episodes` or `seeds` do not give one non-negative count per instance.
+    """
+    from mlagents_envs.exception import UnityException
+
+    slices = env.instance_slices
+    if len(episodes) != len(slices) or len(seeds) != len(slices):
+        raise ValueError(f"need one episode count and one seed per instance ({len(slices)}), "
+                         f"got {len(episodes)} and {len(seeds)}")
+    if any(count < 0 for count in episodes):
+        raise ValueError(f"episode counts must be >= 0, got {list(episodes)}")
+    tallies = [_SlotTally(count, part.stop - part.start)
+               for count, part in zip(episodes, slices, strict=True)]
+    start = time.perf_counter()
+    try:
+        obs, _ = env.reset(options={"seeds": list(seeds)})
+        actions = np.zeros(env.action_space.shape, dtype=np.float32)
+        step = 0
+        while not all(tally.done for tally in tallies):
+            for tally, part, seed in zip(tallies, slices, seeds, strict=True):
+                # A fresh array of its own, as a one-instance rollout passes (no view into the
+                # middle of `obs`: matrix kernels may take another path on unaligned input).
+                actions[part] = (0.0 if tally.done else
+                                 _actions(agent, obs[part].copy(), deterministic, seed, step))
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            step += 1
+            for tally, part in zip(tallies, slices, strict=True):
+                if not tally.done:
+                    tally.record(rewards[part], terminated[part], truncated[part], None)
+    except UnityException as error:
+        counted = sum(len(tally.counted) for tally in tallies)
+        offsets = [part.start for part in slices]
+        merged = RolloutResult(
+            [replace(e, slot=e.slot + offset) for tally, offset in zip(tallies, offsets, strict=True)
+             for e in tally.result(0.0).episodes],
+            sum(tally.agent_steps for tally in tallies), time.perf_counter() - start)
+        raise RolloutInterrupted(
+            f"the environment stopped after {counted} of {sum(episodes)} episodes: {error}",
+            merged) from error
+    seconds = time.perf_counter() - start
+    steps = sum(tally.agent_steps for tally in tallies)
+    return [tally.result(seconds * tally.agent_steps / steps if steps else 0.0)
+            for tally in tallies]

@@ -1,8 +1,11 @@
-"""`HuggyVectorEnv`: a Gymnasium vector env over every agent of one ML-Agents behavior.
+"""`HuggyVectorEnv`: a Gymnasium vector env over every agent of one ML-Agents behavior, in one
+Unity process or in several.
 
 One Unity process (a real build or the built-in stand-in) holds N agents; slot i of the vector
-env is one agent. Unity gives an agent a new id each episode; slots stay stable: an agent that
-finishes frees its slot and its successor takes it. Autoreset is same-step (gymnasium 1.x
+env is one agent. With `instances=K`, K Unity processes run at once, each driven from its own
+worker process (`envs.workers`), and the slots are their agents concatenated, instance 0's first.
+Unity gives an agent a new id each episode; slots stay stable: an agent that finishes frees its
+slot and its successor takes it (`envs.instance`). Autoreset is same-step (gymnasium 1.x
 `AutoresetMode.SAME_STEP`): a finished slot returns its successor's first observation, with the
 finished agent's last observation in `infos["final_obs"]` (mask `infos["_final_obs"]`).
 ML-Agents' terminal steps map to `terminated`, interrupted ones (max step) to `truncated`.
@@ -10,7 +13,7 @@ ML-Agents' terminal steps map to `terminated`, interrupted ones (max step) to `t
 
 from __future__ import annotations
 
-import socket
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
@@ -18,43 +21,73 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-MAX_SEED = 2**24  # seeds travel as float32 on the EnvironmentParameters channel
+from envs.instance import (
+    MAX_SEED,
+    EnvironmentStartError,
+    InstanceConfig,
+    InstanceInfo,
+    StepBuffers,
+    UnityInstance,
+    check_seed,
+    instance_seed,
+)
+
+__all__ = ["MAX_SEED", "EnvironmentStartError", "HuggyVectorEnv", "instance_seed"]
 
 
-class EnvironmentStartError(RuntimeError):
-    """The Unity executable could not be started, or it never connected."""
+class _LocalInstance:
+    """One instance in this process: no worker, no copy between processes."""
 
+    def __init__(self, config: InstanceConfig) -> None:
+        self.instance = UnityInstance(config)
+        info = self.instance.info()
+        self.infos = [info]
+        self.slices = [slice(0, info.num_agents)]
+        self.buffers = StepBuffers.over(info.num_agents, info.obs_size, info.act_size)
+        self.worker_process_ids: list[int] = []
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("localhost", port))
-        except OSError:
-            return False
-    return True
+    def reset(self, seeds: Sequence[int | None]) -> None:
+        self.instance.reset(seeds[0], self.buffers)
+
+    def step(self) -> None:
+        self.instance.step(self.buffers)
+
+    def close(self) -> None:
+        self.instance.close()
 
 
 class HuggyVectorEnv(gymnasium.vector.VectorEnv):
-    """All agents of a Unity behavior (Huggy: 18) as one `gymnasium.vector.VectorEnv`.
+    """All agents of a Unity behavior (Huggy: 18 per process) as one `gymnasium.vector.VectorEnv`.
 
     Args:
         file_name: Unity executable; None starts the built-in stand-in.
         worker_id: offset from `base_port` (default 5005); a busy port moves on to the next
-            worker id, up to `port_attempts` ports, then raises RuntimeError.
-        seed: seed sent in the handshake.
+            worker id, up to `port_attempts` ports, then raises RuntimeError. Instance i of K
+            tries worker ids `worker_id + i`, `worker_id + i + K`, ...
+        seed: seed sent in the handshake (instance i: `instance_seed(seed, i)`).
         no_graphics: start the player with `-nographics -batchmode`.
         timeout_wait: seconds to wait for the executable to connect (and for each step).
         time_scale: Unity's time scale (engine configuration channel).
-        num_agents, max_steps, arena_size: environment parameters (the stand-in honours them;
-            a real build only where its scene reads them). None leaves the build's default.
+        num_agents, max_steps, arena_size: environment parameters of every instance (the
+            stand-in honours them; a real build only where its scene reads them). None leaves
+            the build's default. `num_agents` counts the agents of one instance.
         base_port: first port; None means ML-Agents' 5005.
-        log_folder: where the player writes `Player-<worker_id>.log`.
+        log_folder: where each player writes `Player-<worker_id>.log`.
         behavior_name: which behavior to drive when the build has several.
-        num_envs: accepted for `gymnasium.make_vec`; 1 means every agent, more sets num_agents.
+        num_envs: accepted for `gymnasium.make_vec`: the number of slots in all; 1 means every
+            agent, more sets `num_agents` to `num_envs / instances`.
         env_parameters: more float parameters for the EnvironmentParameters side channel, as
             `mlagents-learn` sends from a config's `environment_parameters` (the stand-in reads
-            `episode_length` and `episode_length_step`, see `envs.standin.sim.SimConfig`).
+            `episode_length` and `episode_length_step`, see `envs.standin.sim.SimConfig`; with
+            several instances a slot's scripted length follows its index within its instance).
+        instances: Unity processes to run at once (ML-Agents' `--num-envs`). More than one
+            starts one worker process per instance (`envs.workers`); all step together.
+
+    `num_envs` is the number of agent slots in all; `instance_slices[i]` are instance i's.
+    `reset(seed=s)` reseeds instance i with `instance_seed(s, i)` = `(s + i * 10_368_889) mod
+    2**24` (instance 0 with s itself); `reset(options={"seeds": [s_0, ..., s_{K-1}]})` reseeds
+    each instance with its own seed. If an instance fails, every process is closed and
+    `envs.workers.InstanceError` names it.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -77,22 +110,22 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         port_attempts: int = 16,
         num_envs: int = 1,
         env_parameters: dict[str, float] | None = None,
+        instances: int = 1,
     ) -> None:
         from mlagents_envs import env_utils
         from mlagents_envs.environment import UnityEnvironment
-        from mlagents_envs.side_channel.engine_configuration_channel import (
-            EngineConfigurationChannel,
-        )
-        from mlagents_envs.side_channel.environment_parameters_channel import (
-            EnvironmentParametersChannel,
-        )
 
         from envs.standin.launcher import builtin_huggy_path
 
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise ValueError(f"instances must be an integer >= 1, got {instances!r}")
         if num_envs != 1:
-            if num_agents not in (None, num_envs):
+            if num_envs % instances:
+                raise ValueError(f"num_envs={num_envs} slots cannot be split evenly over "
+                                 f"{instances} instances")
+            if num_agents not in (None, num_envs // instances):
                 raise ValueError(f"num_envs={num_envs} and num_agents={num_agents} disagree")
-            num_agents = num_envs
+            num_agents = num_envs // instances
         for key, value, low in (("num_agents", num_agents, 1), ("max_steps", max_steps, 0),
                                 ("arena_size", arena_size, 3.0)):
             if value is not None and not value >= low:
@@ -106,143 +139,117 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
             )
         self.file_name = str(file_name)
         self.timeout_wait = timeout_wait
-        self._engine = EngineConfigurationChannel()
-        self._engine.set_configuration_parameters(time_scale=time_scale)
-        self._parameters = EnvironmentParametersChannel()
-        for key, value in (("num_agents", num_agents), ("max_steps", max_steps),
-                           ("arena_size", arena_size), *(env_parameters or {}).items()):
-            if value is not None:
-                self._parameters.set_float_parameter(key, float(value))
-
+        parameters = tuple((key, float(value)) for key, value in (
+            ("num_agents", num_agents), ("max_steps", max_steps), ("arena_size", arena_size),
+            *(env_parameters or {}).items()) if value is not None)
         base = UnityEnvironment.BASE_ENVIRONMENT_PORT if base_port is None else base_port
-        self._unity = None
-        tried: list[int] = []
-        for candidate in range(worker_id, worker_id + max(1, port_attempts)):
-            if not _port_is_free(base + candidate):
-                tried.append(base + candidate)
-                continue
-            self.worker_id, self.port = candidate, base + candidate
-            self._unity = self._start(UnityEnvironment, candidate, base, seed, no_graphics,
-                                      log_folder)
-            break
-        if self._unity is None:
-            raise RuntimeError(
-                f"ports {tried[0]}-{tried[-1]} are all in use (worker_id {worker_id} to "
-                f"{worker_id + len(tried) - 1}); pass another worker_id or base_port"
-            )
-        try:
-            self._unity.reset()
-            self.behavior_name = self._choose_behavior(behavior_name)
-            spec = self._unity.behavior_specs[self.behavior_name]
-            if len(spec.observation_specs) != 1 or len(spec.observation_specs[0].shape) != 1:
-                raise ValueError(
-                    f"behavior {self.behavior_name!r} must have one vector observation, got "
-                    f"shapes {[o.shape for o in spec.observation_specs]}"
-                )
-            if spec.action_spec.discrete_size or not spec.action_spec.continuous_size:
-                raise ValueError(
-                    f"behavior {self.behavior_name!r} must have continuous actions only, got "
-                    f"{spec.action_spec}"
-                )
-            decision, _ = self._unity.get_steps(self.behavior_name)
-            if num_agents is not None and len(decision) != num_agents:
-                raise ValueError(
-                    f"asked for {num_agents} agents, the environment has {len(decision)}"
-                )
-        except BaseException:
-            self._unity.close()
-            raise
-        (obs_size,) = spec.observation_specs[0].shape
-        self.num_envs = len(decision)
+        configs = [
+            InstanceConfig(
+                file_name=self.file_name,
+                worker_ids=tuple(worker_id + i + instances * k
+                                 for k in range(max(1, port_attempts))),
+                base_port=base, seed=seed if i == 0 else instance_seed(seed, i),
+                no_graphics=no_graphics, timeout_wait=timeout_wait, time_scale=time_scale,
+                parameters=parameters, log_folder=log_folder, behavior_name=behavior_name,
+                num_agents=num_agents)
+            for i in range(instances)
+        ]
+        if instances == 1:
+            self._instances: Any = _LocalInstance(configs[0])
+        else:
+            from envs.workers import InstanceWorkers
+
+            self._instances = InstanceWorkers(configs)
+        infos: list[InstanceInfo] = self._instances.infos
+        self.instances = instances
+        self.instance_slices: tuple[slice, ...] = tuple(self._instances.slices)
+        self.behavior_name = infos[0].behavior_name
+        self._buffers: StepBuffers = self._instances.buffers
+        self.num_envs = sum(info.num_agents for info in infos)
         self.single_observation_space = gymnasium.spaces.Box(
-            -np.inf, np.inf, (obs_size,), np.float32
+            -np.inf, np.inf, (infos[0].obs_size,), np.float32
         )
         self.single_action_space = gymnasium.spaces.Box(
-            -1.0, 1.0, (spec.action_spec.continuous_size,), np.float32
+            -1.0, 1.0, (infos[0].act_size,), np.float32
         )
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self._adopt(decision)
 
-    # -- start-up -----------------------------------------------------------------------------
-
-    def _start(self, unity_class: type, worker_id: int, base_port: int, seed: int,
-               no_graphics: bool, log_folder: str | None) -> Any:
-        from mlagents_envs.exception import (
-            UnityEnvironmentException,
-            UnityTimeOutException,
-            UnityWorkerInUseException,
-        )
-
-        try:
-            return unity_class(
-                file_name=self.file_name, worker_id=worker_id, base_port=base_port, seed=seed,
-                no_graphics=no_graphics, timeout_wait=self.timeout_wait, log_folder=log_folder,
-                side_channels=[self._engine, self._parameters],
-            )
-        except UnityWorkerInUseException as error:
-            raise RuntimeError(
-                f"port {base_port + worker_id} is in use; pass another worker_id or base_port"
-            ) from error
-        except UnityTimeOutException as error:
-            raise EnvironmentStartError(
-                f"{self.file_name} did not connect on port {base_port + worker_id} within "
-                f"{self.timeout_wait} s (is it an ML-Agents build started with --mlagents-port?)"
-            ) from error
-        except UnityEnvironmentException as error:
-            raise EnvironmentStartError(f"{self.file_name} could not be started: {error}") from error
-
-    def _choose_behavior(self, wanted: str | None) -> str:
-        names = list(self._unity.behavior_specs)
-        if wanted is not None:
-            if wanted not in names:
-                raise ValueError(f"behavior {wanted!r} not found; the build has {names}")
-            return wanted
-        if len(names) != 1:
-            raise ValueError(f"the build has behaviors {names}; pass behavior_name=")
-        return names[0]
-
-    # -- slots ----------------------------------------------------------------------------------
-
-    def _adopt(self, decision: Any) -> None:
-        """Start a fresh slot table from a reset's decision steps (slot = position)."""
-        ids = decision.agent_id
-        if len(ids) != self.num_envs:
-            raise RuntimeError(
-                f"expected {self.num_envs} agents after reset, Unity reported {len(ids)}"
-            )
-        self._slot_ids = np.asarray(ids, dtype=np.int64).copy()
-        self._slot_of = {int(i): s for s, i in enumerate(ids)}
-        self._decision_slots = np.arange(self.num_envs)  # slot of each decision row
-        self._obs = np.asarray(decision.obs[0], dtype=np.float32).copy()
+    # -- where things run -----------------------------------------------------------------------
 
     @property
     def agent_ids(self) -> np.ndarray:
-        """Current Unity agent id of each slot."""
-        return self._slot_ids.copy()
+        """Current Unity agent id of each slot (ids are per instance: two instances may both
+        have an agent 0)."""
+        return self._buffers.agent_id.copy()
+
+    @property
+    def worker_ids(self) -> tuple[int, ...]:
+        """Worker id (port offset) of each instance."""
+        return tuple(info.worker_id for info in self._instances.infos)
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """gRPC port of each instance."""
+        return tuple(info.port for info in self._instances.infos)
+
+    @property
+    def worker_id(self) -> int:
+        """Worker id of instance 0."""
+        return self.worker_ids[0]
+
+    @property
+    def port(self) -> int:
+        """Port of instance 0."""
+        return self.ports[0]
+
+    @property
+    def process_ids(self) -> tuple[int | None, ...]:
+        """Process id of each instance's Unity executable (None when connected to an editor)."""
+        return tuple(info.process_id for info in self._instances.infos)
 
     @property
     def process_id(self) -> int | None:
-        """Process id of the Unity executable (None when connected to an editor)."""
-        process = getattr(self._unity, "_process", None)
-        return None if process is None else process.pid
+        """Process id of instance 0's Unity executable."""
+        return self.process_ids[0]
+
+    @property
+    def worker_process_ids(self) -> tuple[int, ...]:
+        """Process id of each instance's worker (empty with one instance, which runs here)."""
+        return tuple(self._instances.worker_process_ids)
 
     # -- gymnasium API --------------------------------------------------------------------------
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every agent. With `seed`, the environment is reseeded first (stand-in: every
-        observation and reward after this depends only on `seed`)."""
-        if seed is not None:
-            if not 0 <= int(seed) < MAX_SEED:
-                raise ValueError(f"seed must be in [0, {MAX_SEED}), got {seed}")
-            self._parameters.set_float_parameter("seed", float(seed))
+        """Reset every agent of every instance. With `seed`, the environment is reseeded first
+        (stand-in: every observation and reward after this depends only on `seed`), instance i
+        with `instance_seed(seed, i)`; `options={"seeds": [...]}` gives each instance its own
+        seed instead. Seeds must be in [0, MAX_SEED) (they travel as float32)."""
+        seeds = self._instance_seeds(seed, options or {})
         super().reset(seed=seed)
-        self._unity.reset()
-        decision, _ = self._unity.get_steps(self.behavior_name)
-        self._adopt(decision)
-        return self._obs.copy(), {"agent_id": self._slot_ids.copy()}
+        self._instances.reset(seeds)
+        buffers = self._buffers
+        return buffers.obs.copy(), {"agent_id": buffers.agent_id.copy()}
+
+    def _instance_seeds(self, seed: int | None, options: dict[str, Any]) -> list[int | None]:
+        unknown = set(options) - {"seeds"}
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; HuggyVectorEnv takes "
+                             "options={'seeds': [one seed per instance]}")
+        if "seeds" not in options:
+            if seed is None:
+                return [None] * self.instances
+            check_seed(seed)
+            return [instance_seed(seed, i) for i in range(self.instances)]
+        if seed is not None:
+            raise ValueError("pass either seed= or options={'seeds': [...]}, not both")
+        seeds = list(options["seeds"])
+        if len(seeds) != self.instances:
+            raise ValueError(f"options['seeds'] needs one seed per instance: expected "
+                             f"{self.instances}, got {len(seeds)}")
+        return [check_seed(s) for s in seeds]
 
     def step(
         self, actions: Any
@@ -255,71 +262,34 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
                 the episode's goal; truncated (N,) bool: interrupted at max step; infos with
                 `agent_id` and, where an episode ended, `final_obs`/`final_info`.
         """
-        from mlagents_envs.base_env import ActionTuple
-
         actions = np.asarray(actions, dtype=np.float32)
-        expected = (self.num_envs, *self.single_action_space.shape)
-        if actions.shape != expected:
-            raise ValueError(f"expected actions of shape {expected}, got {actions.shape}")
-        unity = self._unity
-        unity.set_actions(self.behavior_name,
-                          ActionTuple(continuous=actions[self._decision_slots]))
-        unity.step()
-        decision, terminal = unity.get_steps(self.behavior_name)
-
-        n = self.num_envs
-        rewards = np.zeros(n, dtype=np.float32)
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
+        buffers = self._buffers
+        if actions.shape != buffers.actions.shape:
+            raise ValueError(f"expected actions of shape {buffers.actions.shape}, got "
+                             f"{actions.shape}")
+        buffers.actions[:] = actions
+        self._instances.step()
+        terminated = buffers.terminated.copy()
+        truncated = buffers.truncated.copy()
+        ended = terminated | truncated
         infos: dict[str, Any] = {}
-        slot_of = self._slot_of
-        if len(terminal):
-            final_obs = np.full(n, None, dtype=object)
-            ended = np.zeros(n, dtype=bool)
-            ended_ids = np.full(n, -1, dtype=np.int64)
-            for row, agent in enumerate(terminal.agent_id.tolist()):
-                slot = slot_of.pop(agent, None)
-                if slot is None:
-                    continue  # an agent we never saw decide (cannot happen with Huggy)
-                rewards[slot] = terminal.reward[row]
-                truncated[slot] = terminal.interrupted[row]
-                terminated[slot] = not terminal.interrupted[row]
-                final_obs[slot] = terminal.obs[0][row].copy()
-                ended[slot] = True
-                ended_ids[slot] = agent
+        if ended.any():
+            final_obs = np.full(self.num_envs, None, dtype=object)
+            for slot in np.flatnonzero(ended):
+                final_obs[slot] = buffers.final_obs[slot].copy()
             infos = {"final_obs": final_obs, "_final_obs": ended,
-                     "final_info": {"agent_id": ended_ids, "_agent_id": ended},
+                     "final_info": {"agent_id": np.where(ended, buffers.final_agent_id, -1),
+                                    "_agent_id": ended},
                      "_final_info": ended}
-        ids = decision.agent_id.tolist()
-        found = [slot_of.get(agent) for agent in ids]
-        if None in found:  # successors take the freed slots, lowest first
-            free = iter(sorted(set(range(n)) - set(slot_of.values())))
-            for row, agent in enumerate(ids):
-                if found[row] is None:
-                    slot = next(free, None)
-                    if slot is None:
-                        raise RuntimeError(f"agent {agent} appeared but all {n} slots are taken")
-                    slot_of[agent] = found[row] = slot
-                    self._slot_ids[slot] = agent
-        slots = np.array(found, dtype=np.int64)
-        if len(ids) != n:
-            raise RuntimeError(
-                f"{len(ids)} of {n} agents requested a decision; HuggyVectorEnv needs every "
-                "agent to decide at every step (Huggy's DecisionRequester does)"
-            )
-        fresh = ended if len(terminal) else np.zeros(n, dtype=bool)
-        known = ~fresh[slots]
-        rewards[slots[known]] += decision.reward[known]
-        self._obs[slots] = decision.obs[0]
-        self._decision_slots = slots
-        infos["agent_id"] = self._slot_ids.copy()
-        return self._obs.copy(), rewards, terminated, truncated, infos
+        infos["agent_id"] = buffers.agent_id.copy()
+        return buffers.obs.copy(), buffers.reward.copy(), terminated, truncated, infos
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Close the connection and the Unity process (through `close()`, which is idempotent)."""
-        unity = getattr(self, "_unity", None)
-        if unity is not None:
-            unity.close()
+        """Close every connection, worker and Unity process (through `close()`, which is
+        idempotent)."""
+        instances = getattr(self, "_instances", None)
+        if instances is not None:
+            instances.close()
 
     def __enter__(self) -> HuggyVectorEnv:
         return self
@@ -328,5 +298,5 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         self.close()
 
     def __repr__(self) -> str:
-        return (f"HuggyVectorEnv({self.file_name!r}, worker_id={self.worker_id}, "
-                f"num_envs={self.num_envs})")
+        return (f"HuggyVectorEnv({self.file_name!r}, worker_ids={list(self.worker_ids)}, "
+                f"instances={self.instances}, num_envs={self.num_envs})")

@@ -55,3 +55,18 @@ def wait_until_gone(marker: str, timeout: float = 10.0) -> list[int]:
     while (alive := processes_mentioning(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return alive
+
+
+def wait_until_dead(pids: list[int], timeout: float = 10.0) -> list[int]:
+    """Wait up to `timeout` s for every process in `pids` to exit (zombies count as exited);
+    returns the survivors."""
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

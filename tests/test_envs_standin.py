@@ -248,3 +248,59 @@ def test_vector_env_rejects_bad_parameters_before_starting() -> None:
         envs.HuggyVectorEnv(num_agents=0)
     with pytest.raises(ValueError, match="arena_size must be >= 3.0, got 1.0"):
         envs.HuggyVectorEnv(arena_size=1.0)
+
+
+@pytest.mark.parametrize("ids", [range(18), range(100, 118), range(120, 138), range(20000, 20018)])
+@pytest.mark.parametrize("flags", ["none", "done", "max_step"])
+def test_agent_infos_in_bulk_parse_as_protobuf(ids: range, flags: str) -> None:
+    """Every row layout (one table when no row has a flag and the ids' varints have one length,
+    row by row otherwise) parses to the values given."""
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    encoder = ObservationEncoder(BEHAVIOR, OBS_SIZE)
+    rng = np.random.default_rng(len(ids))
+    n = len(ids)
+    obs = rng.standard_normal((n, OBS_SIZE)).astype(np.float32)
+    reward = rng.standard_normal(n).astype(np.float32)
+    done = np.arange(n) % 5 == 1 if flags != "none" else np.zeros(n, bool)
+    max_step = done & (flags == "max_step")
+    for _ in range(2):  # the second time through the cached table
+        message = UnityMessageProto.FromString(encoder.message(
+            encoder.agent_infos(np.array(ids), reward, done, max_step, obs)))
+        infos = message.unity_output.rl_output.agentInfos[BEHAVIOR].value
+        assert [i.id for i in infos] == list(ids)
+        assert [i.reward for i in infos] == reward.tolist()
+        assert [i.done for i in infos] == done.tolist()
+        assert [i.max_step_reached for i in infos] == max_step.tolist()
+        np.testing.assert_array_equal([list(i.observations[0].float_data.data) for i in infos],
+                                      obs)
+
+
+def test_actions_in_bulk_equal_the_protobuf_fields() -> None:
+    """`wire.continuous_actions` reads what mlagents-envs sends (both its encoders) and declines
+    any other layout, which the stand-in then reads field by field."""
+    from mlagents_envs.communicator_objects.agent_action_pb2 import AgentActionProto
+    from mlagents_envs.communicator_objects.unity_rl_input_pb2 import UnityRLInputProto
+
+    from envs.compat import encode_agent_actions
+    from envs.standin.wire import continuous_actions
+
+    actions = np.random.default_rng(2).uniform(-1, 1, (18, ACT_SIZE)).astype(np.float32)
+    by_protobuf = UnityRLInputProto()
+    for row in actions:
+        by_protobuf.agent_actions[BEHAVIOR].value.append(AgentActionProto(
+            vector_actions_deprecated=row.tolist(), continuous_actions=row.tolist()))
+    by_numpy = UnityRLInputProto()
+    by_numpy.agent_actions[BEHAVIOR].MergeFromString(encode_agent_actions(actions))
+    for message in (by_protobuf, by_numpy):
+        listing = message.agent_actions[BEHAVIOR]
+        data = listing.SerializeToString()
+        np.testing.assert_array_equal(continuous_actions(data, 18, ACT_SIZE), actions)
+    uneven = UnityRLInputProto()
+    for k, row in enumerate(actions[:3]):
+        uneven.agent_actions[BEHAVIOR].value.append(AgentActionProto(
+            continuous_actions=row.tolist(), discrete_actions=[1] * (k == 1)))
+    data = uneven.agent_actions[BEHAVIOR].SerializeToString()
+    assert continuous_actions(data, 3, ACT_SIZE) is None  # entries of different layouts
+    assert continuous_actions(encode_agent_actions(actions), 18, ACT_SIZE - 1) is None
+    assert continuous_actions(b"", 0, ACT_SIZE) is None

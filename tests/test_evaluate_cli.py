@@ -56,3 +56,28 @@ def test_cli_on_ray_equals_cli_without_ray(ray_cluster: RayCluster, tmp_path, ca
         [i["returns"] for i in plain["policies"][0]["items"]]
     assert (tmp_path / "ray" / "learning_curve.png").stat().st_size > 0
     assert (tmp_path / "ray" / "evaluation.csv").read_text().count("\n") == 2
+
+
+def test_cli_instances_per_runner_equal_one_instance(ray_cluster: RayCluster, tmp_path,
+                                                      capsys) -> None:
+    """`--instances-per-runner 2`, without Ray and on Ray, gives the items of one instance."""
+    run = str(fixtures_dir() / "ppo_normalize_False")
+    outputs = {}
+    for name, extra in (("one", []), ("two", ["--instances-per-runner", "2"])):
+        assert main(["evaluate", run, "--no-ray", "--out", str(tmp_path / name), *extra,
+                     *COMMON]) == 0
+        outputs[name] = json.loads((tmp_path / name / "evaluation.json").read_text())
+    capsys.readouterr()
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "huggy_agent.cli", "evaluate", run, "--instances-per-runner", "2",
+         "--address", ray_cluster.address, "--accelerator", "cpu", "--out", str(tmp_path / "ray"),
+         *COMMON],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs["ray"] = json.loads((tmp_path / "ray" / "evaluation.json").read_text())
+    items = {name: [(i["index"], i["seed"], i["returns"], i["lengths"]) for i in
+                    out["policies"][0]["items"]] for name, out in outputs.items()}
+    assert items["two"] == items["one"] and items["ray"] == items["one"]
+    assert len(items["one"]) == 2
+    assert outputs["two"]["env"]["instances"] == outputs["ray"]["env"]["instances"] == 2

@@ -251,3 +251,31 @@ def test_more_runners_than_the_cluster_holds_is_refused(ray_cluster: RayCluster,
             "cannot start 5 runners of 1 CPU each: cannot start 5 replicas on accelerator 'cpu': "
             "each needs {CPU: 1}, so 5 need CPU: 5, and the cluster has CPU: 4 in total")):
         evaluate_on_ray(specs, config, ENV)
+
+
+def test_instances_per_runner_give_identical_episodes(ray_cluster: RayCluster, specs,
+                                                      reference) -> None:
+    """Runners with 2 Unity instances run 2 items at once, one per instance, with the policy
+    called per instance: the episodes equal the one-instance reference exactly, in the plain
+    loop and on Ray, deterministic or stochastic; the scripted estimator stays exact."""
+    env = replace(ENV, instances=2)
+    plain = evaluate_plain(specs, CONFIG, env)
+    on_ray = evaluate_on_ray(specs, CONFIG, env)
+    assert _episodes(plain) == _episodes(on_ray) == _episodes(reference)
+    assert _numbers(plain) == _numbers(on_ray) == _numbers(reference)
+    steps = [[item.agent_steps for item in p.ordered_items()] for p in reference.policies]
+    for result in (plain, on_ray):
+        assert [[item.agent_steps for item in p.ordered_items()]
+                for p in result.policies] == steps
+        (runner,) = result.runners
+        assert len(runner.env_pids) == 2 and runner.env_pid == runner.env_pids[0]
+    stochastic = replace(CONFIG, stochastic=True)
+    assert _episodes(evaluate_plain(specs[:1], stochastic, env)) == \
+        _episodes(evaluate_plain(specs[:1], stochastic, ENV))
+    scripted = EnvSpec(num_agents=6, parameters={"episode_length": 4, "episode_length_step": 6},
+                       instances=2)
+    (summary,) = summarize_all(evaluate_plain(
+        specs[:1], replace(CONFIG, episodes=30, episodes_per_item=15), scripted))
+    assert summary.episodes == 30
+    assert summary.mean_return == pytest.approx(33 / 15)
+    assert summary.mean_length == pytest.approx(258 / 15)

@@ -1,7 +1,8 @@
 """Batch evaluation of policies on many environments, in this process or on Ray runners.
 
     plan.py        what to run: policies, environment, settings, work items (fixed seeds)
-    runner.py      the runner: one environment, local policy copies, one item at a time
+    runner.py      the runner: one environment (K Unity instances), local policy copies, K items
+                   at a time, one per instance
     scheduling.py  running the items: the plain loop, and Ray runners with Ray's fault tolerance
     results.py     what came back: episodes per item, per policy, per evaluation
 

@@ -1,16 +1,20 @@
 """What an evaluation runs: the policies, the environment, the settings and the work items.
 
 A policy's episodes are cut into work items; item `i` of every policy gets the seed `seed + i`
-and is run as `rollout(agent, env, episodes, seed)`, which resets the environment with that seed
-and counts a fixed quota of episodes per agent slot (`envs.rollout.slot_quotas`). An item's
-numbers therefore depend only on (policy, i): never on which runner ran it, how many runners
-there were, or which of its episodes ended first.
+and is run on one Unity instance reset with that seed, counting a fixed quota of episodes per
+agent slot of that instance (`envs.rollout.slot_quotas`). A runner with K instances
+(`EnvSpec.instances`) runs K items of one policy at once, one per instance, and calls the
+policy once per instance with that instance's rows (`envs.rollout.rollout_per_instance`): the
+batch shape and noise seeds of a one-instance runner, so not even a float can change with K.
+An item's numbers therefore depend only on (policy, i): never on which runner ran it, how many
+runners or instances there were, or which of its episodes ended first.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,6 +54,14 @@ class EnvSpec:
     timeout_wait: int = 60
     parameters: dict[str, float] = field(default_factory=dict)
     """More EnvironmentParameters side-channel values (`HuggyVectorEnv(env_parameters=...)`)."""
+    instances: int = 1
+    """Unity processes per runner (`--instances-per-runner`): the runner runs that many work
+    items of one policy at once, one per instance."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int) \
+                or self.instances < 1:
+            raise ValueError(f"instances must be an integer >= 1, got {self.instances!r}")
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,15 @@ def _unique_labels(specs: list[PolicySpec]) -> list[PolicySpec]:
         seen[spec.label] = count + 1
         unique.append(spec if count == 0 else replace(spec, label=f"{spec.label}#{count + 1}"))
     return unique
+
+
+def next_batch(pending: deque[WorkItem], size: int) -> list[WorkItem]:
+    """Take up to `size` items of one policy from the front of `pending` (in order): what a
+    runner with `size` instances runs at once."""
+    batch = [pending.popleft()]
+    while pending and len(batch) < size and pending[0].policy_index == batch[0].policy_index:
+        batch.append(pending.popleft())
+    return batch
 
 
 def plan_items(num_policies: int, config: EvalConfig) -> list[WorkItem]:

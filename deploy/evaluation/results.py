@@ -29,12 +29,14 @@ class ItemResult:
 
 @dataclass(frozen=True)
 class RunnerInfo:
-    """A started runner: its name, node, process id and its environment process id."""
+    """A started runner: its name, node, process id, and its environment's Unity process ids
+    (`env_pid`: the first instance's, `env_pids`: every instance's)."""
 
     name: str
     node_id: str
     pid: int
     env_pid: int | None
+    env_pids: tuple[int | None, ...] = ()
 
 
 @dataclass

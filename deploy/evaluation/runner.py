@@ -1,9 +1,11 @@
-"""The runner: one environment and local policy copies, running one work item at a time.
+"""The runner: one environment (of one or more Unity instances) and local policy copies,
+running work items: as many at once as the environment has instances, one item per instance.
 
 Used in-process by `evaluate_plain` and as a Ray actor by `evaluate_on_ray`. Fault handling is
 Ray's own: a crashed environment raises `EnvironmentCrashed`, which the driver lets Ray retry on
 the same runner (`retry_exceptions`), and the runner opens a fresh environment first; a runner
-whose process dies is restarted by Ray (`max_restarts`) and its item retried (`max_task_retries`).
+whose process dies is restarted by Ray (`max_restarts`) and its items retried
+(`max_task_retries`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +33,9 @@ class EnvironmentCrashed(RuntimeError):
 
 
 class Runner:
-    """Owns one environment and runs work items on it, one at a time. Policies are loaded on
-    first use (from the path, or from bytes the driver shipped); the two most recent are kept."""
+    """Owns one environment and runs work items on it, up to one per Unity instance at a time.
+    Policies are loaded on first use (from the path, or from bytes the driver shipped); the two
+    most recent are kept."""
 
     def __init__(self, name: str, env: EnvSpec, device: str = "cpu",
                  precision: str = "fp32") -> None:
@@ -50,45 +54,57 @@ class Runner:
             importer.join()
 
     def info(self) -> RunnerInfo:
-        """Name, node id ("local" outside Ray), process id and environment process id."""
-        return RunnerInfo(self._name, _node_id(), os.getpid(),
-                          None if self._env is None else self._env.process_id)
+        """Name, node id ("local" outside Ray), process id and environment process ids."""
+        pids = () if self._env is None else tuple(self._env.process_ids)
+        return RunnerInfo(self._name, _node_id(), os.getpid(), pids[0] if pids else None, pids)
 
-    def run(self, spec: PolicySpec, payload: list[Any] | bytes | None, item: WorkItem,
-            stochastic: bool) -> ItemResult:
-        """Run one item. `payload` is None (load `spec.path`), the file's bytes, or a one-element
-        list holding an ObjectRef of them (resolved only when the policy is not cached).
+    def run(self, spec: PolicySpec, payload: list[Any] | bytes | None,
+            items: Sequence[WorkItem], stochastic: bool) -> list[ItemResult]:
+        """Run up to `EnvSpec.instances` items of one policy at once, item j on instance j
+        (reset with the item's seed; a spare instance steps uncounted); one result per item.
+        `payload` is None (load `spec.path`), the file's bytes, or a one-element list holding an
+        ObjectRef of them (resolved only when the policy is not cached). Each item's `seconds`
+        is its share of the wall time, in proportion to its agent-steps.
 
         Raises PolicyLoadError or FileNotFoundError when the policy cannot be loaded, and
         EnvironmentCrashed when the environment dies mid-rollout (the next call opens a new one).
         """
         import envs
 
+        slots = self._env_spec.instances
+        if not 1 <= len(items) <= slots:
+            raise ValueError(f"expected 1 to {slots} work items (one per instance), got "
+                             f"{len(items)}")
         agent = self._agent(spec, payload)
         if self._env is None:
             self._env = _open_env(self._env_spec)
-        try:  # rollout resets the environment with the item's seed first
-            result = envs.rollout(agent, self._env, episodes=item.episodes,
-                                  deterministic=not stochastic, seed=item.seed)
+        spare = slots - len(items)
+        try:
+            results = envs.rollout_per_instance(
+                agent, self._env, episodes=[item.episodes for item in items] + [0] * spare,
+                seeds=[item.seed for item in items] + [items[0].seed] * spare,
+                deterministic=not stochastic)
         except envs.RolloutInterrupted as error:
             self._env.close()
             self._env = None
+            which = ", ".join(str(item.index) for item in items)
             raise EnvironmentCrashed(
-                f"runner {self._name}: environment died during item {item.index} of "
-                f"{spec.label}: {error}") from None
-        episodes = result.episodes
-        return ItemResult(
+                f"runner {self._name}: environment died during item{'s' * (len(items) > 1)} "
+                f"{which} of {spec.label}: {error}") from None
+        node, attempt = _node_id(), _attempt()
+        return [ItemResult(
             policy_index=item.policy_index, index=item.index, seed=item.seed,
-            returns=tuple(float(e.episode_return) for e in episodes),
-            lengths=tuple(int(e.length) for e in episodes),
-            reached_stick=tuple(bool(e.reached_stick) for e in episodes),
-            slots=tuple(e.slot for e in episodes),
-            episode_indices=tuple(e.index for e in episodes),
+            returns=tuple(float(e.episode_return) for e in result.episodes),
+            lengths=tuple(int(e.length) for e in result.episodes),
+            reached_stick=tuple(bool(e.reached_stick) for e in result.episodes),
+            slots=tuple(e.slot for e in result.episodes),
+            episode_indices=tuple(e.index for e in result.episodes),
             agent_steps=int(result.agent_steps), seconds=float(result.seconds),
-            node_id=_node_id(), runner=self._name, attempts=_attempt())
+            node_id=node, runner=self._name, attempts=attempt)
+            for item, result in zip(items, results, strict=False)]
 
     def close(self) -> None:
-        """Close the environment (stops its process)."""
+        """Close the environment (stops its processes)."""
         if self._env is not None:
             self._env.close()
 
@@ -130,13 +146,15 @@ def _load_agent(spec: PolicySpec, payload: list[Any] | bytes | None, device: str
 def _open_env(spec: EnvSpec) -> Any:
     """Open the environment on a worker id whose port was free a moment ago: several runners
     (and other programs) share a machine, so fixed worker ids would collide. `HuggyVectorEnv`
-    itself moves on to the next port when this one was taken meanwhile."""
+    itself moves on to the next port when this one (or, with several instances, one of the
+    next few) was taken meanwhile."""
     import envs
 
     return envs.HuggyVectorEnv(
         file_name=spec.file_name, worker_id=_free_port() - BASE_PORT, seed=0, no_graphics=True,
         timeout_wait=spec.timeout_wait, time_scale=spec.time_scale,
-        num_agents=spec.num_agents, max_steps=spec.max_steps, env_parameters=spec.parameters)
+        num_agents=spec.num_agents, max_steps=spec.max_steps, env_parameters=spec.parameters,
+        instances=spec.instances)
 
 
 def _free_port() -> int:

@@ -1,15 +1,19 @@
 """Running the work items: in this process (`evaluate_plain`) or on Ray runners
 (`evaluate_on_ray`), with Ray's own fault tolerance.
 
-What Ray does: a runner whose process dies is restarted (`max_restarts=-1`) and the item it was
-running is retried (`max_task_retries`); an item whose environment crashed is retried on the same
-runner (`retry_exceptions=[EnvironmentCrashed]`), which opens a fresh environment. Each item gets
-`max_attempts` tries in all, and the report counts the retries (Ray's task attempt number).
+A runner with K instances (`EnvSpec.instances`) takes up to K items of one policy at a time (a
+batch, `plan.next_batch`), one per instance; with K = 1 a batch is one item.
 
-What stays here, by hand, and why: handing items to idle runners (one item at a time per runner,
+What Ray does: a runner whose process dies is restarted (`max_restarts=-1`) and the batch it
+was running is retried (`max_task_retries`); a batch whose environment crashed is retried on the
+same runner (`retry_exceptions=[EnvironmentCrashed]`), which opens a fresh environment. Each
+batch gets `max_attempts` tries in all, and the report counts the retries of every item in it
+(Ray's task attempt number).
+
+What stays here, by hand, and why: handing batches to idle runners (one at a time per runner,
 so a policy that fails to load can have its remaining items withdrawn, which `ray.util.ActorPool`
-cannot do), reporting a policy as failed when its item failed every try, dropping a runner that
-can no longer start, and Ctrl-C, which keeps what finished.
+cannot do), reporting a policy as failed when its batch failed every try, dropping a runner
+that can no longer start, and Ctrl-C, which keeps what finished.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, WorkItem, plan_items
+from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, WorkItem, next_batch, plan_items
 from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult, RunnerInfo
 from deploy.evaluation.runner import EnvironmentCrashed, Runner
 
@@ -79,7 +83,8 @@ def _progress_bar(config: EvalConfig, total_episodes: int) -> Any:
 
 def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec,
                    on_result: ProgressCallback | None = None) -> EvaluationResult:
-    """Run every item in this process on one environment, in order: no Ray, no retries.
+    """Run every item in this process on one environment, in order (`env.instances` items at
+    a time): no Ray, no retries.
 
     The reference for `evaluate_on_ray` (same items, same seeds, same numbers) and the baseline of
     the benchmark. Policies always run on the CPU here (`config.accelerator` is ignored), with
@@ -94,8 +99,8 @@ def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec
     started = time.perf_counter()
     outcome = EvaluationResult(_policy_results(specs), config, env)
     _load_check(outcome.policies)
-    items = [item for item in plan_items(len(specs), config)
-             if not outcome.policies[item.policy_index].failed]
+    items = deque(item for item in plan_items(len(specs), config)
+                  if not outcome.policies[item.policy_index].failed)
     bar = _progress_bar(config, sum(item.episodes for item in items))
     runner = Runner("plain", env, device="cpu", precision=config.precision)
     outcome.startup_seconds = time.perf_counter() - started
@@ -103,19 +108,21 @@ def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec
     torch.set_num_threads(1)
     try:
         outcome.runners.append(runner.info())
-        for item in items:
-            policy = outcome.policies[item.policy_index]
+        while items:
+            batch = next_batch(items, env.instances)
+            policy = outcome.policies[batch[0].policy_index]
             if policy.failed:
                 continue
             try:
-                result = runner.run(policy.spec, None, item, config.stochastic)
+                results = runner.run(policy.spec, None, batch, config.stochastic)
             except (PolicyLoadError, FileNotFoundError) as error:
                 policy.error = f"{type(error).__name__}: {error}"
                 continue
-            policy.items.append(result)
-            bar.update(len(result.returns))
-            if on_result is not None:
-                on_result(result, None)
+            for result in results:
+                policy.items.append(result)
+                bar.update(len(result.returns))
+                if on_result is not None:
+                    on_result(result, None)
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:
@@ -177,12 +184,12 @@ def _remote_runner() -> Any:
 
 
 class RunnerPool:
-    """The driver's view of the runners: actor handles, their info, and what each is running."""
+    """The driver's view of the runners: actor handles, their info, and the batch each runs."""
 
     def __init__(self, config: EvalConfig, env: EnvSpec, placement: Any) -> None:
         self.actors: dict[str, Any] = {}
         self.infos: dict[str, RunnerInfo] = {}
-        self.busy: dict[str, WorkItem] = {}
+        self.busy: dict[str, list[WorkItem]] = {}
         self._config = config
         self._env = env
         self._placement = placement
@@ -201,12 +208,13 @@ class RunnerPool:
             starting[actor.info.remote()] = name
         return starting
 
-    def submit(self, name: str, spec: PolicySpec, payload: Any, item: WorkItem,
+    def submit(self, name: str, spec: PolicySpec, payload: Any, batch: list[WorkItem],
                stochastic: bool) -> Any:
-        """Run `item` on runner `name`; an environment crash is retried by Ray."""
-        self.busy[name] = item
+        """Run `batch` (items of one policy, one per instance) on runner `name`; an environment
+        crash is retried by Ray."""
+        self.busy[name] = batch
         method = self.actors[name].run.options(retry_exceptions=[EnvironmentCrashed])
-        return method.remote(spec, payload, item, stochastic)
+        return method.remote(spec, payload, batch, stochastic)
 
     def idle(self) -> list[str]:
         """Ready runners with nothing to do, oldest first."""
@@ -288,14 +296,18 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallb
 
     config, policies = outcome.config, outcome.policies
     specs = [policy.spec for policy in policies]
-    starting = pool.start(min(config.runners, len(plan_items(len(policies), config))))
+    batches, planned = 0, deque(plan_items(len(policies), config))
+    while planned:
+        next_batch(planned, outcome.env.instances)
+        batches += 1
+    starting = pool.start(min(config.runners, batches))
     _load_check(policies)
     payloads = {i: [ray.put(Path(spec.path).read_bytes())] for i, spec in enumerate(specs)
                 if spec.path is not None and not policies[i].failed}
     pending: deque[WorkItem] = deque(item for item in plan_items(len(policies), config)
                                      if not policies[item.policy_index].failed)
     bar = _progress_bar(config, sum(item.episodes for item in pending))
-    running: dict[Any, tuple[str, WorkItem]] = {}
+    running: dict[Any, tuple[str, list[WorkItem]]] = {}
 
     def fail_policy(index: int, message: str) -> None:
         policies[index].error = message
@@ -310,10 +322,11 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallb
             for name in pool.idle():
                 if not pending:
                     break
-                item = pending.popleft()
-                ref = pool.submit(name, specs[item.policy_index],
-                                  payloads.get(item.policy_index), item, config.stochastic)
-                running[ref] = (name, item)
+                batch = next_batch(pending, outcome.env.instances)
+                index = batch[0].policy_index
+                ref = pool.submit(name, specs[index], payloads.get(index), batch,
+                                  config.stochastic)
+                running[ref] = (name, batch)
             if not running and not starting:
                 raise EvaluationError("no runner could be started")
             ready, _ = ray.wait([*running, *starting], num_returns=1)
@@ -331,36 +344,46 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallb
                 if outcome.startup_seconds is None:
                     outcome.startup_seconds = time.perf_counter() - started
                 continue
-            name, item = running.pop(ref)
+            name, batch = running.pop(ref)
             pool.busy.pop(name, None)
-            label = specs[item.policy_index].label
+            index = batch[0].policy_index
+            which = _items_text(batch)
             try:
-                result = ray.get(ref)
+                results = ray.get(ref)
             except RayTaskError as error:
                 cause = error.cause
                 if isinstance(cause, (PolicyLoadError, FileNotFoundError)):
-                    fail_policy(item.policy_index, f"{type(cause).__name__}: {cause}")
+                    fail_policy(index, f"{type(cause).__name__}: {cause}")
                 else:
-                    fail_policy(item.policy_index, f"item {item.index} failed "
-                                f"{config.max_attempts} times: {_short(error)}")
+                    fail_policy(index, f"{which} failed {config.max_attempts} times: "
+                                f"{_short(error)}")
                 continue
             except RayActorError as error:
-                fail_policy(item.policy_index, f"item {item.index} lost its runner "
-                            f"{config.max_attempts} times: {_short(error)}")
+                fail_policy(index, f"{which} lost its runner {config.max_attempts} times: "
+                            f"{_short(error)}")
                 if not pool.alive(name):
                     _warn(f"runner {name} is gone and could not be restarted")
                     pool.drop(name)
                 continue
-            if result.attempts > 1:
-                _warn(f"{name} finished item {item.index} of {label} at try {result.attempts}")
-            if policies[item.policy_index].failed:
+            if results[0].attempts > 1:
+                _warn(f"{name} finished {which} of {specs[index].label} at try "
+                      f"{results[0].attempts}")
+            if policies[index].failed:
                 continue
-            policies[item.policy_index].items.append(result)
-            bar.update(len(result.returns))
-            if on_result is not None:
-                on_result(result, pool)
+            for result in results:
+                policies[index].items.append(result)
+                bar.update(len(result.returns))
+                if on_result is not None:
+                    on_result(result, pool)
     finally:
         bar.close()
+
+
+def _items_text(batch: list[WorkItem]) -> str:
+    """"item 3", or "items 3, 4" for a batch of several."""
+    if len(batch) == 1:
+        return f"item {batch[0].index}"
+    return "items " + ", ".join(str(item.index) for item in batch)
 
 
 def _short(error: BaseException) -> str:

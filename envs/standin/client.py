@@ -22,7 +22,7 @@ from typing import TextIO
 import numpy as np
 
 from envs.standin.sim import ACT_SIZE, OBS_SIZE, HuggySim, SimConfig
-from envs.standin.wire import ObservationEncoder, empty_message
+from envs.standin.wire import ObservationEncoder, continuous_actions, empty_message
 
 BEHAVIOR = "Huggy?team=0"
 COMMUNICATION_VERSION = "1.5.0"
@@ -31,7 +31,7 @@ ENVIRONMENT_PARAMETERS_CHANNEL = uuid.UUID("534c891e-810f-11ea-a9d0-822485860400
 EXCHANGE = "/communicator_objects.UnityToExternalProto/Exchange"
 CONNECT_TIMEOUT_S = 60.0
 PARAMETERS = {"num_agents", "max_steps", "arena_size", "episode_length", "episode_length_step",
-              "seed"}
+              "echo_actions", "seed"}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -62,10 +62,13 @@ def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
 
 
 class StandIn:
-    """Protocol state: the simulation, the agents awaiting decisions, pending parameters."""
+    """Protocol state: the simulation, the agents awaiting decisions, pending parameters.
+    `port` is only reported in observations with `SimConfig.echo_actions`."""
 
-    def __init__(self, log: TextIO) -> None:
+    def __init__(self, log: TextIO, port: int = 0) -> None:
         self.log = log
+        self.port = port
+        self.last_actions = np.zeros((0, ACT_SIZE), dtype=np.float32)  # per slot, for echo
         self.sim: HuggySim | None = None
         self.config = SimConfig()
         self.pending_seed: int | None = None
@@ -133,12 +136,26 @@ class StandIn:
         self.log.write(f"reset: {config}\n")
         zeros = np.zeros(self.sim.num_agents)
         self.order = np.arange(self.sim.num_agents)
-        return self._message(self.sim.agent_id, zeros, zeros.astype(bool), zeros.astype(bool), obs)
+        self.last_actions = np.zeros((self.sim.num_agents, ACT_SIZE), dtype=np.float32)
+        return self._message(self.sim.agent_id, zeros, zeros.astype(bool), zeros.astype(bool),
+                             self._echo(obs))
+
+    def _echo(self, obs: np.ndarray) -> np.ndarray:
+        """`obs` (one row per slot) with the echo columns of `SimConfig.echo_actions`."""
+        if not self.config.echo_actions:
+            return obs
+        obs = obs.copy()
+        obs[:, :ACT_SIZE] = self.last_actions
+        obs[:, ACT_SIZE] = np.arange(len(obs))
+        obs[:, ACT_SIZE + 1] = self.port
+        return obs
 
     def step(self, actions: np.ndarray) -> bytes:
         sim = self.sim
         assert sim is not None
         r = sim.step(actions)
+        self.last_actions = actions
+        r.obs, r.new_obs = self._echo(r.obs), self._echo(r.new_obs)
         if not r.done.any():
             self.order = np.arange(sim.num_agents)
             return self._message(r.agent_id, r.reward, r.done, r.max_step_reached, r.obs)
@@ -170,7 +187,9 @@ class StandIn:
         actions = np.zeros((n, ACT_SIZE), dtype=np.float32)
         if listing is None or len(listing.value) == 0:
             return actions
-        rows = [list(a.continuous_actions) for a in listing.value]
+        rows = continuous_actions(listing.SerializeToString(), len(listing.value), ACT_SIZE)
+        if rows is None:  # another layout: field by field
+            rows = [list(a.continuous_actions) for a in listing.value]
         if len(rows) != n or any(len(row) != ACT_SIZE for row in rows):
             self.log.write(f"unexpected actions: {len(rows)} rows for {n} agents; using zeros\n")
             return actions
@@ -194,7 +213,7 @@ def run(port: int, log: TextIO) -> int:
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    standin = StandIn(log)
+    standin = StandIn(log, port)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     exchange = channel.unary_unary(EXCHANGE, response_deserializer=UnityMessageProto.FromString)
     try:

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds `envs/`
+from envs.bootstrap import STANDIN_SETUP, bare_command
 
 
 def _cache_dir() -> Path:
@@ -18,16 +18,17 @@ def _cache_dir() -> Path:
 
 
 def launcher_script(python: str = sys.executable) -> str:
-    """The POSIX shell text of the launcher for interpreter `python`."""
+    """The POSIX shell text of the launcher for interpreter `python`: it runs the stand-in on a
+    bare `envs` package (`envs.bootstrap`), which imports only numpy, grpc and the messages."""
+    _, _, code, root = bare_command(STANDIN_SETUP,
+                                    "from envs.standin.client import main; sys.exit(main())")
     return (
         "#!/bin/sh\n"
         "# Huggy stand-in (huggy-agent): started like a Unity player,\n"
         "#   FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]\n"
-        f"PYTHONPATH={shlex.quote(str(_PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n"
-        "export PYTHONPATH\n"
         "GRPC_VERBOSITY=${GRPC_VERBOSITY:-NONE}  # no gRPC chatter when Python closes the server\n"
         "export GRPC_VERBOSITY\n"
-        f'exec {shlex.quote(python)} -m envs.standin "$@"\n'
+        f'exec {shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(root)} "$@"\n'
     )
 
 

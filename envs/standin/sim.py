@@ -51,6 +51,25 @@ _UPPER = 1 + 10 * np.arange(4)  # first observation column of each upper leg par
 _LOWER = _UPPER + 5  # ... and of each lower leg part
 
 
+def _clip(x: np.ndarray, low: float, high: float) -> np.ndarray:
+    """`np.clip` (the same values, NaN included) without its Python wrapper: the simulation's
+    arrays are small, so per-call overhead is most of its cost."""
+    return np.minimum(np.maximum(x, low), high)
+
+
+def _columns(*columns: np.ndarray) -> np.ndarray:
+    """`np.column_stack` of 1-D arrays, without its Python overhead."""
+    out = np.empty((len(columns[0]), len(columns)))
+    for j, column in enumerate(columns):
+        out[:, j] = column
+    return out
+
+
+def _norms(x: np.ndarray, keepdims: bool = False) -> np.ndarray:
+    """Row norms, exactly as `np.linalg.norm(x, axis=1)` computes them."""
+    return np.sqrt(np.add.reduce(x * x, axis=1, keepdims=keepdims))
+
+
 @dataclass
 class SimConfig:
     """What the EnvironmentParameters side channel can set (applied at the next reset)."""
@@ -68,6 +87,11 @@ class SimConfig:
     s and truncated for odd s. The dogs still move; only the episode ends and rewards change."""
     episode_length_step: int = 0
     """How much longer each slot's scripted episodes are than the previous slot's."""
+    echo_actions: int = 0
+    """For tests of the wire path, when 1: every observation the stand-in sends for slot s
+    carries in columns 0-20 the actions it last received for slot s (zeros before the first
+    step), in column 21 the slot's index s, in column 22 the stand-in's port. Applied by the
+    stand-in's protocol side (`envs.standin.client`); the simulation itself is unchanged."""
 
     def validated(self) -> SimConfig:
         """This configuration, or ValueError naming the bad field."""
@@ -80,8 +104,11 @@ class SimConfig:
         if int(self.episode_length) < 0 or int(self.episode_length_step) < 0:
             raise ValueError("episode_length and episode_length_step must be >= 0, got "
                              f"{self.episode_length} and {self.episode_length_step}")
+        if int(self.echo_actions) not in (0, 1):
+            raise ValueError(f"echo_actions must be 0 or 1, got {self.echo_actions}")
         return SimConfig(int(self.num_agents), int(self.max_steps), float(self.arena_size),
-                         int(self.episode_length), int(self.episode_length_step))
+                         int(self.episode_length), int(self.episode_length_step),
+                         int(self.echo_actions))
 
 
 @dataclass
@@ -145,8 +172,8 @@ class HuggySim:
         if k == 0:
             return
         a = self.config.arena_size
-        self.pos[mask] = np.column_stack([self.rng.uniform(-a, a, k), np.zeros(k),
-                                          self.rng.uniform(-a, a, k)])
+        self.pos[mask] = _columns(self.rng.uniform(-a, a, k), np.zeros(k),
+                                  self.rng.uniform(-a, a, k))
         self.yaw[mask] = self.rng.uniform(-np.pi, np.pi, k)
         self.vel[mask] = 0.0
         self.angvel[mask] = 0.0
@@ -166,8 +193,8 @@ class HuggySim:
         todo = mask.copy()
         while todo.any():
             k = int(todo.sum())
-            self.stick[todo] = np.column_stack([self.rng.uniform(-a, a, k), np.zeros(k),
-                                                self.rng.uniform(-a, a, k)])
+            self.stick[todo] = _columns(self.rng.uniform(-a, a, k), np.zeros(k),
+                                        self.rng.uniform(-a, a, k))
             far = np.hypot(*(self.stick[:, [0, 2]] - self.pos[:, [0, 2]]).T) > 2 * STICK_RADIUS
             todo &= ~far
 
@@ -181,7 +208,7 @@ class HuggySim:
         height = 0.3 + pose[:, 0]
         swing = (self.joints[:, 4:8] - 0.5) * _MIRROR
         rest = _LEVEL_PITCH + 2.0 * pose[:, 1] + _SWING_PITCH * (swing @ _FRONT) / 2
-        rest = np.clip(rest, _LEVEL_PITCH - _MAX_REST, _LEVEL_PITCH + _MAX_REST)
+        rest = _clip(rest, _LEVEL_PITCH - _MAX_REST, _LEVEL_PITCH + _MAX_REST)
         roll = 2.0 * pose[:, 2]
         if mask is None:
             mask = slice(None)
@@ -190,7 +217,7 @@ class HuggySim:
             pitch = self.pitch + DT * self.pitch_rate
             grounded = np.abs(pitch - _LEVEL_PITCH) >= _MAX_TILT
             self.pitch_rate[grounded] = 0.0
-            pitch = np.clip(pitch, _LEVEL_PITCH - _MAX_TILT, _LEVEL_PITCH + _MAX_TILT)
+            pitch = _clip(pitch, _LEVEL_PITCH - _MAX_TILT, _LEVEL_PITCH + _MAX_TILT)
         else:
             pitch = rest
         self.pos[mask, 1] = height[mask]
@@ -202,15 +229,19 @@ class HuggySim:
         cy, sy = np.cos(self.yaw), np.sin(self.yaw)
         cp, sp = np.cos(self.pitch), np.sin(self.pitch)
         cr, sr = np.cos(self.roll), np.sin(self.roll)
-        forward = np.column_stack([sy * cp, sp, cy * cp])
+        forward = _columns(sy * cp, sp, cy * cp)
         # up = Ry(yaw) Rx(-pitch) Rz(roll) (0, 1, 0)
         ux, uy, uz = -sr, cr * cp, cr * -sp
-        up = np.column_stack([ux * cy + uz * sy, uy, -ux * sy + uz * cy])
+        up = _columns(ux * cy + uz * sy, uy, -ux * sy + uz * cy)
         return forward, up
 
-    def _contacts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _feet_down(self) -> np.ndarray:
+        """(N, 4) bool: each lower leg reaches the ground."""
         tilt = _TILT_REACH * (self.pitch - _LEVEL_PITCH)[:, None] * -_FRONT  # nose down: front feet reach
-        lower = self.joints[:, 8:12] + tilt >= 0.5
+        return self.joints[:, 8:12] + tilt >= 0.5
+
+    def _contacts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lower = self._feet_down()
         upper = self.joints[:, 0:4] > 0.7
         body = ((lower.sum(axis=1) <= 1) & (self._extension() @ _POSE[:, 0] < 0.45)
                 | (np.abs(self.pitch - _LEVEL_PITCH) >= _MAX_TILT - 1e-9))
@@ -231,7 +262,7 @@ class HuggySim:
         obs[:, _LOWER + 1] = self.targets[:, 8:12]
         obs[:, _LOWER + 4] = self.strength[:, 1::2]
         to_stick = self.stick - self.pos
-        obs[:, 41:44] = to_stick / np.linalg.norm(to_stick, axis=1, keepdims=True)
+        obs[:, 41:44] = to_stick / _norms(to_stick, keepdims=True)
         obs[:, 44:47] = self.pos - [0.0, _STAND_HEIGHT, 0.0]
         obs[:, 47:50] = self.vel
         obs[:, 50:53] = self.angvel
@@ -253,7 +284,7 @@ class HuggySim:
         actions = np.asarray(actions, dtype=np.float64)
         if actions.shape != (n, ACT_SIZE):
             raise ValueError(f"expected actions of shape ({n}, {ACT_SIZE}), got {actions.shape}")
-        a = np.clip(actions, -1.0, 1.0)
+        a = _clip(actions, -1.0, 1.0)
         a[np.isnan(a)] = 0.0
         targets = np.empty((n, 12))
         targets[:, 0:4] = (a[:, 0:8:2] + 1) / 2  # upper legs X
@@ -265,12 +296,12 @@ class HuggySim:
                                          self.strength[:, 1::2]], axis=1)
         old_joints = self.joints.copy()
         self.joints += (0.25 + 0.35 * joint_strength) * (targets - self.joints)
-        turn = np.clip(a[:, 20], 0.0, 1.0)
+        turn = _clip(a[:, 20], 0.0, 1.0)
 
         # Feet on the ground that sweep backward push the body along its heading.
-        _, _, lower = self._contacts()
+        lower = self._feet_down()
         sweep = (old_joints[:, 4:8] - self.joints[:, 4:8]) * _MIRROR / DT
-        sweep = np.clip(sweep, -_MAX_SWEEP, _MAX_SWEEP)
+        sweep = _clip(sweep, -_MAX_SWEEP, _MAX_SWEEP)
         thrust = (lower * self.strength[:, 1::2] * sweep).sum(axis=1)
         to_stick = self.stick - self.pos
         bearing = np.arctan2(to_stick[:, 0], to_stick[:, 2]) - self.yaw
@@ -278,26 +309,26 @@ class HuggySim:
         # Legs on one side swung forward and on the other back (Y, mirrored) turn the body;
         # a symmetric pose (Y_left = 1 - Y_right, as the trained policies hold) does not.
         splay = self.joints[:, 4:8] - 0.5
-        yaw_rate = 3.0 * turn * np.clip(bearing, -1, 1) + 4.0 * splay.sum(axis=1)
+        yaw_rate = 3.0 * turn * _clip(bearing, -1, 1) + 4.0 * splay.sum(axis=1)
         old_pos, old_pitch, old_roll = self.pos.copy(), self.pitch.copy(), self.roll.copy()
         self.yaw = (self.yaw + yaw_rate * DT + np.pi) % (2 * np.pi) - np.pi
         speed = 0.5 * np.hypot(self.vel[:, 0], self.vel[:, 2]) * np.sign(
             self.vel[:, 0] * np.sin(self.yaw) + self.vel[:, 2] * np.cos(self.yaw)
         ) + 1.0 * thrust
         self._pose()
-        horizontal = np.column_stack([np.sin(self.yaw), np.cos(self.yaw)]) * speed[:, None]
+        horizontal = _columns(np.sin(self.yaw), np.cos(self.yaw)) * speed[:, None]
         arena = self.config.arena_size
-        self.pos[:, [0, 2]] = np.clip(old_pos[:, [0, 2]] + horizontal * DT, -arena, arena)
+        self.pos[:, [0, 2]] = _clip(old_pos[:, [0, 2]] + horizontal * DT, -arena, arena)
         self.vel = (self.pos - old_pos) / DT
-        self.angvel = np.column_stack([
+        self.angvel = _columns(
             (self.pitch - old_pitch) / DT * np.cos(self.yaw),
             yaw_rate,
             (self.roll - old_roll) / DT * np.cos(self.yaw),
-        ])
+        )
         self.steps += 1
 
         to_stick = self.stick - self.pos
-        distance = np.linalg.norm(to_stick, axis=1)
+        distance = _norms(to_stick)
         direction = to_stick / distance[:, None]
         reward = 0.01 * np.einsum("ij,ij->i", self.vel, direction) - 0.001 - 0.001 * turn
         reached = distance < STICK_RADIUS

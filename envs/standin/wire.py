@@ -49,40 +49,131 @@ class ObservationEncoder:
         obs_len = len(self._obs_head) + 4 * obs_size + len(self._obs_tail)
         self._observations_field = varint(13 << 3 | 2) + varint(obs_len)  # AgentInfoProto.obs
         self.obs_size = obs_size
+        self._tables: dict[tuple[int, int], tuple] = {}  # see `_table`
 
     def agent_infos(self, agent_id: np.ndarray, reward: np.ndarray, done: np.ndarray,
-                    max_step: np.ndarray, obs: np.ndarray) -> list[bytes]:
-        """The wire bytes of one `AgentInfoProto` per row (arrays of equal length)."""
+                    max_step: np.ndarray, obs: np.ndarray) -> bytes:
+        """The wire bytes of a `ListAgentInfoProto` with one `AgentInfoProto` per row (arrays of
+        equal length). Rows without a done or max-step flag whose ids have varints of one length
+        (every step but those where an episode ends) are written as one numpy table."""
+        ids = np.asarray(agent_id, dtype=np.int64)
+        if len(ids) and not (done.any() or max_step.any()):
+            low, high = int(ids.min()), int(ids.max())
+            if low >= 0 and _varint_size(low) == _varint_size(high):
+                return self._table(ids, _varint_size(high), reward, obs)
         width = 4 * self.obs_size
         floats = np.ascontiguousarray(obs, dtype="<f4").tobytes()
         rewards = np.ascontiguousarray(reward, dtype="<f4").tobytes()
         middle, tail = self._observations_field + self._obs_head, self._obs_tail
-        return [
-            b"".join((
+        return b"".join(
+            length_delimited(1, b"".join((
                 b"\x3d", rewards[4 * k : 4 * k + 4],  # reward = 7, fixed32
                 b"\x40\x01" if d else b"",  # done = 8
                 b"\x48\x01" if m else b"",  # max_step_reached = 9
                 b"\x50", varint(i),  # id = 10
                 middle, floats[k * width : (k + 1) * width], tail,  # observations = 13
-            ))
+            )))
             for k, (i, d, m) in enumerate(
-                zip(agent_id.tolist(), done.tolist(), max_step.tolist(), strict=True)
+                zip(ids.tolist(), np.asarray(done).tolist(), np.asarray(max_step).tolist(),
+                    strict=True)
             )
-        ]
+        )
 
-    def message(self, agent_infos: list[bytes], initialization_output: bytes = b"") -> bytes:
-        """A `UnityMessageProto` (status 200) whose rl_output holds `agent_infos`.
+    def _table(self, ids: np.ndarray, id_size: int, reward: np.ndarray, obs: np.ndarray) -> bytes:
+        """Rows of equal layout (value tag and length, reward, id, observation) as one table,
+        whose constant columns are written once per (rows, id size)."""
+        key = (len(ids), id_size)
+        if key not in self._tables:
+            body = (5 + 1 + id_size + len(self._observations_field) + len(self._obs_head)
+                    + 4 * self.obs_size + len(self._obs_tail))
+            head = b"\x0a" + varint(body) + b"\x3d"  # ListAgentInfoProto.value; reward = 7
+            middle = self._observations_field + self._obs_head
+            table = np.empty((len(ids), len(head) + body - 1), dtype=np.uint8)
+            reward_at = len(head)
+            id_at = reward_at + 5  # after the 4 reward bytes and the id tag
+            obs_at = id_at + id_size + len(middle)
+            table[:, :reward_at] = np.frombuffer(head, np.uint8)
+            table[:, reward_at + 4] = 0x50  # id = 10, varint
+            table[:, id_at + id_size : obs_at] = np.frombuffer(middle, np.uint8)
+            table[:, obs_at + 4 * self.obs_size :] = np.frombuffer(self._obs_tail, np.uint8)
+            shifts = 7 * np.arange(id_size)
+            more = np.where(np.arange(id_size) < id_size - 1, 0x80, 0)
+            self._tables[key] = (table, reward_at, id_at, obs_at, shifts, more)
+        table, reward_at, id_at, obs_at, shifts, more = self._tables[key]
+        table[:, reward_at : reward_at + 4] = np.asarray(reward, "<f4").view(np.uint8).reshape(
+            -1, 4)
+        table[:, id_at : id_at + id_size] = (ids[:, None] >> shifts) & 0x7F | more
+        table[:, obs_at : obs_at + 4 * self.obs_size] = np.asarray(obs, "<f4").view(
+            np.uint8).reshape(len(ids), -1)
+        return table.tobytes()
+
+    def message(self, agent_infos: bytes, initialization_output: bytes = b"") -> bytes:
+        """A `UnityMessageProto` (status 200) whose rl_output holds `agent_infos` (the bytes
+        `agent_infos()` gives).
 
         `initialization_output` is the serialized `UnityRLInitializationOutputProto` to include
         (with the brain parameters) the first time the behavior appears, else empty.
         """
-        listing = b"".join(length_delimited(1, info) for info in agent_infos)
+        listing = agent_infos
         entry = length_delimited(1, self.behavior) + length_delimited(2, listing)
         rl_output = length_delimited(2, entry)  # UnityRLOutputProto.agentInfos (map) = 2
         output = length_delimited(1, rl_output)
         if initialization_output:
             output += length_delimited(2, initialization_output)
         return HEADER_OK + length_delimited(2, output)
+
+
+def _varint_size(value: int) -> int:
+    return max(1, -(-value.bit_length() // 7))
+
+
+def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
+    """(value, offset after it) of the varint at `offset`."""
+    value = shift = 0
+    while True:
+        byte = data[offset]
+        value |= (byte & 0x7F) << shift
+        offset += 1
+        if byte < 0x80:
+            return value, offset
+        shift += 7
+
+
+def continuous_actions(listing: bytes, count: int, width: int) -> np.ndarray | None:
+    """The `continuous_actions` of a serialized `ListAgentActionProto` of `count` agents, as a
+    (count, width) float32 table, read in bulk when every agent's entry has the layout of the
+    first (as mlagents-envs writes them: the deprecated copy and the continuous actions, packed);
+    None when they differ or hold no `width` continuous actions (read the message instead)."""
+    if count < 1 or len(listing) % count:
+        return None
+    stride = len(listing) // count
+    try:
+        if listing[0] != 0x0A:  # ListAgentActionProto.value = 1
+            return None
+        size, offset = _read_varint(listing, 1)
+        if offset + size != stride:
+            return None
+        fixed, start = list(range(offset)), None
+        while offset < stride:  # the fields of the first AgentActionProto
+            tag, after_tag = _read_varint(listing, offset)
+            if tag & 7 != 2:  # only length-delimited (packed) fields are expected
+                return None
+            size, after_size = _read_varint(listing, after_tag)
+            fixed.extend(range(offset, after_size))
+            if tag >> 3 == 6:  # continuous_actions
+                if size != 4 * width:
+                    return None
+                start = after_size
+            offset = after_size + size
+    except IndexError:
+        return None
+    if start is None or offset != stride:
+        return None
+    table = np.frombuffer(listing, np.uint8).reshape(count, stride)
+    columns = np.array(fixed)
+    if not (table[:, columns] == table[0, columns]).all():  # same tags and sizes in every entry
+        return None
+    return table[:, start : start + 4 * width].copy().view("<f4").astype(np.float32)
 
 
 def empty_message() -> bytes:
