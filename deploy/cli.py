@@ -89,6 +89,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         evaluate_on_ray,
         evaluate_plain,
         expand_policies,
+        stand_in_behavior,
     )
     from deploy.report import format_table, write_report
 
@@ -101,7 +102,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
     env = EnvSpec(file_name=None if args.env == "builtin" else args.env,
                   num_agents=args.num_agents, max_steps=args.max_steps,
-                  parameters=dict(args.env_param), instances=args.instances_per_runner)
+                  parameters=dict(args.env_param), instances=args.instances_per_runner,
+                  behavior_spec=stand_in_behavior(specs) if args.env == "builtin" else None)
     config = EvalConfig(episodes=args.episodes, episodes_per_item=args.episodes_per_item,
                         seed=args.seed, stochastic=args.stochastic, runners=args.runners,
                         accelerator=args.accelerator, precision=args.precision,

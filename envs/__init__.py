@@ -1,7 +1,8 @@
 """Huggy's Unity environment from Python: Gymnasium envs over mlagents-envs and a built-in stand-in.
 
 Importing `envs` makes mlagents-envs 1.1.0 work on the installed protobuf/numpy (see
-`envs.compat`) and registers the Gymnasium id `huggy_agent/Huggy-v0`. Everything that speaks to
+`envs.compat`) and registers the Gymnasium ids `huggy_agent/Huggy-v0` (Huggy) and
+`huggy_agent/Unity-v0` (any behavior). Everything that speaks to
 Unity lives in this package; mlagents-envs is imported nowhere else. `HuggyVectorEnv` drives one
 Unity process in this process (`envs.instance`), or several, each from a worker process
 (`envs.workers`).
@@ -22,9 +23,9 @@ from envs.rollout import (  # noqa: E402
     rollout,
     rollout_per_instance,
 )
-from envs.single_env import HuggyEnv  # noqa: E402
+from envs.single_env import HuggyEnv, UnityEnv  # noqa: E402
 from envs.standin.launcher import builtin_huggy_path  # noqa: E402
-from envs.vector_env import HuggyVectorEnv  # noqa: E402
+from envs.vector_env import HuggyVectorEnv, UnityVectorEnv  # noqa: E402
 from envs.workers import InstanceError  # noqa: E402
 
 register_envs()
@@ -36,6 +37,8 @@ __all__ = [
     "InstanceError",
     "RolloutInterrupted",
     "RolloutResult",
+    "UnityEnv",
+    "UnityVectorEnv",
     "builtin_huggy_path",
     "instance_seed",
     "rollout",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.rollout import EpisodeResult, RolloutInterrupted, RolloutResult, rollout, slot_quotas
-from envs.vector_env import HuggyVectorEnv
+from envs.vector_env import UnityVectorEnv
 
 
 def load_agent(args: argparse.Namespace) -> Any:
@@ -22,6 +22,14 @@ def load_agent(args: argparse.Namespace) -> Any:
     from huggy_agent import HuggyAgent
 
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=args.seed)
+
+
+def _behavior_name(args: argparse.Namespace) -> str:
+    """A name for the behavior the stand-in plays: the policy file's run or behavior."""
+    if args.policy is None:
+        return "Agent"
+    path = Path(args.policy)
+    return path.stem.split("-")[0] if path.suffix else path.name
 
 
 def quota_text(episodes: int, slots: int) -> str:
@@ -80,9 +88,15 @@ def run_rollout(args: argparse.Namespace) -> int:
         bar.update(1)
         bar.set_postfix(last_return=f"{episode.episode_return:.3f}")
 
-    env = HuggyVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
+    behavior = None
+    if file_name is None:  # the stand-in plays Huggy, or the policy's own behavior
+        from envs.standin.launcher import standin_behavior
+
+        behavior = standin_behavior(agent.spec.as_dict(), _behavior_name(args))
+    env = UnityVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
                          timeout_wait=args.timeout_wait, base_port=args.base_port,
-                         env_parameters=dict(args.env_param), instances=args.instances)
+                         env_parameters=dict(args.env_param), instances=args.instances,
+                         behavior_spec=behavior)
     status = 0
     try:
         result = rollout(agent, env, episodes=args.episodes, deterministic=not args.stochastic,

@@ -410,23 +410,29 @@ def _fast_steps_from_proto(agent_info_list: Any, behavior_spec: Any, fallback: A
 
 class AgentRows(NamedTuple):
     """One behavior's agents after a step, one row per agent in Unity's order: decision steps
-    (`done` False) and terminal steps (`done` True, `interrupted` where the max step ended it)."""
+    (`done` False) and terminal steps (`done` True, `interrupted` where the max step ended it).
+    `mask` holds the deciding agents' action masks, mlagents-envs' way (True = not allowed):
+    None without discrete actions or masks."""
 
     agent_id: np.ndarray  # (m,) int64
     reward: np.ndarray  # (m,) float32
     done: np.ndarray  # (m,) bool
     interrupted: np.ndarray  # (m,) bool
-    obs: np.ndarray  # (m, width) float32
+    obs: list[np.ndarray]  # each (m, *shape) float32
+    mask: np.ndarray | None = None  # (deciding agents, sum of branches) bool
 
 
 def agent_rows(decision: Any, terminal: Any) -> AgentRows:
     """`AgentRows` of mlagents-envs' DecisionSteps (first) and TerminalSteps."""
+    mask = decision.action_mask
     return AgentRows(
         np.concatenate([decision.agent_id, terminal.agent_id]).astype(np.int64),
         np.concatenate([decision.reward, terminal.reward]).astype(np.float32),
         np.repeat([False, True], [len(decision), len(terminal)]),
         np.concatenate([np.zeros(len(decision), bool), terminal.interrupted]),
-        np.concatenate([decision.obs[0], terminal.obs[0]]).astype(np.float32))
+        [np.concatenate([d, t]).astype(np.float32)
+         for d, t in zip(decision.obs, terminal.obs, strict=True)],
+        None if mask is None else np.concatenate(mask, axis=1))
 
 
 def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | None:
@@ -482,4 +488,4 @@ def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | No
     _check_finite(reward, "rewards")
     done = scalars[:, 2] != 0
     return AgentRows(scalars[:, 1].astype(np.int64), reward, done, done & (scalars[:, 3] != 0),
-                     obs)
+                     [obs])

@@ -6,6 +6,11 @@ for one instance, in an instance worker (`envs.workers`) for several. It imports
 mlagents-envs only (no Gymnasium, no torch), and writes each step into caller-owned arrays
 (`StepBuffers`), which the workers place in shared memory.
 
+Any behavior: its observations (vectors, images, variable-length buffers), continuous and
+discrete actions and action masks are laid out per slot by a `SlotLayout`. A behavior of one
+vector observation and continuous actions (Huggy's) takes `compat.lean_step`, one exchange
+straight into arrays; others go through mlagents-envs' own calls.
+
 Slots: slot s is the agent at row s of the first decision after a reset. Unity gives an agent a
 new id every episode; an agent that finishes frees its slot, and its successor (a new id in the
 same message) takes the lowest free slot. Terminal steps map to `terminated`, interrupted ones
@@ -74,17 +79,62 @@ class InstanceConfig:
     behavior_name: str | None = None
     num_agents: int | None = None
     """The number of agents the scene must have after the first reset (None: any)."""
+    layout: SlotLayout | None = None
+    """The layout the behavior must have (None: any)."""
+    additional_args: tuple[str, ...] = ()
+    """More command-line arguments for the executable (the stand-in's `--behavior-spec`)."""
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """What one slot holds: the shape of each observation (a vector (size,), an image
+    (C, H, W), a variable-length buffer (entities, size)), the continuous action size and the
+    discrete branch sizes. Plain data: it travels to instance workers."""
+
+    observations: tuple[tuple[int, ...], ...]
+    continuous_size: int = 0
+    discrete_branches: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, behavior_spec: Any) -> SlotLayout:
+        """The layout of an mlagents-envs `BehaviorSpec`."""
+        action = behavior_spec.action_spec
+        return cls(tuple(tuple(int(d) for d in o.shape) for o in behavior_spec.observation_specs),
+                   int(action.continuous_size), tuple(int(b) for b in action.discrete_branches))
+
+    @property
+    def mask_size(self) -> int:
+        """Columns of a slot's action mask: one per action of every branch."""
+        return sum(self.discrete_branches)
+
+    @property
+    def lean(self) -> bool:
+        """One vector observation and continuous actions only: the fast exchange applies."""
+        return (len(self.observations) == 1 and len(self.observations[0]) == 1
+                and not self.discrete_branches)
+
+    def describe(self) -> str:
+        """Such as `(59,) -> 21 continuous` or `(3, 84, 84), (8,) -> discrete (3, 2)`."""
+        actions = [f"{self.continuous_size} continuous"] if self.continuous_size else []
+        if self.discrete_branches:
+            actions.append(f"discrete {self.discrete_branches}")
+        return (", ".join(str(shape) for shape in self.observations) + " -> "
+                + " + ".join(actions))
 
 
 @dataclass
 class StepBuffers:
-    """The arrays a step reads and fills, one row per slot. The caller writes `actions`; a reset
-    fills `obs` and `agent_id`; a step fills everything else. `final_obs` and `final_agent_id`
-    are meaningful only where `terminated | truncated`."""
+    """The arrays a step reads and fills, one row per slot. The caller writes `actions` and
+    `discrete`; a reset fills `obs`, `mask` and `agent_id`; a step fills everything else.
+    `obs[k]` is observation k of every slot; `mask` is True where an action is allowed (one
+    column per action of every branch); `final_obs` and `final_agent_id` are meaningful only
+    where `terminated | truncated`."""
 
-    obs: np.ndarray  # (n, obs_size) float32
-    final_obs: np.ndarray  # (n, obs_size) float32
-    actions: np.ndarray  # (n, act_size) float32
+    obs: tuple[np.ndarray, ...]  # each (n, *shape) float32
+    final_obs: tuple[np.ndarray, ...]
+    actions: np.ndarray  # (n, continuous) float32
+    discrete: np.ndarray  # (n, branches) int32
+    mask: np.ndarray  # (n, sum of branches) bool, True = allowed
     reward: np.ndarray  # (n,) float32
     agent_id: np.ndarray  # (n,) int64
     final_agent_id: np.ndarray  # (n,) int64
@@ -92,38 +142,51 @@ class StepBuffers:
     truncated: np.ndarray  # (n,) bool
 
     @staticmethod
-    def _fields(n: int, obs_size: int, act_size: int) -> list[tuple[str, tuple[int, ...], Any]]:
-        return [("obs", (n, obs_size), np.float32), ("final_obs", (n, obs_size), np.float32),
-                ("actions", (n, act_size), np.float32), ("reward", (n,), np.float32),
+    def _fields(n: int, layout: SlotLayout) -> list[tuple[str, tuple[int, ...], Any]]:
+        observations = [(f"obs.{k}", (n, *shape), np.float32)
+                        for k, shape in enumerate(layout.observations)]
+        finals = [(f"final_obs.{k}", (n, *shape), np.float32)
+                  for k, shape in enumerate(layout.observations)]
+        return [*observations, *finals,
+                ("actions", (n, layout.continuous_size), np.float32),
+                ("discrete", (n, len(layout.discrete_branches)), np.int32),
+                ("mask", (n, layout.mask_size), np.bool_), ("reward", (n,), np.float32),
                 ("agent_id", (n,), np.int64), ("final_agent_id", (n,), np.int64),
                 ("terminated", (n,), np.bool_), ("truncated", (n,), np.bool_)]
 
     @classmethod
-    def nbytes(cls, n: int, obs_size: int, act_size: int) -> int:
+    def nbytes(cls, n: int, layout: SlotLayout) -> int:
         """Bytes `over` needs for `n` slots (each array starts on a 64-byte boundary)."""
         total = 0
-        for _, shape, dtype in cls._fields(n, obs_size, act_size):
+        for _, shape, dtype in cls._fields(n, layout):
             total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
         return total
 
     @classmethod
-    def over(cls, n: int, obs_size: int, act_size: int, buffer: Any = None) -> StepBuffers:
+    def over(cls, n: int, layout: SlotLayout, buffer: Any = None) -> StepBuffers:
         """Buffers for `n` slots laid out in `buffer` (a writable buffer of at least `nbytes`
-        bytes, such as a shared mmap), or in fresh memory when None."""
+        bytes, such as a shared mmap), or in fresh memory when None. Masks start all True."""
         if buffer is None:
-            buffer = bytearray(cls.nbytes(n, obs_size, act_size))
+            buffer = bytearray(cls.nbytes(n, layout))
         arrays, offset = {}, 0
-        for name, shape, dtype in cls._fields(n, obs_size, act_size):
+        for name, shape, dtype in cls._fields(n, layout):
             count = int(np.prod(shape))
             arrays[name] = np.frombuffer(buffer, dtype, count, offset).reshape(shape)
             offset += -(-count * np.dtype(dtype).itemsize // 64) * 64
-        return cls(**arrays)
+        count = len(layout.observations)
+        buffers = cls(obs=tuple(arrays.pop(f"obs.{k}") for k in range(count)),
+                      final_obs=tuple(arrays.pop(f"final_obs.{k}") for k in range(count)),
+                      **arrays)
+        buffers.mask[:] = True
+        return buffers
 
     def rows(self, start: int, stop: int) -> StepBuffers:
         """Views of slots [start, stop)."""
-        return StepBuffers(*(getattr(self, name)[start:stop] for name in (
-            "obs", "final_obs", "actions", "reward", "agent_id", "final_agent_id", "terminated",
-            "truncated")))
+        return StepBuffers(
+            tuple(o[start:stop] for o in self.obs), tuple(o[start:stop] for o in self.final_obs),
+            *(getattr(self, name)[start:stop] for name in (
+                "actions", "discrete", "mask", "reward", "agent_id", "final_agent_id",
+                "terminated", "truncated")))
 
 
 @dataclass(frozen=True)
@@ -131,8 +194,7 @@ class InstanceInfo:
     """What a started instance reports: its scene and where it runs."""
 
     num_agents: int
-    obs_size: int
-    act_size: int
+    layout: SlotLayout
     behavior_name: str
     worker_id: int
     port: int
@@ -179,16 +241,10 @@ class UnityInstance:
             self._unity.reset()
             self.behavior_name = self._choose_behavior(config.behavior_name)
             spec = self._unity.behavior_specs[self.behavior_name]
-            if len(spec.observation_specs) != 1 or len(spec.observation_specs[0].shape) != 1:
-                raise ValueError(
-                    f"behavior {self.behavior_name!r} must have one vector observation, got "
-                    f"shapes {[o.shape for o in spec.observation_specs]}"
-                )
-            if spec.action_spec.discrete_size or not spec.action_spec.continuous_size:
-                raise ValueError(
-                    f"behavior {self.behavior_name!r} must have continuous actions only, got "
-                    f"{spec.action_spec}"
-                )
+            self.layout = SlotLayout.of(spec)
+            if config.layout is not None and self.layout != config.layout:
+                raise ValueError(f"behavior {self.behavior_name!r} has {self.layout.describe()}, "
+                                 f"expected {config.layout.describe()}")
             decision, _ = self._unity.get_steps(self.behavior_name)
             if config.num_agents is not None and len(decision) != config.num_agents:
                 raise ValueError(
@@ -197,8 +253,6 @@ class UnityInstance:
         except BaseException:
             self._unity.close()
             raise
-        (self.obs_size,) = spec.observation_specs[0].shape
-        self.act_size = spec.action_spec.continuous_size
         self.num_agents = len(decision)
 
     # -- start-up -------------------------------------------------------------------------------
@@ -218,6 +272,7 @@ class UnityInstance:
                 seed=config.seed, no_graphics=config.no_graphics,
                 timeout_wait=config.timeout_wait, log_folder=config.log_folder,
                 side_channels=[self._engine, self._parameters],
+                additional_args=list(config.additional_args),
             )
         except UnityWorkerInUseException as error:
             raise RuntimeError(
@@ -247,8 +302,8 @@ class UnityInstance:
     def info(self) -> InstanceInfo:
         """The scene's sizes, the behavior, the worker id, port and Unity process id."""
         process = getattr(self._unity, "_process", None)
-        return InstanceInfo(self.num_agents, self.obs_size, self.act_size, self.behavior_name,
-                            self.worker_id, self.port, None if process is None else process.pid)
+        return InstanceInfo(self.num_agents, self.layout, self.behavior_name, self.worker_id,
+                            self.port, None if process is None else process.pid)
 
     # -- episodes -------------------------------------------------------------------------------
 
@@ -269,7 +324,9 @@ class UnityInstance:
         self._slot_ids = np.asarray(decision.agent_id, dtype=np.int64).copy()
         self._decision_ids = self._slot_ids.copy()  # agent id of each decision row
         self._decision_slots: np.ndarray | None = None  # slot of each row; None: row = slot
-        out.obs[:] = decision.obs[0]
+        for target, values in zip(out.obs, decision.obs, strict=True):
+            target[:] = values
+        _write_mask(out.mask, decision.action_mask, None)
         out.agent_id[:] = self._slot_ids
         out.reward[:] = 0.0
         out.terminated[:] = False
@@ -280,8 +337,9 @@ class UnityInstance:
         next observation of each slot (its successor's first one where an episode ended, with
         the finished agent's last observation and id in `final_obs`/`final_agent_id`), the
         reward, terminated (ended before its max step) and truncated (interrupted at it)."""
-        rows = self._exchange(
-            out.actions if self._decision_slots is None else out.actions[self._decision_slots])
+        order = self._decision_slots
+        rows = self._exchange(out.actions if order is None else out.actions[order],
+                              out.discrete if order is None else out.discrete[order])
         n = self.num_agents
         slot_ids = self._slot_ids
         ids, done = rows.agent_id, rows.done
@@ -291,10 +349,13 @@ class UnityInstance:
             slots = self._decision_slots
             if slots is None:
                 out.reward[:] = rows.reward
-                out.obs[:] = rows.obs
+                for target, values in zip(out.obs, rows.obs, strict=True):
+                    target[:] = values
             else:
                 out.reward[slots] = rows.reward
-                out.obs[slots] = rows.obs
+                for target, values in zip(out.obs, rows.obs, strict=True):
+                    target[slots] = values
+            _write_mask(out.mask, rows.mask, slots)
             out.terminated[:] = False
             out.truncated[:] = False
             return
@@ -310,10 +371,12 @@ class UnityInstance:
             out.reward[slots] = rows.reward[done][known]
             out.truncated[slots] = interrupted
             out.terminated[slots] = ~interrupted
-            out.final_obs[slots] = rows.obs[done][known]
+            for target, values in zip(out.final_obs, rows.obs, strict=True):
+                target[slots] = values[done][known]
             out.final_agent_id[slots] = slot_ids[slots]
             slot_ids[slots] = -1  # freed for the successors
-            ids, reward, obs = ids[deciding], rows.reward[deciding], rows.obs[deciding]
+            ids, reward = ids[deciding], rows.reward[deciding]
+            obs = [values[deciding] for values in rows.obs]
         else:
             reward, obs = rows.reward, rows.obs
         if len(ids) != n:
@@ -332,21 +395,26 @@ class UnityInstance:
             slot_ids[slots[fresh]] = ids[fresh]
         known = ~fresh
         out.reward[slots[known]] = reward[known]
-        out.obs[slots] = obs
+        for target, values in zip(out.obs, obs, strict=True):
+            target[slots] = values
+        _write_mask(out.mask, rows.mask, slots)
         out.agent_id[:] = slot_ids
         self._decision_ids = ids
         self._decision_slots = None if np.array_equal(slots, np.arange(n)) else slots
 
-    def _exchange(self, actions: np.ndarray) -> Any:
-        """One step of the Unity process with `actions` (one row per deciding agent, in
+    def _exchange(self, continuous: np.ndarray, discrete: np.ndarray) -> Any:
+        """One step of the Unity process with the actions (one row per deciding agent, in
         Unity's order): `compat.lean_step` where it applies, else mlagents-envs' own calls."""
         from envs import compat
 
-        rows = compat.lean_step(self._unity, self.behavior_name, actions)
+        rows = (compat.lean_step(self._unity, self.behavior_name, continuous)
+                if self.layout.lean else None)
         if rows is None:
             from mlagents_envs.base_env import ActionTuple
 
-            self._unity.set_actions(self.behavior_name, ActionTuple(continuous=actions))
+            self._unity.set_actions(self.behavior_name, ActionTuple(
+                continuous=continuous if self.layout.continuous_size else None,
+                discrete=discrete if self.layout.discrete_branches else None))
             self._unity.step()
             rows = compat.agent_rows(*self._unity.get_steps(self.behavior_name))
         return rows
@@ -355,6 +423,23 @@ class UnityInstance:
         """Close the connection and the Unity process (idempotent)."""
         if self._unity is not None:
             self._unity.close()
+
+
+def _write_mask(out: np.ndarray, masked: Any, slots: np.ndarray | None) -> None:
+    """Write the deciding agents' action masks into `out` (True = allowed), rows in `slots`
+    order (None: row = slot). `masked` is mlagents-envs' (True = not allowed): a list of one
+    (rows, branch size) array per branch, an already joined (rows, actions) array, or None (no
+    masks: everything allowed)."""
+    if not out.shape[1]:
+        return
+    if masked is None:
+        out[:] = True
+        return
+    joined = np.concatenate(masked, axis=1) if isinstance(masked, list) else masked
+    if slots is None:
+        out[:] = ~joined
+    else:
+        out[slots] = ~joined
 
 
 def _rows_in(slot_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:

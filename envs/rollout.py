@@ -29,10 +29,12 @@ ESTIMATOR_DESCRIPTION = (
 
 
 class Agent(Protocol):
-    """Anything with HuggyAgent's `compute_action` (a local agent, or a remote one over HTTP)."""
+    """Anything with HuggyAgent's `compute_action` (a local agent, or a remote one over HTTP).
+    `action_mask` and `memory` are passed only to policies with discrete actions (when the env
+    reports masks) and with memory (an agent whose `spec.memory_size` > 0)."""
 
-    def compute_action(self, obs: np.ndarray, deterministic: bool = True,
-                       seed: int | None = None, row_offset: int = 0) -> np.ndarray: ...
+    def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
+                       row_offset: int = 0, **masks_and_memory: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,61 @@ class _SlotTally:
                              self.agent_steps, seconds)
 
 
-def _actions(agent: Agent, obs: np.ndarray, deterministic: bool, seed: int | None,
-             step: int) -> np.ndarray:
-    if deterministic:
-        return agent.compute_action(obs, deterministic=True)
-    noise_seed = None if seed is None else step_seed(seed, step)
-    return agent.compute_action(obs, deterministic=False, seed=noise_seed)
+class _Acting:
+    """The agent's side of a rollout: one `compute_action` per call, with the slots' action masks
+    (from the env's infos) and, for a recurrent policy, each slot's memory, kept here and zeroed
+    when the slot's episode ends (its successor starts with a fresh memory)."""
+
+    def __init__(self, agent: Agent, slots: int, deterministic: bool, seed: int | None) -> None:
+        self.agent = agent
+        self.deterministic = deterministic
+        self.seed = seed
+        memory = getattr(getattr(agent, "spec", None), "memory_size", 0)
+        self.memory = np.zeros((slots, memory), np.float32) if memory else None
+
+    def act(self, obs: Any, infos: dict[str, Any], step: int, part: slice = slice(None),
+            seed: int | None = None) -> Any:
+        """Actions for the slots `part` (their rows of `obs`, copied: a fresh array, as a
+        one-instance rollout passes, since matrix kernels may take another path on input that
+        is a view into the middle of another). `seed` overrides the rollout's."""
+        seed = self.seed if seed is None else seed
+        rows = tuple(o[part].copy() for o in obs) if isinstance(obs, tuple) else obs[part].copy()
+        kwargs: dict[str, Any] = {}
+        if "action_mask" in infos:
+            kwargs["action_mask"] = infos["action_mask"][part]
+        if self.memory is not None:
+            kwargs["memory"] = self.memory[part]
+        if self.deterministic:
+            result = self.agent.compute_action(rows, deterministic=True, **kwargs)
+        else:
+            result = self.agent.compute_action(
+                rows, deterministic=False, seed=None if seed is None else step_seed(seed, step),
+                **kwargs)
+        if self.memory is not None:
+            result, self.memory[part] = result
+        return result
+
+    def ended(self, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        """Forget the memory of slots whose episode just ended."""
+        if self.memory is not None:
+            self.memory[terminated | truncated] = 0.0
+
+
+def _zero_actions(space: Any) -> Any:
+    """Zero actions of a batched action space: one array, or a tuple of them (hybrid)."""
+    if hasattr(space, "spaces"):
+        return tuple(np.zeros(s.shape, s.dtype) for s in space.spaces)
+    return np.zeros(space.shape, space.dtype)
+
+
+def _set_rows(actions: Any, part: slice, values: Any) -> None:
+    """Write `values` (an array, a tuple of arrays, or 0) into rows `part` of `actions`."""
+    if isinstance(actions, tuple):
+        for target, value in zip(actions, values if isinstance(values, tuple)
+                                 else (values,) * len(actions), strict=True):
+            target[part] = value
+    else:
+        actions[part] = values
 
 
 def rollout(
@@ -143,9 +194,11 @@ def rollout(
     seed: int | None = None,
     progress: Callable[[EpisodeResult], None] | None = None,
 ) -> RolloutResult:
-    """Run `env` (a `HuggyVectorEnv`) until every slot has finished its quota of episodes.
+    """Run `env` (a `UnityVectorEnv`) until every slot has finished its quota of episodes.
 
-    Every step calls `agent.compute_action(obs)` once for all agents (of every instance).
+    Every step calls `agent.compute_action(obs)` once for all agents (of every instance), with
+    their action masks where the env reports them, and their memories for a recurrent policy
+    (zeros when an episode starts).
     Slot quotas follow `slot_quotas(episodes, env.num_envs)`; see the module docstring for why.
     With `seed`, the env is reset with it, and in stochastic mode decision t uses
     `compute_action(..., seed=step_seed(seed, t))`, so a local and a remote agent give identical
@@ -163,13 +216,14 @@ def rollout(
     tally = _SlotTally(episodes, 1)
     start = time.perf_counter()
     try:
-        obs, _ = env.reset(seed=seed)
+        obs, infos = env.reset(seed=seed)
         tally = _SlotTally(episodes, env.num_envs)
+        acting = _Acting(agent, env.num_envs, deterministic, seed)
         step = 0
         while not tally.done:
-            obs, rewards, terminated, truncated, _ = env.step(
-                _actions(agent, obs, deterministic, seed, step))
+            obs, rewards, terminated, truncated, infos = env.step(acting.act(obs, infos, step))
             step += 1
+            acting.ended(terminated, truncated)
             tally.record(rewards, terminated, truncated, progress)
     except UnityException as error:
         result = tally.result(time.perf_counter() - start)
@@ -221,17 +275,17 @@ def rollout_per_instance(
                for count, part in zip(episodes, slices, strict=True)]
     start = time.perf_counter()
     try:
-        obs, _ = env.reset(options={"seeds": list(seeds)})
-        actions = np.zeros(env.action_space.shape, dtype=np.float32)
+        obs, infos = env.reset(options={"seeds": list(seeds)})
+        actions = _zero_actions(env.action_space)
+        acting = _Acting(agent, env.num_envs, deterministic, None)
         step = 0
         while not all(tally.done for tally in tallies):
             for tally, part, seed in zip(tallies, slices, seeds, strict=True):
-                # A fresh array of its own, as a one-instance rollout passes (no view into the
-                # middle of `obs`: matrix kernels may take another path on unaligned input).
-                actions[part] = (0.0 if tally.done else
-                                 _actions(agent, obs[part].copy(), deterministic, seed, step))
-            obs, rewards, terminated, truncated, _ = env.step(actions)
+                _set_rows(actions, part, 0 if tally.done else
+                          acting.act(obs, infos, step, part, seed))
+            obs, rewards, terminated, truncated, infos = env.step(actions)
             step += 1
+            acting.ended(terminated, truncated)
             for tally, part in zip(tallies, slices, strict=True):
                 if not tally.done:
                     tally.record(rewards[part], terminated[part], truncated[part], None)

@@ -1,5 +1,11 @@
-"""`HuggyVectorEnv`: a Gymnasium vector env over every agent of one ML-Agents behavior, in one
-Unity process or in several.
+"""`UnityVectorEnv`: a Gymnasium vector env over every agent of one ML-Agents behavior, in one
+Unity process or in several; `HuggyVectorEnv` is its Huggy preset.
+
+Spaces come from the behavior: one observation is a Box, several a Tuple of Boxes (an image
+(C, H, W) in [0, 1]); continuous actions a Box in [-1, 1], discrete ones a MultiDiscrete of the
+branch sizes, both a Tuple (continuous, discrete). Where there are discrete actions,
+`infos["action_mask"]` is each slot's mask for its next decision, (N, sum of branches) bool,
+True = allowed (the Gymnasium convention; mlagents-envs' own is the inverse).
 
 One Unity process (a real build or the built-in stand-in) holds N agents; slot i of the vector
 env is one agent. With `instances=K`, K Unity processes run at once, each driven from its own
@@ -26,13 +32,30 @@ from envs.instance import (
     EnvironmentStartError,
     InstanceConfig,
     InstanceInfo,
+    SlotLayout,
     StepBuffers,
     UnityInstance,
     check_seed,
     instance_seed,
 )
 
-__all__ = ["MAX_SEED", "EnvironmentStartError", "HuggyVectorEnv", "instance_seed"]
+__all__ = ["MAX_SEED", "EnvironmentStartError", "HuggyVectorEnv", "UnityVectorEnv",
+           "instance_seed", "spaces_of"]
+
+
+def spaces_of(layout: SlotLayout) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """The single-slot observation and action spaces of a behavior (see the module docstring)."""
+    boxes = [gymnasium.spaces.Box(0.0, 1.0, shape, np.float32) if len(shape) == 3
+             else gymnasium.spaces.Box(-np.inf, np.inf, shape, np.float32)
+             for shape in layout.observations]
+    observation = boxes[0] if len(boxes) == 1 else gymnasium.spaces.Tuple(boxes)
+    actions: list[gymnasium.Space] = []
+    if layout.continuous_size:
+        actions.append(gymnasium.spaces.Box(-1.0, 1.0, (layout.continuous_size,), np.float32))
+    if layout.discrete_branches:
+        actions.append(gymnasium.spaces.MultiDiscrete(list(layout.discrete_branches)))
+    action = actions[0] if len(actions) == 1 else gymnasium.spaces.Tuple(actions)
+    return observation, action
 
 
 class _LocalInstance:
@@ -43,7 +66,7 @@ class _LocalInstance:
         info = self.instance.info()
         self.infos = [info]
         self.slices = [slice(0, info.num_agents)]
-        self.buffers = StepBuffers.over(info.num_agents, info.obs_size, info.act_size)
+        self.buffers = StepBuffers.over(info.num_agents, info.layout)
         self.worker_process_ids: list[int] = []
 
     def reset(self, seeds: Sequence[int | None]) -> None:
@@ -56,11 +79,15 @@ class _LocalInstance:
         self.instance.close()
 
 
-class HuggyVectorEnv(gymnasium.vector.VectorEnv):
-    """All agents of a Unity behavior (Huggy: 18 per process) as one `gymnasium.vector.VectorEnv`.
+class UnityVectorEnv(gymnasium.vector.VectorEnv):
+    """All agents of a Unity behavior as one `gymnasium.vector.VectorEnv`.
 
     Args:
-        file_name: Unity executable; None starts the built-in stand-in.
+        file_name: Unity executable; None starts the built-in stand-in: Huggy (18 agents per
+            process), or with `behavior_spec` its spec-driven mode for any behavior.
+        behavior_spec: for the stand-in, the behavior it plays (`envs.standin.spec_sim`): a
+            policy file or results folder (its spec), a `huggy_agent.spec.ActorSpec` or its
+            `as_dict()`. Ignored with a Unity build, whose scene fixes it.
         worker_id: offset from `base_port` (default 5005); a busy port moves on to the next
             worker id, up to `port_attempts` ports, then raises RuntimeError. Instance i of K
             tries worker ids `worker_id + i`, `worker_id + i + K`, ...
@@ -111,11 +138,12 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         num_envs: int = 1,
         env_parameters: dict[str, float] | None = None,
         instances: int = 1,
+        behavior_spec: Any = None,
     ) -> None:
         from mlagents_envs import env_utils
         from mlagents_envs.environment import UnityEnvironment
 
-        from envs.standin.launcher import builtin_huggy_path
+        from envs.standin.launcher import builtin_huggy_path, spec_arguments
 
         if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
             raise ValueError(f"instances must be an integer >= 1, got {instances!r}")
@@ -130,8 +158,11 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
                                 ("arena_size", arena_size, 3.0)):
             if value is not None and not value >= low:
                 raise ValueError(f"{key} must be >= {low}, got {value}")
+        additional_args: tuple[str, ...] = ()
         if file_name is None:
             file_name = builtin_huggy_path()
+            if behavior_spec is not None:
+                additional_args = spec_arguments(behavior_spec)
         elif env_utils.validate_environment_path(str(file_name)) is None:
             raise FileNotFoundError(
                 f"Unity executable not found: {file_name!r} (expected an executable file, "
@@ -151,7 +182,7 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
                 base_port=base, seed=seed if i == 0 else instance_seed(seed, i),
                 no_graphics=no_graphics, timeout_wait=timeout_wait, time_scale=time_scale,
                 parameters=parameters, log_folder=log_folder, behavior_name=behavior_name,
-                num_agents=num_agents)
+                num_agents=num_agents, additional_args=additional_args)
             for i in range(instances)
         ]
         if instances == 1:
@@ -165,15 +196,19 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         self.instance_slices: tuple[slice, ...] = tuple(self._instances.slices)
         self.behavior_name = infos[0].behavior_name
         self._buffers: StepBuffers = self._instances.buffers
+        self.layout: SlotLayout = infos[0].layout
         self.num_envs = sum(info.num_agents for info in infos)
-        self.single_observation_space = gymnasium.spaces.Box(
-            -np.inf, np.inf, (infos[0].obs_size,), np.float32
-        )
-        self.single_action_space = gymnasium.spaces.Box(
-            -1.0, 1.0, (infos[0].act_size,), np.float32
-        )
+        try:
+            self._check_layout(self.layout)
+        except ValueError:
+            self._instances.close()
+            raise
+        self.single_observation_space, self.single_action_space = spaces_of(self.layout)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
+
+    def _check_layout(self, layout: SlotLayout) -> None:
+        """Refuse a behavior this environment does not drive (every behavior here)."""
 
     # -- where things run -----------------------------------------------------------------------
 
@@ -230,13 +265,23 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         seeds = self._instance_seeds(seed, options or {})
         super().reset(seed=seed)
         self._instances.reset(seeds)
-        buffers = self._buffers
-        return buffers.obs.copy(), {"agent_id": buffers.agent_id.copy()}
+        return self._observations(), self._infos()
+
+    def _observations(self) -> Any:
+        """Every slot's observation: one (N, *shape) array, or a tuple of them."""
+        arrays = tuple(o.copy() for o in self._buffers.obs)
+        return arrays[0] if len(arrays) == 1 else arrays
+
+    def _infos(self) -> dict[str, Any]:
+        infos: dict[str, Any] = {"agent_id": self._buffers.agent_id.copy()}
+        if self.layout.discrete_branches:
+            infos["action_mask"] = self._buffers.mask.copy()
+        return infos
 
     def _instance_seeds(self, seed: int | None, options: dict[str, Any]) -> list[int | None]:
         unknown = set(options) - {"seeds"}
         if unknown:
-            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; HuggyVectorEnv takes "
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; UnityVectorEnv takes "
                              "options={'seeds': [one seed per instance]}")
         if "seeds" not in options:
             if seed is None:
@@ -253,21 +298,24 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
 
     def step(
         self, actions: Any
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Send one action row per slot; returns (obs, rewards, terminated, truncated, infos).
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Send one action row per slot: (N, continuous) floats, (N, branches) integers, or for
+        both a tuple (continuous, discrete) such as `huggy_agent.Actions`. Returns (obs,
+        rewards, terminated, truncated, infos).
 
         Returns:
-            obs (N, obs_size) float32: next observation of each slot (a successor's first one
-                where an episode ended); rewards (N,) float32; terminated (N,) bool: reached
-                the episode's goal; truncated (N,) bool: interrupted at max step; infos with
-                `agent_id` and, where an episode ended, `final_obs`/`final_info`.
+            obs: each slot's next observation (a successor's first one where an episode ended);
+                rewards (N,) float32; terminated (N,) bool: reached the episode's goal;
+                truncated (N,) bool: interrupted at max step; infos with `agent_id`,
+                `action_mask` (discrete actions) and, where an episode ended,
+                `final_obs`/`final_info`.
         """
-        actions = np.asarray(actions, dtype=np.float32)
         buffers = self._buffers
-        if actions.shape != buffers.actions.shape:
-            raise ValueError(f"expected actions of shape {buffers.actions.shape}, got "
-                             f"{actions.shape}")
-        buffers.actions[:] = actions
+        continuous, discrete = self._split_actions(actions)
+        if continuous is not None:
+            buffers.actions[:] = continuous
+        if discrete is not None:
+            buffers.discrete[:] = discrete
         self._instances.step()
         terminated = buffers.terminated.copy()
         truncated = buffers.truncated.copy()
@@ -276,13 +324,43 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         if ended.any():
             final_obs = np.full(self.num_envs, None, dtype=object)
             for slot in np.flatnonzero(ended):
-                final_obs[slot] = buffers.final_obs[slot].copy()
+                rows = tuple(o[slot].copy() for o in buffers.final_obs)
+                final_obs[slot] = rows[0] if len(rows) == 1 else rows
             infos = {"final_obs": final_obs, "_final_obs": ended,
                      "final_info": {"agent_id": np.where(ended, buffers.final_agent_id, -1),
                                     "_agent_id": ended},
                      "_final_info": ended}
-        infos["agent_id"] = buffers.agent_id.copy()
-        return buffers.obs.copy(), buffers.reward.copy(), terminated, truncated, infos
+        infos.update(self._infos())
+        return self._observations(), buffers.reward.copy(), terminated, truncated, infos
+
+    def _split_actions(self, actions: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(continuous, discrete) rows of `actions`, checked against the action space."""
+        layout, n = self.layout, self.num_envs
+        hybrid = layout.continuous_size and layout.discrete_branches
+        if hybrid:
+            if not isinstance(actions, tuple) or len(actions) != 2:
+                raise ValueError("expected (continuous, discrete) actions for this hybrid "
+                                 f"behavior, got {type(actions).__name__}")
+            continuous, discrete = actions
+        elif layout.continuous_size:
+            continuous, discrete = actions, None
+        else:
+            continuous, discrete = None, actions
+        if continuous is not None:
+            continuous = np.asarray(continuous, dtype=np.float32)
+            if continuous.shape != (n, layout.continuous_size):
+                raise ValueError(f"expected actions of shape {(n, layout.continuous_size)}, got "
+                                 f"{continuous.shape}")
+        if discrete is not None:
+            discrete = np.asarray(discrete)
+            branches = np.array(layout.discrete_branches)
+            if discrete.shape != (n, len(branches)) or discrete.dtype.kind not in "iu" or \
+                    (discrete < 0).any() or (discrete >= branches).any():
+                raise ValueError(f"expected discrete actions of shape {(n, len(branches))}, "
+                                 f"integers in [0, branch size) for branches "
+                                 f"{layout.discrete_branches}, got {discrete.shape} "
+                                 f"{discrete.dtype}")
+        return continuous, discrete
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every connection, worker and Unity process (through `close()`, which is
@@ -291,12 +369,31 @@ class HuggyVectorEnv(gymnasium.vector.VectorEnv):
         if instances is not None:
             instances.close()
 
-    def __enter__(self) -> HuggyVectorEnv:
+    def __enter__(self) -> UnityVectorEnv:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"HuggyVectorEnv({self.file_name!r}, worker_ids={list(self.worker_ids)}, "
+        return (f"{type(self).__name__}({self.file_name!r}, worker_ids={list(self.worker_ids)}, "
                 f"instances={self.instances}, num_envs={self.num_envs})")
+
+
+class HuggyVectorEnv(UnityVectorEnv):
+    """The Huggy preset of `UnityVectorEnv`: `file_name=None` is the built-in Huggy stand-in, and
+    the behavior must have one vector observation and continuous actions only, as Huggy's has
+    (observations are one (N, obs_size) array, actions one (N, act_size) array). Arguments as
+    `UnityVectorEnv`'s, but for `behavior_spec`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("behavior_spec") is not None:
+            raise ValueError("HuggyVectorEnv plays Huggy; for another behavior use "
+                             "UnityVectorEnv(behavior_spec=...) or huggy_agent/Unity-v0")
+        super().__init__(*args, **kwargs)
+
+    def _check_layout(self, layout: SlotLayout) -> None:
+        if not layout.lean:
+            raise ValueError(f"behavior {self.behavior_name!r} has {layout.describe()}; "
+                             "HuggyVectorEnv drives one vector observation and continuous "
+                             "actions only: use UnityVectorEnv or huggy_agent/Unity-v0")

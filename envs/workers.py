@@ -21,7 +21,7 @@ in parallel instead of in one Python process.
 
 Wire commands (caller -> worker, worker's answer):
     InstanceConfig, pickled              -> ("ready", InstanceInfo) | ("error", kind, message)
-    ("attach", rows, obs, act, start)    -> ("ready",)
+    ("attach", rows, layout, start)      -> ("ready",)
     b"s" step | b"r" + int64 seed (-1: none) reset | b"c" close
                                          -> b"k" | b"e" + pickled (kind, message)
 """
@@ -154,22 +154,21 @@ class InstanceWorkers:
         for worker in self._workers[1:]:
             info = worker.info
             assert info is not None
-            if (info.obs_size, info.act_size, info.behavior_name) != (
-                    first.obs_size, first.act_size, first.behavior_name):
+            if (info.layout, info.behavior_name) != (first.layout, first.behavior_name):
                 raise ValueError(
                     f"every instance must have the same behavior and sizes: instance 0 has "
-                    f"{first.behavior_name!r} with {first.obs_size} observations and "
-                    f"{first.act_size} actions, {worker.describe()} has {info.behavior_name!r} "
-                    f"with {info.obs_size} and {info.act_size}")
+                    f"{first.behavior_name!r} with {first.layout.describe()}, "
+                    f"{worker.describe()} has {info.behavior_name!r} with "
+                    f"{info.layout.describe()}")
         rows = sum(info.num_agents for info in infos)
-        size = StepBuffers.nbytes(rows, first.obs_size, first.act_size)
+        size = StepBuffers.nbytes(rows, first.layout)
         os.ftruncate(self._memory_fd, size)
         memory = mmap.mmap(self._memory_fd, size)  # kept alive by the arrays over it
-        self.buffers = StepBuffers.over(rows, first.obs_size, first.act_size, memory)
+        self.buffers = StepBuffers.over(rows, first.layout, memory)
         self.slices: list[slice] = []
         start = 0
         for worker, info in zip(self._workers, infos, strict=True):
-            worker.conn.send(("attach", rows, first.obs_size, first.act_size, start))
+            worker.conn.send(("attach", rows, first.layout, start))
             self.slices.append(slice(start, start + info.num_agents))
             start += info.num_agents
         for worker in self._workers:
@@ -309,9 +308,9 @@ def serve(conn: Connection, memory_fd: int) -> int:
         message = conn.recv_bytes()
         if message == _CLOSE:
             return 0
-        _, rows, obs_size, act_size, start = pickle.loads(message)
-        memory = mmap.mmap(memory_fd, StepBuffers.nbytes(rows, obs_size, act_size))
-        buffers = StepBuffers.over(rows, obs_size, act_size, memory).rows(
+        _, rows, layout, start = pickle.loads(message)
+        memory = mmap.mmap(memory_fd, StepBuffers.nbytes(rows, layout))
+        buffers = StepBuffers.over(rows, layout, memory).rows(
             start, start + instance.num_agents)
         conn.send(("ready",))
         while True:

@@ -18,6 +18,7 @@ from deploy.evaluation.plan import (
     expand_policies,
     plan_items,
     short_label,
+    stand_in_behavior,
 )
 from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult, RunnerInfo
 from deploy.evaluation.runner import EnvironmentCrashed, Runner
@@ -33,5 +34,5 @@ __all__ = [
     "EnvSpec", "EnvironmentCrashed", "EvalConfig", "EvaluationError", "EvaluationResult",
     "ItemResult", "PolicyResult", "PolicySpec", "Runner", "RunnerInfo", "RunnerPool", "WorkItem",
     "evaluate_on_ray", "evaluate_plain", "expand_policies", "plan_items", "ray_session",
-    "short_label",
+    "short_label", "stand_in_behavior",
 ]

@@ -12,6 +12,7 @@ runners or instances there were, or which of its episodes ended first.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import deque
@@ -42,7 +43,7 @@ class PolicySpec:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """How each runner opens its environment (see `envs.HuggyVectorEnv`)."""
+    """How each runner opens its environment (see `envs.UnityVectorEnv`)."""
 
     file_name: str | None = None
     """A Unity build; None for the built-in stand-in."""
@@ -57,6 +58,9 @@ class EnvSpec:
     instances: int = 1
     """Unity processes per runner (`--instances-per-runner`): the runner runs that many work
     items of one policy at once, one per instance."""
+    behavior_spec: dict | None = None
+    """For the built-in stand-in, the behavior it plays (its spec-driven mode, for policies
+    other than Huggy: `envs.standin.launcher.standin_behavior`); None plays Huggy."""
 
     def __post_init__(self) -> None:
         if isinstance(self.instances, bool) or not isinstance(self.instances, int) \
@@ -122,6 +126,38 @@ class WorkItem:
     index: int
     seed: int
     episodes: int
+
+
+def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
+    """What the built-in stand-in plays for these policies: None (Huggy) when they have Huggy's
+    interface, else their common spec (spec-driven mode). Policies that cannot be loaded are
+    skipped here (the evaluation reports them). Raises ValueError when the policies have
+    different interfaces: one environment cannot play them all."""
+    from envs.standin.launcher import standin_behavior
+    from huggy_agent import PolicyLoadError
+    from huggy_agent.formats import load_policy
+
+    found: dict[str, tuple[str, dict]] = {}
+    for spec in specs:
+        try:
+            if spec.url is not None:
+                from deploy.client import RemoteAgent
+
+                with RemoteAgent(spec.url) as remote:
+                    interface = remote.spec.as_dict()
+            else:
+                interface = load_policy(spec.path).spec.as_dict()  # type: ignore[arg-type]
+        except (PolicyLoadError, FileNotFoundError, RuntimeError, ValueError):
+            continue
+        found.setdefault(json.dumps(interface, sort_keys=True), (spec.label, interface))
+    if len(found) > 1:
+        kinds = "; ".join(f"{label}: {interface}" for label, interface in found.values())
+        raise ValueError(f"the policies have different interfaces, which one environment cannot "
+                         f"play: {kinds}; evaluate them separately")
+    if not found:
+        return None
+    label, interface = next(iter(found.values()))
+    return standin_behavior(interface, label.split("/")[0].split("@")[0])
 
 
 def short_label(path: Path) -> str:

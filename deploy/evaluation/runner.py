@@ -145,16 +145,16 @@ def _load_agent(spec: PolicySpec, payload: list[Any] | bytes | None, device: str
 
 def _open_env(spec: EnvSpec) -> Any:
     """Open the environment on a worker id whose port was free a moment ago: several runners
-    (and other programs) share a machine, so fixed worker ids would collide. `HuggyVectorEnv`
+    (and other programs) share a machine, so fixed worker ids would collide. `UnityVectorEnv`
     itself moves on to the next port when this one (or, with several instances, one of the
     next few) was taken meanwhile."""
     import envs
 
-    return envs.HuggyVectorEnv(
+    return envs.UnityVectorEnv(
         file_name=spec.file_name, worker_id=_free_port() - BASE_PORT, seed=0, no_graphics=True,
         timeout_wait=spec.timeout_wait, time_scale=spec.time_scale,
         num_agents=spec.num_agents, max_steps=spec.max_steps, env_parameters=spec.parameters,
-        instances=spec.instances)
+        instances=spec.instances, behavior_spec=spec.behavior_spec)
 
 
 def _free_port() -> int:

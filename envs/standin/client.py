@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -38,6 +38,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="huggy-standin", add_help=True)
     parser.add_argument("--mlagents-port", type=int, default=5004)
     parser.add_argument("-logFile", "-logfile", dest="log_file", default=None)
+    parser.add_argument("--behavior-spec", default=None,
+                        help="JSON spec of any behavior to play instead of Huggy "
+                             "(envs.standin.spec_client)")
     args, _unknown = parser.parse_known_args(list(argv))
     return args
 
@@ -206,14 +209,19 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def run(port: int, log: TextIO) -> int:
-    """Connect to the Python trainer on 127.0.0.1:`port` and serve until told to stop."""
+def run(port: int, log: TextIO, behavior_spec: str | None = None) -> int:
+    """Connect to the Python trainer on 127.0.0.1:`port` and serve until told to stop: as Huggy,
+    or with `behavior_spec` (JSON) as that behavior (`envs.standin.spec_client`)."""
     import grpc
     from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    standin = StandIn(log, port)
+    standin: Any = StandIn(log, port)
+    if behavior_spec is not None:
+        from envs.standin.spec_client import SpecStandIn, parse_behavior_spec
+
+        standin = SpecStandIn(log, *parse_behavior_spec(behavior_spec))
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     exchange = channel.unary_unary(EXCHANGE, response_deserializer=UnityMessageProto.FromString)
     try:
@@ -252,4 +260,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
     with log:
         log.write(f"Huggy stand-in {PACKAGE_VERSION} (pid {os.getpid()})\n")
-        return run(args.mlagents_port, log)
+        return run(args.mlagents_port, log, args.behavior_spec)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from envs.bootstrap import STANDIN_SETUP, bare_command
 
@@ -30,6 +32,38 @@ def launcher_script(python: str = sys.executable) -> str:
         "export GRPC_VERBOSITY\n"
         f'exec {shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(root)} "$@"\n'
     )
+
+
+HUGGY_SPEC = {"inputs": [{"name": "obs_0", "shape": [59], "kind": "vector"}],
+              "continuous_size": 21, "discrete_branches": []}
+"""The interface of the built-in Huggy stand-in (`ActorSpec.as_dict()` fields)."""
+
+
+def standin_behavior(spec: dict, behavior: str = "Agent") -> dict | None:
+    """What the built-in stand-in should play for a policy of interface `spec` (an
+    `ActorSpec.as_dict()`): None for Huggy's own interface (the Huggy stand-in), else `spec`
+    with the behavior's name, for the spec-driven mode (`UnityVectorEnv(behavior_spec=...)`)."""
+    if all(spec.get(key) == value for key, value in HUGGY_SPEC.items()):
+        return None
+    return {**spec, "behavior": behavior}
+
+
+def spec_arguments(behavior_spec: Any) -> tuple[str, ...]:
+    """The stand-in's command-line arguments that make it play `behavior_spec` (spec-driven
+    mode): a policy file or results folder (its spec, and its name as the behavior's), a
+    `huggy_agent.spec.ActorSpec`, or an `ActorSpec.as_dict()` (with an optional "behavior")."""
+    if isinstance(behavior_spec, (str, os.PathLike)):
+        from huggy_agent.formats import load_policy
+
+        loaded = load_policy(behavior_spec)
+        name = loaded.origin.stem.split("-")[0] if loaded.origin.suffix == ".onnx" \
+            else loaded.origin.parent.name
+        data = {**loaded.spec.as_dict(), "behavior": name}
+    elif hasattr(behavior_spec, "as_dict"):
+        data = behavior_spec.as_dict()
+    else:
+        data = dict(behavior_spec)
+    return ("--behavior-spec", json.dumps(data))
 
 
 def builtin_huggy_path() -> str:
