@@ -13,6 +13,7 @@ import shutil
 import signal
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from deploy.evaluation import (
@@ -25,9 +26,10 @@ from deploy.evaluation import (
     evaluate_on_ray,
     evaluate_plain,
     expand_policies,
+    stand_in_behavior,
 )
 from deploy.report import format_table, summarize_all, write_report
-from tests.conftest import FIXTURE_RUNS, RayCluster, fixtures_dir, free_port
+from tests.conftest import FIXTURE_RUNS, RayCluster, fixtures_dir, free_port, mlagents_fixtures_dir
 
 # Short episodes keep the suite fast; 18 agents per environment as in the Huggy scene.
 ENV = EnvSpec(max_steps=60)
@@ -279,3 +281,35 @@ def test_instances_per_runner_give_identical_episodes(ray_cluster: RayCluster, s
     assert summary.episodes == 30
     assert summary.mean_return == pytest.approx(33 / 15)
     assert summary.mean_length == pytest.approx(258 / 15)
+
+
+def test_other_policy_kinds_are_evaluated_on_the_spec_driven_stand_in(ray_cluster: RayCluster
+                                                                      ) -> None:
+    """The trained Pyramids policy (4 inputs, masked discrete actions) and the recurrent one,
+    evaluated on Ray: the stand-in plays each policy's own behavior (`stand_in_behavior`),
+    Pyramids honours every mask (each 12-decision episode returns exactly 12 x 0.01), and the
+    numbers equal the plain loop's."""
+    parameters = {"episode_length": 12}
+    config = replace(CONFIG, episodes=16, episodes_per_item=8, runners=2)
+    for run in ("pyramids_trained", "lstm"):
+        chosen = expand_policies([mlagents_fixtures_dir() / run])[-1:]
+        env = EnvSpec(num_agents=8, parameters=parameters,
+                      behavior_spec=stand_in_behavior(chosen))
+        assert env.behavior_spec is not None and env.behavior_spec["inputs"]
+        on_ray = evaluate_on_ray(chosen, config, env)
+        plain = evaluate_plain(chosen, config, env)
+        (summary,) = summarize_all(on_ray)
+        assert summary.status == "ok" and summary.episodes == 16
+        assert _episodes(on_ray) == _episodes(plain)
+        if run == "pyramids_trained":
+            assert summary.mean_return == pytest.approx(12 * float(np.float32(0.01)), abs=1e-9)
+            assert summary.std_return == pytest.approx(0.0, abs=1e-12)
+
+
+def test_policies_of_different_kinds_are_refused_together() -> None:
+    chosen = expand_policies([fixtures_dir() / "ppo_baseline" / "Huggy.onnx",
+                              mlagents_fixtures_dir() / "pyramids_trained"])
+    with pytest.raises(ValueError, match="the policies have different interfaces, which one "
+                                         "environment cannot play"):
+        stand_in_behavior(chosen)
+    assert stand_in_behavior(chosen[:1]) is None  # Huggy: the Huggy stand-in

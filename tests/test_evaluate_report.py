@@ -194,8 +194,13 @@ def test_expand_policies(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="policy not found: .*missing.pt"):
         expand_policies([tmp_path / "missing.pt"])
     (tmp_path / "empty_run").mkdir()
-    with pytest.raises(ValueError, match="no checkpoint files found in results folder"):
+    with pytest.raises(ValueError, match="no checkpoint or export files found in results folder"):
         expand_policies([tmp_path / "empty_run"])
+    # A folder with only its final export (as a shared policy comes) is that one policy.
+    (tmp_path / "final_only").mkdir()
+    shutil.copy(root / "ppo_baseline" / "Huggy.onnx", tmp_path / "final_only" / "Huggy.onnx")
+    (final,) = expand_policies([tmp_path / "final_only"])
+    assert (final.label, final.step) == ("final_only/Huggy.onnx", None)
 
 
 # The chart. Each test builds an EvaluationResult by hand and inspects the Figure that

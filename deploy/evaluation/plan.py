@@ -186,8 +186,14 @@ def expand_policies(sources: Sequence[str | os.PathLike[str]]) -> list[PolicySpe
         if path.is_dir():
             run = path.resolve().name
             entries = [entry for entry in list_checkpoints(path) if entry.path is not None]
-            if not entries:
-                raise ValueError(f"no checkpoint files found in results folder {path}")
+            if not entries:  # a folder with only its final export (such as a shared policy)
+                finals = sorted(path.glob("*.onnx"))
+                if not finals:
+                    raise ValueError(f"no checkpoint or export files found in results folder "
+                                     f"{path}")
+                specs += [PolicySpec(label=short_label(final), path=str(final))
+                          for final in finals]
+                continue
             behaviors = {entry.behavior for entry in entries}
             for entry in entries:
                 name = run if len(behaviors) == 1 else f"{run}/{entry.behavior}"
