@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_serve.py                 # 20 s per point, ~12 minutes
     .venv/bin/python bench/bench_serve.py --duration 5    # quicker, noisier
+    .venv/bin/python bench/bench_serve.py --quick         # 1 client, HAProxy: echo vs ours only
 
 Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client):
     fastapi        plain FastAPI + uvicorn around the same HuggyAgent, no batching: the ceiling
@@ -209,14 +210,16 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
         if ingress != "direct":
             serve.run(Echo.bind(), name="echo", route_prefix="/echo")
             wait_http(echo)
-        for rows in args.rows:
-            for clients in args.clients:
-                if rows == 1 and ingress != "direct":  # back to back with ours: same load
-                    points.append(measure(f"echo@{ingress}", echo, 1, clients, args.duration,
-                                          None))
-                points.append(measure(series_name(f"ours@{ingress}", rows), f"{base}/v1/act",
-                                      rows, clients, args.duration, f"{base}/v1/info"))
-        if ingress != "direct":
+        for _ in range(args.rounds):
+            for rows in args.rows:
+                for clients in args.clients:
+                    if rows == 1 and ingress != "direct":  # back to back with ours: same load
+                        points.append(measure(f"echo@{ingress}", echo, 1, clients,
+                                              args.duration, None))
+                    points.append(measure(series_name(f"ours@{ingress}", rows),
+                                          f"{base}/v1/act", rows, clients, args.duration,
+                                          f"{base}/v1/info"))
+        if ingress != "direct" and not args.quick:
             for clients in args.clients:
                 points.append(measure(f"ours@{ingress}-grpc", f"grpc://127.0.0.1:{grpc_port}", 1,
                                       clients, args.duration, f"{base}/v1/info"))
@@ -258,6 +261,17 @@ def summary(points: list[Point]) -> list[str]:
             a, b = rps(top), rps(bottom)
             if a and b:
                 lines.append(f"{clients:>3} clients  {label:<30} {a / b:6.2f}x")
+        for series in ("proxy", "haproxy"):
+            ours_points = [p for p in points if (p.series, p.clients) == (f"ours@{series}", clients)]
+            echo_points = [p for p in points if (p.series, p.clients) == (f"echo@{series}", clients)]
+            pairs = [(o.p50_ms, e.p50_ms) for o, e in zip(ours_points, echo_points, strict=False)]
+            if pairs:
+                ratios = sorted(ours / echo for ours, echo in pairs)
+                lines.append(f"{clients:>3} clients  p50 ours@{series} / echo@{series}"
+                             f"{'':<{12 - len(series)}} {float(np.median(ratios)):6.2f}x"
+                             + (f" (median of {len(ratios)} pairs: "
+                                f"{', '.join(f'{r:.2f}' for r in ratios)})"
+                                if len(ratios) > 1 else ""))
     for point in points:
         if point.obs_per_request > 1 and point.series.startswith("ours@haproxy"):
             lines.append(f"{point.clients:>3} clients  {point.series:<30} "
@@ -280,7 +294,14 @@ def main() -> int:
                         help="KEY=VALUE for the Serve controller (repeatable), e.g. "
                              "RAY_SERVE_HAPROXY_NBTHREAD=1")
     parser.add_argument("--out", type=Path, default=None, help="write the points as JSON here")
+    parser.add_argument("--quick", action="store_true",
+                        help="only echo vs ours behind HAProxy, 1 client, 1 observation per "
+                             "request (the latency target), alternating --rounds times")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --quick: echo/ours measurement pairs (default 1)")
     args = parser.parse_args()
+    if args.quick:
+        args.series, args.clients, args.rows = "haproxy", [1], [1]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -24,13 +25,14 @@ import torch
 
 from huggy_agent.actor import Actor, expected_keys
 from huggy_agent.devices import resolve_device, resolve_precision
+from huggy_agent.engines import Engine, create_engine
 from huggy_agent.formats import LoadedPolicy, load_policy
-from huggy_agent.heads import continuous_actions, discrete_actions
+from huggy_agent.heads import ContinuousHead, discrete_actions
 from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.noise import SEED_RANGE, gaussian_noise, uniform_noise
 from huggy_agent.spec import ActorSpec
 
-CPU_CHUNK_ROWS = 1024
+WARMUP_PATHS = ("deterministic", "stochastic", "distribution")
 
 
 def bundled_policy_path() -> Path:
@@ -72,17 +74,21 @@ class PolicyOutputs:
 
 
 class HuggyAgent:
-    """A loaded policy on a device, in a precision, with a seeded noise generator.
+    """A loaded policy on a device, in a precision, run by an engine, with a seeded noise
+    generator.
 
     Args:
         policy: a `.onnx`, a `.pt`, a results folder, or None for the bundled default policy.
         device: `auto` (NPU, then CUDA, then CPU), `cpu`, `cuda[:N]` or `npu[:N]`.
         precision: `fp32`, `fp16` or `bf16` for the layers; the normalizers stay float32.
         seed: seeds the generator used by stochastic calls that pass no seed of their own.
+        engine: `auto` (the fastest correct engine for the device and precision, by a fixed rule:
+            see `huggy_agent.engines.auto_engine`), `torch`, `onnxruntime` (CPU, fp32),
+            `cuda-graph` or `npu-graph`. Every engine meets the numerical contract.
     """
 
     def __init__(self, policy: str | Path | None = None, *, device: str = "auto",
-                 precision: str = "fp32", seed: int | None = None) -> None:
+                 precision: str = "fp32", seed: int | None = None, engine: str = "auto") -> None:
         self.loaded: LoadedPolicy = load_policy(policy if policy is not None else bundled_policy_path())
         self.device = resolve_device(device)
         self.precision = precision
@@ -90,14 +96,24 @@ class HuggyAgent:
         self.net: Actor = self.loaded.build().to(device=self.device, dtype=dtype)
         self.arch = self.loaded.arch
         self.spec: ActorSpec = self.arch.spec
+        self.head = ContinuousHead(self.arch.head)
+        shapes = tuple(i.shape for i in self.spec.inputs) + (
+            ((self.spec.memory_size,),) if self.spec.memory_size else ())
+        self._engine: Engine = create_engine(engine, self.net, shapes, self.device, precision,
+                                             self.head)
+        self.engine: str = self._engine.name
+        """The engine in use: `torch`, `onnxruntime`, `cuda-graph` or `npu-graph`."""
+        # Continuous actions only, no memory: the engine runs the head too (in graph engines,
+        # captured with the network).
+        self._fused = self.spec.kind == "continuous" and not self.spec.memory_size
         self._rng = np.random.default_rng(seed)
         self.fingerprint = weights_fingerprint(self.loaded)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "fp32",
-                        seed: int | None = None) -> HuggyAgent:
+                        seed: int | None = None, engine: str = "auto") -> HuggyAgent:
         """Load `path` (a `.onnx`, a `.pt` or a results folder); see the class docstring."""
-        return cls(path, device=device, precision=precision, seed=seed)
+        return cls(path, device=device, precision=precision, seed=seed, engine=engine)
 
     @property
     def obs_size(self) -> int:
@@ -112,23 +128,8 @@ class HuggyAgent:
     # -- the forward pass -------------------------------------------------------------------------
 
     def _forward(self, inputs: list[np.ndarray]) -> PolicyOutputs:
-        """One pass of the actor over (N, ...) float32 inputs (the memory last, if any)."""
-        rows = len(inputs[0])
-        with torch.inference_mode():
-            tensors = [torch.from_numpy(array).to(self.device) for array in inputs]
-            if self.device.type == "cpu" and rows > CPU_CHUNK_ROWS:
-                # Chunks whose activations stay in the CPU's cache: ~25% more throughput on
-                # large batches (measured, 4,096 rows on 2 cores). Rows agree with an unchunked
-                # call within the numerical contract, not bit for bit.
-                parts = [self.net(*[t[start:start + CPU_CHUNK_ROWS] for t in tensors])
-                         for start in range(0, rows, CPU_CHUNK_ROWS)]
-                # An output with one row out of a full chunk is shared by every row (PPO's
-                # log-sigma): kept once; the others are per row.
-                outputs = [chunks[0] if chunks[0].shape[0] == 1 else torch.cat(chunks)
-                           for chunks in zip(*parts, strict=True)]
-            else:
-                outputs = list(self.net(*tensors))
-            outputs = [o.float() for o in outputs]
+        """The engine's pass over (N, ...) float32 inputs (the memory last, if any)."""
+        outputs = list(self._engine.forward(inputs))
         spec = self.spec
         mu = log_sigma = logits = memory = None
         if spec.continuous_size:
@@ -137,7 +138,7 @@ class HuggyAgent:
             logits = outputs.pop(0)
         if spec.memory_size:
             memory = outputs.pop(0)
-        return PolicyOutputs(mu, log_sigma, logits, memory, rows)
+        return PolicyOutputs(mu, log_sigma, logits, memory, len(inputs[0]))
 
     def distribution(self, obs: Any, memory: Any = None) -> PolicyOutputs:
         """One forward pass over every row of `obs` (see `compute_action`); float32 outputs."""
@@ -170,8 +171,7 @@ class HuggyAgent:
             if spec.continuous_size:
                 noise = (None if deterministic
                          else gaussian_noise(seed, rows, spec.continuous_size, row_offset))
-                continuous = continuous_actions(outputs.mu, outputs.log_sigma, self.arch.head,
-                                                noise).cpu().numpy()
+                continuous = self.head.apply(outputs.mu, outputs.log_sigma, noise)
             if spec.discrete_branches:
                 uniforms = (None if deterministic else
                             uniform_noise(seed, rows, len(spec.discrete_branches), row_offset))
@@ -195,6 +195,15 @@ class HuggyAgent:
         """
         inputs, single = as_input_batches(obs, self.spec)
         rows = len(inputs[0])
+        if self._fused and action_mask is None and memory is None:
+            if deterministic:
+                noise = None
+            else:
+                if seed is None:
+                    seed = int(self._rng.integers(SEED_RANGE))
+                noise = gaussian_noise(seed, rows, self.spec.continuous_size, row_offset)
+            actions = self._engine.act(inputs, noise)
+            return actions[0] if single else actions
         if self.spec.memory_size:
             inputs.append(as_memory_batch(memory, self.spec, rows))
         elif memory is not None:
@@ -209,9 +218,31 @@ class HuggyAgent:
         new_memory = outputs.memory.cpu().numpy()
         return actions, new_memory[0] if single else new_memory
 
+    def warmup(self, batch_sizes: Iterable[int], paths: Collection[str] = WARMUP_PATHS) -> None:
+        """Run each of `paths` once per batch size on zero observations (all actions allowed,
+        zero memory), so that later calls of those sizes find everything ready (graph engines
+        capture their rungs here; the CPU engines set up their buffers). Leaves the agent's
+        noise generator untouched.
+
+        `paths`: `deterministic` and `stochastic` (compute_action), `distribution`.
+        """
+        unknown = sorted(set(paths) - set(WARMUP_PATHS))
+        if unknown:
+            raise ValueError(f"unknown warm-up path(s) {unknown}; expected some of "
+                             f"{list(WARMUP_PATHS)}")
+        for rows in batch_sizes:
+            zeros = [np.zeros((rows, *i.shape), dtype=np.float32) for i in self.spec.inputs]
+            obs = zeros[0] if len(zeros) == 1 else zeros
+            if "deterministic" in paths:
+                self.compute_action(obs)
+            if "stochastic" in paths:
+                self.compute_action(obs, deterministic=False, seed=0)
+            if "distribution" in paths:
+                self.distribution(obs)
+
     def describe(self) -> dict:
         """A JSON-serialisable summary: spec, architecture, parameter counts, origin, device,
-        precision."""
+        precision, engine."""
         return {
             "spec": self.spec.as_dict(),
             "architecture": self.arch.as_dict(),
@@ -223,6 +254,8 @@ class HuggyAgent:
             "fingerprint": self.fingerprint,
             "device": str(self.device),
             "precision": self.precision,
+            "engine": self.engine,
+            "engine_detail": self._engine.describe(),
         }
 
 

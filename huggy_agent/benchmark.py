@@ -1,11 +1,13 @@
-"""`huggy benchmark`: our compute_action against onnxruntime and a plain eager torch forward,
-measured in one run with one thread count, plus the machine's own float32 matmul rate."""
+"""`huggy benchmark`: our compute_action, through `auto` and through each engine asked for,
+against onnxruntime and a plain eager torch forward, measured in one run with one thread count
+(interleaved, so that load from other processes hits every candidate alike), plus the machine's
+own float32 matmul rate and each engine's load and first-call time."""
 
 from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import torch
 from torch import nn
 
 from huggy_agent.agent import HuggyAgent
+from huggy_agent.devices import available_devices
+from huggy_agent.engines import ENGINES, resolve_engine
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.reference import canonical_observations
 
@@ -45,15 +49,27 @@ def matmul_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float
     return 2 * size**3 * calls / (time.perf_counter() - start) / 1e9
 
 
+def mlp_parts(agent: HuggyAgent) -> tuple[nn.Module | None, nn.Sequential]:
+    """The normalizer (None without one) and an `nn.Sequential` of the body and mu layers of a
+    single-vector, continuous-action MLP policy such as Huggy's: what a user would run by hand.
+    ValueError for any other kind (the plain-eager baselines cover that kind only)."""
+    spec, net = agent.spec, agent.net
+    if (len(spec.inputs) != 1 or spec.inputs[0].kind != "vector" or spec.kind != "continuous"
+            or spec.memory_size):
+        raise ValueError("the plain-eager baseline covers one vector input and continuous "
+                         f"actions only, not {spec.describe()}")
+    body = net.network_body._body_endoder.seq_layers
+    mu = net.action_model._continuous_distribution.mu
+    return net.network_body.observation_encoder.processors[0].normalizer, nn.Sequential(*body, mu)
+
+
 def _plain_eager(agent: HuggyAgent) -> Callable[[np.ndarray], np.ndarray]:
     """What a user writes by hand: nn.Sequential of the same weights, under torch.no_grad()."""
-    net = agent.net
-    layers: list[nn.Module] = []
-    for module in [*net.body, net.mu]:
-        layers.append(module)
-    sequential = nn.Sequential(*layers).eval()
-    mean = net.normalizer.mean if net.normalizer is not None else torch.zeros(agent.obs_size)
-    std = net.normalizer.std if net.normalizer is not None else torch.ones(agent.obs_size)
+    normalizer, sequential = mlp_parts(agent)
+    sequential = sequential.eval()
+    size = agent.spec.inputs[0].shape[0]
+    mean = normalizer.running_mean if normalizer is not None else torch.zeros(size)
+    std = normalizer.std if normalizer is not None else torch.ones(size)
 
     def forward(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -89,50 +105,77 @@ def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls:
     return {name: np.array(values) for name, values in times.items()}
 
 
-def _throughput(candidate: Candidate, batch: np.ndarray, repeats: int) -> float:
-    candidate.batch(batch)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _throughputs(candidates: list[Candidate], batch: np.ndarray, repeats: int) -> dict[str, float]:
+    """Best of `repeats` interleaved calls per candidate, in observations per second."""
+    best = {c.name: float("inf") for c in candidates}
+    for candidate in candidates:
         candidate.batch(batch)
-        best = min(best, time.perf_counter() - start)
-    return len(batch) / best
-
-
-def _load_ms(policy: str | Path | None, repeats: int = 5) -> float:
-    times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        HuggyAgent(policy, device="cpu")
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+        for candidate in candidates:
+            start = time.perf_counter()
+            candidate.batch(batch)
+            best[candidate.name] = min(best[candidate.name], time.perf_counter() - start)
+    return {name: len(batch) / seconds for name, seconds in best.items()}
+
+
+def _engine_setups(engines: Sequence[str]) -> list[tuple[str, str]]:
+    """(engine, device kind) pairs to measure: each named engine (or every engine, for `all`)
+    on each device kind here where it can run."""
+    wanted = list(ENGINES) if "all" in engines else [e for e in engines if e != "auto"]
+    setups = []
+    for device in reversed(available_devices()):  # cpu first
+        for engine in wanted:
+            try:
+                resolve_engine(engine, torch.device(device), "fp32")
+            except ValueError:
+                continue
+            setups.append((engine, device))
+    return setups
+
+
+def _start_ms(policy: str | Path | None, device: str, engine: str) -> tuple[float, float]:
+    """(load, first call at one observation) in ms for a fresh agent, in this warm process."""
+    start = time.perf_counter()
+    agent = HuggyAgent(policy, device=device, engine=engine)
+    loaded = time.perf_counter()
+    agent.compute_action(np.zeros(agent.obs_size, dtype=np.float32))
+    return 1e3 * (loaded - start), 1e3 * (time.perf_counter() - loaded)
 
 
 def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
                   rounds: int = 10, calls: int = 200, batch_size: int = 4096,
-                  batch_repeats: int = 5) -> dict:
-    """All figures of `huggy benchmark` as a dict (see the README for what each means)."""
+                  batch_repeats: int = 5, engines: Sequence[str] = ("all",)) -> dict:
+    """All figures of `huggy benchmark` as a dict (see the README for what each means).
+
+    Row 0 is `huggy compute_action` through `auto` on the CPU, rows 1 and 2 the references
+    (onnxruntime on the policy's ML-Agents ONNX file or an export of it, plain eager torch), then
+    one row per other (engine, device) of `engines` (names, or `all`): the engine `auto` runs on
+    the CPU is row 0 (a second session of it would only compete with the first for the cores).
+    """
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     agent = HuggyAgent(policy, device="cpu")
+    setups = [setup for setup in _engine_setups(engines) if setup != (agent.engine, "cpu")]
+    starts = {"auto (cpu)": _start_ms(policy, "cpu", "auto")}
+    starts.update({f"{engine} ({device})": _start_ms(policy, device, engine)
+                   for engine, device in setups})
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = agent.loaded.origin if agent.loaded.file_format == "mlagents-onnx" \
             else export_onnx(agent.net, Path(tmp) / "policy.onnx")
         ort_run = _onnxruntime(Path(onnx_path), threads)
         eager = _plain_eager(agent)
         candidates = [
-            Candidate("huggy compute_action", lambda o: agent.compute_action(o),
-                      lambda o: agent.compute_action(o)),
+            Candidate("huggy compute_action", agent.compute_action, agent.compute_action),
             Candidate("onnxruntime", lambda o: ort_run(o[None]), ort_run),
             Candidate("torch eager Sequential", lambda o: eager(o[None]), eager),
         ]
-        if torch.cuda.is_available():
-            cuda_agent = HuggyAgent(policy, device="cuda")
-            candidates.append(Candidate("huggy compute_action (cuda)", cuda_agent.compute_action,
-                                        cuda_agent.compute_action))
+        for engine, device in setups:
+            other = HuggyAgent(policy, device=device, engine=engine)
+            candidates.append(Candidate(f"huggy compute_action [{engine}, {device}]",
+                                        other.compute_action, other.compute_action))
         obs = canonical_observations(agent.loaded, batch_size, seed=1)
         latencies = _latencies(candidates, obs[1], rounds, calls)
-        throughputs = {c.name: _throughput(c, obs, batch_repeats) for c in candidates}
+        throughputs = _throughputs(candidates, obs, batch_repeats)
     gflops = matmul_gflops(threads)
     flops = flops_per_observation(agent)
     results = []
@@ -148,10 +191,16 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
     ours, ort_result, eager_result = results[0], results[1], results[2]
     return {
         "threads": threads, "batch_size": batch_size, "flops_per_obs": flops,
-        "matmul_gflops": gflops, "load_ms": _load_ms(policy), "results": results,
+        "matmul_gflops": gflops, "auto_engine": agent.engine,
+        "load_ms": starts["auto (cpu)"][0], "first_call_ms": starts["auto (cpu)"][1],
+        "engines": [{"engine": name, "load_ms": load, "first_call_ms": first}
+                    for name, (load, first) in starts.items()],
+        "results": results,
         "ratios": {
             "p50_vs_onnxruntime": ours["p50_us"] / ort_result["p50_us"],
             "p50_vs_eager": ours["p50_us"] / eager_result["p50_us"],
             "batch_vs_matmul_rate": ours["matmul_efficiency"],
+            "per_row_p50_vs_onnxruntime": {r["name"]: r["p50_us"] / ort_result["p50_us"]
+                                           for r in results},
         },
     }

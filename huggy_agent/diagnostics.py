@@ -11,7 +11,7 @@ import torch
 
 from huggy_agent.agent import Actions, HuggyAgent
 from huggy_agent.devices import PRECISIONS, available_devices
-from huggy_agent.heads import continuous_actions, masked_probabilities
+from huggy_agent.heads import masked_probabilities
 from huggy_agent.reference import canonical_inputs, float64_outputs
 
 # The error each precision is expected to stay within, against float64 (max abs, actions in [-1, 1]).
@@ -59,7 +59,7 @@ def comparable_outputs(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarra
     parts = []
     with torch.inference_mode():
         if outputs.mu is not None:
-            parts.append(continuous_actions(outputs.mu, outputs.log_sigma, agent.arch.head, None))
+            parts.append(agent.head.torch((outputs.mu, outputs.log_sigma), None))
         if outputs.logits is not None:
             parts += masked_probabilities(outputs.logits, agent.spec.discrete_branches, None)
         if outputs.memory is not None:
@@ -74,7 +74,7 @@ def _float64_comparable(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarr
         if agent.spec.continuous_size:
             mu = torch.from_numpy(outputs.pop(0))
             log_sigma = torch.from_numpy(outputs.pop(0))
-            parts.append(continuous_actions(mu, log_sigma, agent.arch.head, None))
+            parts.append(agent.head.torch((mu, log_sigma), None))
         if agent.spec.discrete_branches:
             parts += masked_probabilities(torch.from_numpy(outputs.pop(0)),
                                           agent.spec.discrete_branches, None)

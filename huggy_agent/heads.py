@@ -10,21 +10,61 @@ are never drawn. Noise z and u come from `huggy_agent.noise`, by (seed, row, col
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from huggy_agent.actor import PPO_ACTION_CLIP
+from huggy_agent.actor.networks import Head
+
+_CLIP_HIGH = np.float32(PPO_ACTION_CLIP)
+_CLIP_LOW = np.float32(-PPO_ACTION_CLIP)
+"""The PPO clip as float32 scalars: ufuncs resolve their types faster than with Python floats."""
 
 
-def continuous_actions(mu: torch.Tensor, log_sigma: torch.Tensor, head: str,
-                       noise: np.ndarray | None) -> torch.Tensor:
-    """(N, c) float32 actions on mu's device; `noise` (N, c) standard normal, None for the mean."""
-    action = mu
-    if noise is not None:
-        action = action + torch.from_numpy(noise).to(mu.device) * torch.exp(log_sigma)
-    if head == "sac":
-        return torch.tanh(action)
-    return torch.clamp(action, -PPO_ACTION_CLIP, PPO_ACTION_CLIP).div_(PPO_ACTION_CLIP)
+@dataclass(frozen=True)
+class ContinuousHead:
+    """Continuous actions from (mu, log_sigma) and host noise z (None: deterministic), as the
+    engines run it (`huggy_agent.engines.base.ActionHead`).
+
+    The torch and numpy versions do the same IEEE operations in the same order (their `exp` and
+    `tanh` may differ by an ulp).
+    """
+
+    kind: Head
+
+    def torch(self, outputs: tuple[torch.Tensor, ...], noise: torch.Tensor | None) -> torch.Tensor:
+        """On the outputs' device, with no host synchronisation (graph engines capture it)."""
+        mu, log_sigma = outputs[0], outputs[1]
+        action = mu if noise is None else mu + noise * torch.exp(log_sigma)
+        if self.kind == "sac":
+            return torch.tanh(action)
+        return torch.clamp(action, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
+
+    def numpy(self, outputs: tuple[np.ndarray, ...], noise: np.ndarray | None) -> np.ndarray:
+        """On the host; returns a new array."""
+        mu, log_sigma = outputs[0], outputs[1]
+        if noise is None:
+            if self.kind == "sac":
+                return np.tanh(mu)
+            action = np.maximum(mu, _CLIP_LOW)
+        else:
+            action = np.multiply(noise, np.exp(log_sigma))
+            np.add(mu, action, out=action)
+            if self.kind == "sac":
+                return np.tanh(action, out=action)
+            np.maximum(action, _CLIP_LOW, out=action)
+        np.minimum(action, _CLIP_HIGH, out=action)
+        return np.divide(action, _CLIP_HIGH, out=action)
+
+    def apply(self, mu: torch.Tensor, log_sigma: torch.Tensor, noise: np.ndarray | None
+              ) -> np.ndarray:
+        """(N, c) float32 numpy actions: on the host where the outputs are, else on their device."""
+        if mu.device.type == "cpu":
+            return self.numpy((mu.numpy(), log_sigma.numpy()), noise)
+        device_noise = None if noise is None else torch.from_numpy(noise).to(mu.device)
+        return self.torch((mu, log_sigma), device_noise).cpu().numpy()
 
 
 def masked_probabilities(logits: torch.Tensor, branches: tuple[int, ...],

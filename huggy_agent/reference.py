@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from huggy_agent.formats import LoadedPolicy
-from huggy_agent.heads import continuous_actions
+from huggy_agent.heads import ContinuousHead
 
 
 def canonical_inputs(loaded: LoadedPolicy, count: int = 256, seed: int = 0) -> list[np.ndarray]:
@@ -70,5 +70,6 @@ def float64_actions(loaded: LoadedPolicy, inputs: list[np.ndarray] | np.ndarray,
     if isinstance(inputs, np.ndarray):
         inputs = [inputs]
     mu, log_sigma = float64_outputs(loaded, inputs)[:2]
-    return continuous_actions(torch.from_numpy(mu), torch.from_numpy(log_sigma), loaded.arch.head,
-                              None if noise is None else noise.astype(np.float64)).numpy()
+    noise64 = None if noise is None else torch.from_numpy(noise.astype(np.float64))
+    return ContinuousHead(loaded.arch.head).torch(
+        (torch.from_numpy(mu), torch.from_numpy(log_sigma)), noise64).numpy()

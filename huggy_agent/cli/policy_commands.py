@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from huggy_agent.engines import ENGINE_NAMES
+
 
 def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
     parser.add_argument("--policy", type=Path, default=None,
@@ -20,6 +22,9 @@ def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True) ->
                             help="auto (NPU, then CUDA, then CPU), cpu, cuda[:N] or npu[:N]")
         parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
                             help="precision of the layers; the normalizer stays float32")
+        parser.add_argument("--engine", default="auto", choices=ENGINE_NAMES,
+                            help="how the network runs (default auto: the fastest correct "
+                                 "engine for the device, by a fixed rule)")
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +34,8 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
 def _agent(args: argparse.Namespace, seed: int | None = None):  # noqa: ANN202 - lazy import
     from huggy_agent import HuggyAgent
 
-    return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=seed)
+    return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=seed,
+                      engine=args.engine)
 
 
 def _print_json(data: object) -> None:
@@ -102,7 +108,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             ("encoder parameters", params["encoders"]), ("LSTM parameters", params["lstm"]),
             ("log-sigma parameters", params["log_sigma"]),
             ("normalizer values", params["normalizer"]), ("fingerprint", info["fingerprint"]),
-            ("device", info["device"]), ("precision", info["precision"])]
+            ("device", info["device"]), ("precision", info["precision"]),
+            ("engine", info["engine"]), ("engine detail", info["engine_detail"])]
     print(format_table(["field", "value"], rows))
     return 0
 
@@ -289,19 +296,25 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     from huggy_agent.benchmark import run_benchmark
     from huggy_agent.tables import format_table
 
-    print("benchmarking (about 20 s)...", file=sys.stderr)
-    report = run_benchmark(args.policy, args.threads, args.rounds, args.calls, args.batch)
+    print("benchmarking (about 30 s)...", file=sys.stderr)
+    report = run_benchmark(args.policy, args.threads, args.rounds, args.calls, args.batch,
+                           engines=[args.engine])
     if args.json:
         _print_json(report)
         return 0
     print(f"threads {report['threads']}, float32 matmul {report['matmul_gflops']:.1f} GFLOP/s, "
-          f"{report['flops_per_obs'] / 1e6:.2f} MFLOP per observation, "
-          f"weight load {report['load_ms']:.1f} ms")
+          f"{report['flops_per_obs'] / 1e6:.2f} MFLOP per observation; auto runs "
+          f"{report['auto_engine']} on the CPU (row 'huggy compute_action')")
+    onnxruntime_p50 = report["results"][1]["p50_us"]
     print(format_table(
-        ["implementation", "p50 us", "p95 us", "p99 us", f"batch {report['batch_size']} obs/s",
-         "of matmul rate"],
-        [(r["name"], r["p50_us"], r["p95_us"], r["p99_us"], r["batch_obs_per_s"],
-          f"{100 * r['matmul_efficiency']:.0f}%") for r in report["results"]]))
+        ["implementation", "p50 us", "p95 us", "p99 us", "p50 / onnxruntime",
+         f"batch {report['batch_size']} obs/s", "of matmul rate"],
+        [(r["name"], r["p50_us"], r["p95_us"], r["p99_us"], f"{r['p50_us'] / onnxruntime_p50:.2f}",
+          r["batch_obs_per_s"], f"{100 * r['matmul_efficiency']:.0f}%")
+         for r in report["results"]]))
+    print("\n" + format_table(["engine", "load ms", "first call ms (1 obs)"],
+                              [(e["engine"], e["load_ms"], e["first_call_ms"])
+                               for e in report["engines"]]))
     ratios = report["ratios"]
     print(f"\nours/onnxruntime p50: {ratios['p50_vs_onnxruntime']:.2f}x   "
           f"ours/eager p50: {ratios['p50_vs_eager']:.2f}x   "
@@ -391,8 +404,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     command("stats", cmd_stats, "parameter counts per layer, normalizer and log-sigma statistics")
 
     bench = command("benchmark", cmd_benchmark,
-                    "latency and throughput against onnxruntime and plain eager torch",
-                    device=False)
+                    "latency and throughput of each engine against onnxruntime and plain eager "
+                    "torch", device=False)
+    bench.add_argument("--engine", default="all", choices=["all", *ENGINE_NAMES],
+                       help="the engine(s) to measure beside auto (default: all that run here)")
     bench.add_argument("--threads", type=int, default=None,
                        help="torch and onnxruntime threads (default: torch's default)")
     bench.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")

@@ -1,0 +1,443 @@
+"""`cuda-graph` and `npu-graph`: the network, and for actions the head too, captured as device
+graphs, one per batch-size rung, replayed with one host-to-device and one device-to-host copy.
+
+Small batches on an accelerator are launch-bound: one Huggy observation took 217 us in eager ops
+and 46 us replayed as a CUDA graph with pinned buffers on an H200 (see the README).
+
+- Rungs: powers of two up to `max_rung`. A batch of N <= max_rung rows is padded to the smallest
+  rung >= N; a larger one runs in chunks of max_rung rows and a padded remainder.
+- Programs: `forward` (the network's outputs, left on the device for `distribution`), `act`
+  (network and head: the actions) and `act+noise` (the host noise as one more per-row input).
+- Buffers: a program's per-row inputs are packed side by side in one row of a pinned host buffer
+  (network inputs, then the noise), so a call copies exactly its N rows to the device in one copy,
+  and the actions come back in one copy. Rung r's graph reads the first r rows of the program's
+  device input buffer; rows past N keep earlier (finite) values, and no row depends on another.
+- Slots: two independent sets of stream, memory pool, buffers and graphs. Calls of up to max_rung
+  rows use slot 0; chunked calls alternate slots, so packing and copying one chunk overlaps the
+  compute of the previous one. Graphs of one slot share its pool and never run concurrently.
+- Capture is lazy (the first call that needs a rung) or ahead of time (`HuggyAgent.warmup`), and
+  each is timed and logged.
+
+The graph API comes from the device's torch module: `torch.cuda.CUDAGraph` (torch 2.11 and 2.13
+alike), `torch.npu.NPUGraph` from torch-npu. Everything device-specific sits behind
+`GraphBackend`, so the bookkeeping here also runs on the CPU under a stand-in backend (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from huggy_agent.engines.base import (
+    ActionHead,
+    Engine,
+    InputShapes,
+    as_float32,
+    merge_parts,
+    per_row_flags,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_RUNG = 16384
+"""The largest captured batch; larger batches are chunked."""
+CAPTURE_WARMUP_RUNS = 2
+"""Eager runs on a side stream before a capture (library handles, workspaces, allocator)."""
+GRAPH_CLASSES = {"cuda": "CUDAGraph", "npu": "NPUGraph"}
+GRAPH_MODULE_API = ("graph", "graph_pool_handle", "Stream", "stream", "current_stream", "Event",
+                    "device")
+"""What a device module (torch.cuda, torch.npu) must offer, beside its graph class."""
+
+
+def rung_ladder(max_rung: int) -> tuple[int, ...]:
+    """The captured batch sizes: 1, 2, 4, ... max_rung (a power of two)."""
+    if max_rung < 1 or max_rung & (max_rung - 1):
+        raise ValueError(f"max_rung must be a power of two >= 1, received {max_rung}")
+    return tuple(1 << k for k in range(max_rung.bit_length()))
+
+
+def rung_for(rows: int, max_rung: int) -> int:
+    """The smallest rung that holds `rows` (1 <= rows <= max_rung) rows."""
+    if not 1 <= rows <= max_rung:
+        raise ValueError(f"rows must be in [1, {max_rung}], received {rows}")
+    return 1 << (rows - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows start:stop of a call, replayed on the graph of `rung` rows."""
+
+    start: int
+    stop: int
+    rung: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def chunk_plan(rows: int, max_rung: int) -> list[Chunk]:
+    """Chunks covering `rows` rows in order: full max_rung chunks, then the remainder on its rung."""
+    chunks = [Chunk(start, start + max_rung, max_rung)
+              for start in range(0, rows - rows % max_rung, max_rung)]
+    if rows % max_rung:
+        start = rows - rows % max_rung
+        chunks.append(Chunk(start, rows, rung_for(rows - start, max_rung)))
+    return chunks
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Several per-row inputs packed side by side in one float32 row: input i occupies columns
+    `spans[i]`, flattened."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    spans: tuple[tuple[int, int], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        spans, offset = [], 0
+        for shape in self.shapes:
+            spans.append((offset, offset + math.prod(shape)))
+            offset += math.prod(shape)
+        object.__setattr__(self, "spans", tuple(spans))
+
+    @property
+    def width(self) -> int:
+        return self.spans[-1][1]
+
+    def pack(self, arrays: Sequence[np.ndarray], chunk: Chunk, dest: np.ndarray) -> None:
+        """Rows `chunk` of each array into the first `chunk.rows` rows of `dest` (rows, width)."""
+        for (a, b), array in zip(self.spans, arrays, strict=True):
+            dest[:chunk.rows, a:b] = array[chunk.start:chunk.stop].reshape(chunk.rows, b - a)
+
+    def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Views of packed (rows, width) as the inputs (rows, *shape); no copy."""
+        rows = packed.shape[0]
+        return tuple(packed[:, a:b].view(rows, *shape)
+                     for (a, b), shape in zip(self.spans, self.shapes, strict=True))
+
+
+class Event(Protocol):
+    def synchronize(self) -> None: ...
+
+
+class GraphBackend(Protocol):
+    """The device side of the graph engine: streams, memory pools, capture, pinned memory."""
+
+    device: torch.device
+
+    def new_stream(self) -> Any: ...
+    def new_pool(self) -> Any: ...
+    def current_stream(self) -> Any: ...
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]: ...
+    def wait(self, stream: Any, other: Any) -> None:
+        """Work queued later on `stream` waits for the work queued so far on `other`."""
+        ...
+    def capture(self, fn: Callable[[], tuple[torch.Tensor, ...]], pool: Any
+                ) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
+        """Capture `fn` (whose inputs are static device tensors) into a graph in `pool`:
+        (replay, its static outputs)."""
+        ...
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A page-locked host tensor."""
+        ...
+    def record(self, stream: Any) -> Event: ...
+
+
+class DeviceGraphs:
+    """`GraphBackend` on a torch device module with CUDA's graph API (torch.cuda, torch.npu)."""
+
+    def __init__(self, device: torch.device, module: ModuleType, graph_class: type) -> None:
+        self.device = device
+        self._module = module
+        self._graph_class = graph_class
+
+    def new_stream(self) -> Any:
+        return self._module.Stream(device=self.device)
+
+    def new_pool(self) -> Any:
+        return self._module.graph_pool_handle()
+
+    def current_stream(self) -> Any:
+        return self._module.current_stream(self.device)
+
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        return self._module.stream(stream)
+
+    def wait(self, stream: Any, other: Any) -> None:
+        stream.wait_stream(other)
+
+    def capture(self, fn: Callable[[], tuple[torch.Tensor, ...]], pool: Any
+                ) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
+        module = self._module
+        with module.device(self.device):
+            side = module.Stream(device=self.device)
+            side.wait_stream(module.current_stream(self.device))
+            with module.stream(side):
+                for _ in range(CAPTURE_WARMUP_RUNS):
+                    fn()
+            module.current_stream(self.device).wait_stream(side)
+            graph = self._graph_class()
+            with module.graph(graph, pool=pool):
+                outputs = fn()
+        return graph.replay, outputs
+
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def record(self, stream: Any) -> Event:
+        event = self._module.Event()
+        event.record(stream)
+        return event
+
+
+def graph_backend(device_type: str, module: ModuleType | None) -> tuple[ModuleType, type] | None:
+    """(module, graph class) when `module` (torch.cuda, torch.npu, or None if absent) offers
+    graph capture for `device_type`, else None: then graphs are not available there."""
+    graph_class = getattr(module, GRAPH_CLASSES.get(device_type, ""), None)
+    if module is None or graph_class is None:
+        return None
+    if not all(hasattr(module, name) for name in GRAPH_MODULE_API):
+        return None
+    return module, graph_class
+
+
+def device_graphs(device: torch.device) -> DeviceGraphs | None:
+    """The graph backend for `device`, or None where its torch module has no graph capture."""
+    found = graph_backend(device.type, getattr(torch, device.type, None))
+    return None if found is None else DeviceGraphs(device, *found)
+
+
+@dataclass(frozen=True, eq=False)
+class _Program:
+    """A function of packed per-row inputs: `forward` keeps its outputs on the device, `act`
+    programs return one per-row output (the actions) that comes back to the host."""
+
+    kind: str
+    layout: RowLayout
+    fn: Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
+
+    @property
+    def to_host(self) -> bool:
+        return self.kind != "forward"
+
+
+@dataclass
+class _Captured:
+    replay: Callable[[], None]
+    outputs: tuple[torch.Tensor, ...]
+    per_row: tuple[bool, ...]
+
+
+class _Slot:
+    """One stream, one memory pool, and per program: a device input buffer of max_rung rows, a
+    pinned host input buffer, a pinned host output buffer (act programs) and captured rungs."""
+
+    def __init__(self, backend: GraphBackend) -> None:
+        self.stream = backend.new_stream()
+        self.pool = backend.new_pool()
+        self.device_inputs: dict[_Program, torch.Tensor] = {}
+        self.host_inputs: dict[_Program, tuple[torch.Tensor, np.ndarray]] = {}
+        self.host_outputs: dict[_Program, tuple[torch.Tensor, np.ndarray]] = {}
+        self.graphs: dict[tuple[_Program, int], _Captured] = {}
+        self.reading: dict[_Program, Event] = {}
+        """Copies from a host input buffer that nothing has waited for yet (forward programs)."""
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A chunk whose actions are on their way to `host` (a pinned buffer's numpy view)."""
+
+    event: Event
+    chunk: Chunk
+    host: np.ndarray
+
+    def finish(self, result: np.ndarray) -> None:
+        """Wait for the copy, then put the chunk's rows into `result`."""
+        self.event.synchronize()
+        result[self.chunk.start:self.chunk.stop] = self.host[:self.chunk.rows]
+
+
+class GraphEngine(Engine):
+    """Replays captured graphs of the network (see the module docstring). `ladder` holds the
+    batch sizes it captures; `capture_seconds` how long each (program kind, rung) took."""
+
+    name = "graph"
+
+    def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
+                 head: ActionHead, backend: GraphBackend,
+                 max_rung: int = DEFAULT_MAX_RUNG) -> None:
+        super().__init__(net, input_shapes, device, head)
+        self.ladder = rung_ladder(max_rung)
+        self.max_rung = max_rung
+        self.backend = backend
+        self.capture_seconds: dict[tuple[str, int], float] = {}
+        self._programs: dict[tuple[str, tuple[int, ...] | None], _Program] = {}
+        self._slots: list[_Slot] = []
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return (f"{self.name} on {self.device}, {len(self.ladder)} rungs of 1-{self.max_rung} rows "
+                f"({len(self.capture_seconds)} graphs captured), larger batches chunked over 2 "
+                "streams")
+
+    # --- programs, slots, capture -----------------------------------------------------------
+
+    def _program(self, kind: str, noise_shape: tuple[int, ...] | None = None) -> _Program:
+        key = (kind, noise_shape)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = self._make_program(kind, noise_shape)
+        return program
+
+    def _make_program(self, kind: str, noise_shape: tuple[int, ...] | None) -> _Program:
+        net, head, count = self.net, self.head, len(self.input_shapes)
+        if kind == "forward":
+            return _Program(kind, RowLayout(self.input_shapes),
+                            lambda views: as_float32(net(*views)))
+        if noise_shape is None:
+            return _Program(kind, RowLayout(self.input_shapes),
+                            lambda views: (head.torch(as_float32(net(*views)), None),))
+        return _Program(kind, RowLayout((*self.input_shapes, noise_shape)),
+                        lambda views: (head.torch(as_float32(net(*views[:count])), views[count]),))
+
+    def _slot(self, index: int) -> _Slot:
+        while len(self._slots) <= index:
+            self._slots.append(_Slot(self.backend))
+        return self._slots[index]
+
+    def _captured(self, slot: _Slot, program: _Program, rung: int) -> _Captured:
+        captured = slot.graphs.get((program, rung))
+        if captured is not None:
+            return captured
+        if program not in slot.device_inputs:
+            shape = (self.max_rung, program.layout.width)
+            slot.device_inputs[program] = torch.zeros(shape, device=self.device)
+            host = self.backend.host_buffer(shape, torch.float32)
+            slot.host_inputs[program] = (host, host.numpy())
+        views = program.layout.unpack(slot.device_inputs[program][:rung])
+        start = time.perf_counter()
+        replay, outputs = self.backend.capture(lambda: program.fn(views), slot.pool)
+        seconds = time.perf_counter() - start
+        per_row = per_row_flags(outputs, rung)
+        if program.to_host:
+            if len(outputs) != 1 or not per_row[0]:
+                raise ValueError(f"the {program.kind} program must return one per-row output, "
+                                 f"returned shapes {[tuple(o.shape) for o in outputs]}")
+            if program not in slot.host_outputs:
+                host = self.backend.host_buffer((self.max_rung, *outputs[0].shape[1:]),
+                                                outputs[0].dtype)
+                slot.host_outputs[program] = (host, host.numpy())
+        self.capture_seconds[(program.kind, rung)] = seconds
+        logger.info("captured %s for %d rows on %s in %.1f ms", program.kind, rung, self.device,
+                    1e3 * seconds)
+        captured = slot.graphs[(program, rung)] = _Captured(replay, outputs, per_row)
+        return captured
+
+    # --- calls --------------------------------------------------------------------------------
+
+    def _replay(self, slot: _Slot, program: _Program, captured: _Captured,
+                arrays: Sequence[np.ndarray], chunk: Chunk, caller: Any) -> None:
+        """Pack the chunk's rows on the host, then on the slot's stream: one copy in, replay.
+
+        The host buffer is rewritten only once the previous copy from it has finished: act
+        programs wait for their whole chunk before reusing a slot, forward programs (whose
+        outputs stay on the device) for the copy recorded here.
+        """
+        reading = slot.reading.pop(program, None)
+        if reading is not None:
+            reading.synchronize()
+        host, host_array = slot.host_inputs[program]
+        program.layout.pack(arrays, chunk, host_array)
+        with self.backend.use_stream(slot.stream):
+            self.backend.wait(slot.stream, caller)  # earlier work on these buffers (fill, clones)
+            slot.device_inputs[program][:chunk.rows].copy_(host[:chunk.rows], non_blocking=True)
+            if not program.to_host:
+                slot.reading[program] = self.backend.record(slot.stream)
+            captured.replay()
+
+    def _copy_out(self, slot: _Slot, program: _Program, captured: _Captured,
+                  chunk: Chunk) -> _Pending:
+        """On the slot's stream: one copy of the chunk's actions to the pinned host buffer."""
+        host, host_array = slot.host_outputs[program]
+        with self.backend.use_stream(slot.stream):
+            host[:chunk.rows].copy_(captured.outputs[0][:chunk.rows], non_blocking=True)
+            return _Pending(self.backend.record(slot.stream), chunk, host_array)
+
+    def forward(self, inputs: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """Outputs on the device (copies: the graphs' own outputs are overwritten next call)."""
+        program = self._program("forward")
+        rows = len(inputs[0])
+        with self._lock, torch.inference_mode():
+            slot, caller = self._slot(0), self.backend.current_stream()
+            parts, per_row = [], ()
+            for chunk in chunk_plan(rows, self.max_rung):
+                captured = self._captured(slot, program, chunk.rung)
+                per_row = per_row or captured.per_row
+                self._replay(slot, program, captured, inputs, chunk, caller)
+                self.backend.wait(caller, slot.stream)
+                parts.append(tuple(
+                    output[:chunk.rows].clone() if row else output.clone()
+                    for output, row in zip(captured.outputs, captured.per_row, strict=True)))
+            return merge_parts(parts, per_row)
+
+    def act(self, inputs: Sequence[np.ndarray], noise: np.ndarray | None) -> np.ndarray:
+        program = (self._program("act") if noise is None
+                   else self._program("act+noise", tuple(noise.shape[1:])))
+        arrays = tuple(inputs) if noise is None else (*inputs, noise)
+        rows = len(arrays[0])
+        with self._lock, torch.inference_mode():
+            caller = self.backend.current_stream()
+            pending: dict[int, _Pending] = {}
+            result = np.empty(0)
+            for index, chunk in enumerate(chunk_plan(rows, self.max_rung)):
+                slot = self._slot(index % 2)
+                if index % 2 in pending:  # the slot's previous chunk, before its buffers are reused
+                    pending.pop(index % 2).finish(result)
+                captured = self._captured(slot, program, chunk.rung)
+                if index == 0:
+                    row_shape = tuple(captured.outputs[0].shape[1:])
+                    result = np.empty((rows, *row_shape), dtype=slot.host_outputs[program][1].dtype)
+                self._replay(slot, program, captured, arrays, chunk, caller)
+                pending[index % 2] = self._copy_out(slot, program, captured, chunk)
+            for waiting in sorted(pending.values(), key=lambda p: p.chunk.start):
+                waiting.finish(result)
+        return result
+
+
+class CudaGraphEngine(GraphEngine):
+    """`cuda-graph`: graphs captured with torch.cuda.CUDAGraph."""
+
+    name = "cuda-graph"
+
+    def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
+                 head: ActionHead, max_rung: int = DEFAULT_MAX_RUNG) -> None:
+        backend = device_graphs(device) if device.type == "cuda" else None
+        if backend is None:
+            raise ValueError(f"the cuda-graph engine needs a CUDA device, not {device}")
+        super().__init__(net, input_shapes, device, head, backend, max_rung)
+
+
+class NpuGraphEngine(GraphEngine):
+    """`npu-graph`: graphs captured with torch-npu's NPUGraph (untested on hardware here)."""
+
+    name = "npu-graph"
+
+    def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
+                 head: ActionHead, max_rung: int = DEFAULT_MAX_RUNG) -> None:
+        backend = device_graphs(device) if device.type == "npu" else None
+        if backend is None:
+            raise ValueError(f"the npu-graph engine needs an NPU whose torch-npu offers NPUGraph, "
+                             f"not {device}")
+        super().__init__(net, input_shapes, device, head, backend, max_rung)
