@@ -20,12 +20,12 @@ app = FastAPI()
 @app.post("/v1/act")
 async def act(request: Request) -> Response:
     try:
-        parsed = parse_act_request(await request.body(), agent.obs_size, 256)
+        parsed = parse_act_request(await request.body(), agent.spec, 256)
     except ApiError as error:
         return Response(error.body(), status_code=error.status, media_type="application/json")
     actions = agent.actions_from(agent.distribution(parsed.obs), parsed.deterministic,
                                  parsed.seed, parsed.row_offset)
-    return Response(act_response(actions, parsed.single, agent.fingerprint),
+    return Response(act_response({"continuous": actions}, parsed.single, agent.fingerprint),
                     media_type="application/json")
 
 

@@ -74,21 +74,23 @@ class RemoteAgent:
         not depend on the server's batching.
         """
         spec = self.spec
-        inputs, _ = as_input_batches(obs, spec)
+        inputs, single = as_input_batches(obs, spec)
         rows = len(inputs[0])
         if seed is not None and not 0 <= seed < SEED_LIMIT:
             raise ValueError(f"seed must be an integer in [0, 2**64), got {seed}")
+        sent = [array[0] for array in inputs] if single else inputs  # the rank it was given
         payload: dict[str, Any] = {"inputs": {i.name: array for i, array in
-                                              zip(spec.inputs, inputs, strict=True)},
+                                              zip(spec.inputs, sent, strict=True)},
                                    "deterministic": bool(deterministic),
                                    "seed": None if seed is None else int(seed)}
         if len(spec.inputs) == 1:
             payload["obs"] = payload.pop("inputs")[spec.inputs[0].name]
         mask = as_mask_batch(action_mask, spec, rows)
         if mask is not None:
-            payload["action_mask"] = mask
+            payload["action_mask"] = mask[0] if single else mask
         if spec.memory_size and memory is not None:
-            payload["memory"] = as_memory_batch(memory, spec, rows)
+            batch = as_memory_batch(memory, spec, rows)
+            payload["memory"] = batch[0] if single else batch
         elif memory is not None:
             as_memory_batch(memory, spec, rows)  # raises: no memory here
         if row_offset:

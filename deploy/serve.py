@@ -52,7 +52,7 @@ from deploy.api import (
 )
 from deploy.grpc_ingress import RawMessage, grpc_status
 from deploy.placement import ACCELERATORS, ReplicaPlacement, plan_placement
-from huggy_agent import HuggyAgent
+from huggy_agent import Actions, HuggyAgent
 
 DEPLOYMENT_NAME = "HuggyPolicy"
 JSON = "application/json"
@@ -98,6 +98,21 @@ class BatchSettings:
 def _total_rows(requests: list[ActRequest]) -> int:
     """Batch size in observations, for `@serve.batch(batch_size_fn=...)`."""
     return sum(request.rows for request in requests)
+
+
+def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
+                  ) -> dict[str, np.ndarray]:
+    """What `/v1/act` answers, by name: `continuous`, `discrete` and `memory` as the policy has
+    them, from `compute_action`'s result (with the memory in it) or `actions_from`'s."""
+    if agent.spec.memory_size and memory is None:
+        actions, memory = actions
+    if isinstance(actions, Actions):
+        arrays = {"continuous": actions.continuous, "discrete": actions.discrete}
+    else:
+        arrays = {"discrete" if agent.spec.discrete_branches else "continuous": actions}
+    if memory is not None:
+        arrays["memory"] = memory
+    return arrays
 
 
 def warmup_sizes(max_batch_size: int) -> list[int]:
@@ -149,7 +164,8 @@ class HuggyPolicyDeployment:
         self.started = time.time()
         self.counters = {"requests": 0, "requests_alone": 0, "rejected": 0, "forward_passes": 0,
                          "rows": 0, "largest_batch_requests": 0, "largest_batch_rows": 0}
-        self._probe = np.zeros((1, self.agent.obs_size), dtype=np.float32)
+        probe = [np.zeros((1, *i.shape), dtype=np.float32) for i in self.agent.spec.inputs]
+        self._probe: Any = probe[0] if len(probe) == 1 else probe
         self._batch_requests = Histogram(
             "huggy_batch_requests", description="Requests served per forward pass",
             boundaries=BATCH_BUCKETS)
@@ -201,8 +217,8 @@ class HuggyPolicyDeployment:
             elif path == INFO_PATH:
                 body = self.info()
             else:
-                body = openapi_document(self.agent.obs_size, self.agent.act_size,
-                                        self.settings.max_rows, self.settings.max_body_bytes)
+                body = openapi_document(self.agent.spec, self.settings.max_rows,
+                                        self.settings.max_body_bytes)
             return Response(json.dumps(body).encode(), media_type=JSON)
         except ApiError as error:
             self.counters["rejected"] += 1
@@ -210,7 +226,7 @@ class HuggyPolicyDeployment:
 
     async def _act(self, request: Request) -> Response:
         body = await self._read_body(request)
-        act = parse_act_request(body, self.agent.obs_size, self.settings.max_rows)
+        act = parse_act_request(body, self.agent.spec, self.settings.max_rows)
         return Response(await self._answer(act), media_type=JSON)
 
     async def _answer(self, act: ActRequest) -> bytes:
@@ -239,7 +255,7 @@ class HuggyPolicyDeployment:
             if len(request) > limit:
                 raise ApiError(413, "body_too_large", f"request is {len(request)} bytes, the "
                                f"limit is {limit} bytes; send fewer rows per request")
-            act = parse_act_request(request, self.agent.obs_size, self.settings.max_rows)
+            act = parse_act_request(request, self.agent.spec, self.settings.max_rows)
         except ApiError as error:
             self.counters["rejected"] += 1
             grpc_context.set_code(grpc_status(error.status))
@@ -265,30 +281,46 @@ class HuggyPolicyDeployment:
     @serve.batch(max_batch_size=BatchSettings.max_batch_size,
                  batch_wait_timeout_s=BatchSettings.batch_wait_timeout_s,
                  batch_size_fn=_total_rows)
-    async def _act_batch(self, requests: list[ActRequest]) -> list[np.ndarray | Exception]:
+    async def _act_batch(self, requests: list[ActRequest]
+                         ) -> list[dict[str, np.ndarray] | Exception]:
         """The batch `@serve.batch` gathered, through `_forward`."""
         return self._forward(requests)
 
-    def _forward_alone(self, act: ActRequest) -> np.ndarray:
+    def _forward_alone(self, act: ActRequest) -> dict[str, np.ndarray]:
         """A batch of one, with no batch to gather: `compute_action`, the same actions as
         `_forward([act])` (within the numerical contract) in one call to the engine."""
-        actions = self.agent.compute_action(act.obs, act.deterministic, act.seed, act.row_offset)
+        agent = self.agent
+        kwargs: dict[str, Any] = {}
+        if act.action_mask is not None:
+            kwargs["action_mask"] = act.action_mask
+        if act.memory is not None:
+            kwargs["memory"] = act.memory
+        obs = act.inputs[0] if len(act.inputs) == 1 else act.inputs
+        result = agent.compute_action(obs, act.deterministic, act.seed, act.row_offset, **kwargs)
         self.counters["requests_alone"] += 1
         self._count_batch(1, act.rows)
-        return actions
+        return answer_arrays(agent, result)
 
-    def _forward(self, requests: list[ActRequest]) -> list[np.ndarray | Exception]:
-        """ONE forward pass over the rows of all `requests`, then each request's own head."""
-        obs = requests[0].obs if len(requests) == 1 else np.concatenate([r.obs for r in requests])
-        dist = self.agent.distribution(obs)
-        self._count_batch(len(requests), len(obs))
-        results: list[np.ndarray | Exception] = []
+    def _forward(self, requests: list[ActRequest]) -> list[dict[str, np.ndarray] | Exception]:
+        """ONE forward pass over the rows of all `requests` (each input, and the memories,
+        concatenated), then each request's own heads with its own seed and mask."""
+        agent = self.agent
+        inputs = [np.concatenate(parts) if len(parts) > 1 else parts[0]
+                  for parts in zip(*(r.inputs for r in requests), strict=True)]
+        memory = None
+        if agent.spec.memory_size:
+            memory = np.concatenate([r.memory for r in requests])
+        outputs = agent.distribution(inputs[0] if len(inputs) == 1 else inputs, memory=memory)
+        self._count_batch(len(requests), len(inputs[0]))
+        results: list[dict[str, np.ndarray] | Exception] = []
         start = 0
         for request in requests:
+            rows = outputs[start:start + request.rows]
             try:  # one request's failure must not fail the others of its batch
-                results.append(self.agent.actions_from(
-                    dist[start:start + request.rows], request.deterministic, request.seed,
-                    request.row_offset))
+                actions = agent.actions_from(rows, request.deterministic, request.seed,
+                                             request.row_offset, request.action_mask)
+                new_memory = None if rows.memory is None else rows.memory.cpu().numpy()
+                results.append(answer_arrays(agent, actions, new_memory))
             except Exception as error:  # noqa: BLE001 - handed back to that request alone
                 results.append(error)
             start += request.rows

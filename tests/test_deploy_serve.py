@@ -26,7 +26,7 @@ from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
 from deploy.serve import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import RayCluster, fixtures_dir, free_port
+from tests.conftest import RayCluster, fixtures_dir, free_port, mlagents_fixtures_dir
 
 FIXTURE_PT = ("ppo_num_layers_2", "Huggy", "Huggy-2000139.pt")
 TOL = FP32_ACTION_ATOL  # the numerical contract: serving vs in-process
@@ -106,7 +106,9 @@ def test_served_deterministic_actions_equal_in_process(server: Server,
 def test_info_healthz_openapi(server: Server, local: HuggyAgent) -> None:
     described = info(server.url)
     assert described["architecture"] == local.describe()["architecture"]
-    assert described["parameters"]["linear"] == 566_805
+    counts = described["parameters"]
+    assert counts["body"] + counts["heads"] == 566_805
+    assert described["spec"] == local.spec.as_dict()
     assert described["fingerprint"] == local.fingerprint
     assert described["source"].endswith("Huggy.onnx")
     assert (described["device"], described["precision"], described["ingress"]) == (
@@ -288,3 +290,79 @@ def test_remote_rollout_gives_the_in_process_returns(server: Server, local: Hugg
     assert [e.length for e in remote.episodes] == [e.length for e in in_process.episodes]
     np.testing.assert_allclose([e.episode_return for e in remote.episodes],
                                [e.episode_return for e in in_process.episodes], rtol=0, atol=1e-5)
+
+
+# --- other policy kinds -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kinds(server: Server) -> dict[str, str]:
+    """The trained Pyramids policy (4 inputs, masked discrete actions) and the recurrent one,
+    served beside the others, each with a batch wait so that concurrent requests share forward
+    passes."""
+    urls = {}
+    for run in ("pyramids_trained", "lstm"):
+        deploy(AppArgs(policy=str(mlagents_fixtures_dir() / run), accelerator="cpu",
+                       num_cpus=0.25, batch_wait_timeout_s=BATCH_WAIT_S),
+               name=run, route_prefix=f"/{run}", timeout_s=120)
+        urls[run] = f"{server.url}/{run}"
+    return urls
+
+
+def test_several_inputs_and_masks_over_http(kinds: dict[str, str]) -> None:
+    """32 concurrent requests to the Pyramids server, each with its own inputs, mask and seed:
+    each answer is what the policy gives in-process for that request alone, the batching shared
+    forward passes, and no answer ever picks a forbidden action."""
+    url = kinds["pyramids_trained"]
+    local = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "pyramids_trained", device="cpu")
+    rng = np.random.default_rng(8)
+    requests_ = []
+    for k in range(32):
+        inputs = [rng.standard_normal((3, size)).astype(np.float32) for size in (56, 56, 56, 4)]
+        mask = rng.random((3, 5)) < 0.5
+        mask[:, k % 5] = True
+        requests_.append((inputs, mask, bool(k % 2), 100 + k))
+    bodies = [json.dumps({"inputs": {f"obs_{i}": x.tolist() for i, x in enumerate(inputs)},
+                          "action_mask": mask.tolist(), "deterministic": deterministic,
+                          "seed": seed}).encode()
+              for inputs, mask, deterministic, seed in requests_]
+    before = info(url)["counters"]["forward_passes"]
+    answers = asyncio.run(burst(url, bodies))
+    passes = info(url)["counters"]["forward_passes"] - before
+    assert passes < 32
+    for (status, answer), (inputs, mask, deterministic, seed) in zip(answers, requests_,
+                                                                     strict=True):
+        assert status == 200, answer
+        expected = local.compute_action(inputs, deterministic, seed, action_mask=mask)
+        np.testing.assert_array_equal(np.asarray(answer["discrete"]), expected)
+        assert mask[np.arange(3), np.asarray(answer["discrete"])[:, 0]].all()
+        assert "actions" not in answer and "continuous" not in answer
+    described = info(url)
+    assert described["spec"]["discrete_branches"] == [5]
+    assert [i["shape"] for i in described["spec"]["inputs"]] == [[56], [56], [56], [4]]
+
+
+def test_memory_over_http_and_remote_agent(kinds: dict[str, str]) -> None:
+    """The recurrent policy served: memories travel both ways, chained over 10 steps through
+    `RemoteAgent` as in-process (within the contract), and concurrent requests with different
+    memories get their own."""
+    url = kinds["lstm"]
+    local = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "lstm", device="cpu")
+    rng = np.random.default_rng(9)
+    with RemoteAgent(url) as remote:
+        assert remote.spec == local.spec
+        ours = theirs = None
+        for _ in range(10):
+            obs = rng.standard_normal((4, 8)).astype(np.float32)
+            served, theirs = remote.compute_action(obs, memory=theirs)
+            expected, ours = local.compute_action(obs, memory=ours)
+            np.testing.assert_allclose(served, expected, rtol=0, atol=TOL)
+            np.testing.assert_allclose(theirs, ours, rtol=0, atol=TOL)
+        assert np.abs(theirs).max() > 0.05
+    memories = [rng.standard_normal(32).astype(np.float32) for _ in range(16)]
+    obs = rng.standard_normal(8).astype(np.float32)
+    bodies = [json.dumps({"obs": obs.tolist(), "memory": m.tolist()}).encode() for m in memories]
+    for (status, answer), memory in zip(asyncio.run(burst(url, bodies)), memories, strict=True):
+        assert status == 200
+        actions, new_memory = local.compute_action(obs, memory=memory)
+        np.testing.assert_allclose(answer["continuous"], actions, rtol=0, atol=TOL)
+        np.testing.assert_allclose(answer["memory"], new_memory, rtol=0, atol=TOL)
