@@ -91,10 +91,14 @@ class ActorSpec:
         obs_1 (8,) -> discrete (3, 3), memory 32`."""
         inputs = ", ".join(f"{i.name} {i.shape}" + ("" if i.kind == "vector" else f" {i.kind}")
                            for i in self.inputs)
+        memory = f", memory {self.memory_size}" if self.memory_size else ""
+        return f"{inputs} -> {self.describe_actions()}{memory}"
+
+    def describe_actions(self, head: str | None = None) -> str:
+        """Such as `21 continuous`, `discrete (3, 3)` or `2 continuous (sac) + discrete (4,)`."""
         actions = []
         if self.continuous_size:
-            actions.append(f"{self.continuous_size} continuous")
+            actions.append(f"{self.continuous_size} continuous" + (f" ({head})" if head else ""))
         if self.discrete_branches:
             actions.append(f"discrete {self.discrete_branches}")
-        memory = f", memory {self.memory_size}" if self.memory_size else ""
-        return f"{inputs} -> {' + '.join(actions)}{memory}"
+        return " + ".join(actions)

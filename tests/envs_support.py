@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -70,3 +71,16 @@ def wait_until_dead(pids: list[int], timeout: float = 10.0) -> list[int]:
     while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+class KillAfter:
+    """Wraps an agent; SIGKILLs process `pid` once `steps` decisions have been made."""
+
+    def __init__(self, agent: object, steps: int, pid: int) -> None:
+        self.agent, self.steps, self.pid = agent, steps, pid
+
+    def compute_action(self, obs: np.ndarray, **kwargs: object) -> np.ndarray:
+        self.steps -= 1
+        if self.steps == 0:
+            os.kill(self.pid, signal.SIGKILL)
+        return self.agent.compute_action(obs, **kwargs)  # type: ignore[attr-defined]

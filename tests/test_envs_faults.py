@@ -3,8 +3,6 @@ mid-rollout, busy ports, the Python side disappearing; never an orphan process."
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +16,7 @@ from envs import HuggyVectorEnv, RolloutInterrupted, rollout
 from envs.vector_env import EnvironmentStartError
 from huggy_agent import HuggyAgent
 from tests.conftest import REPO_ROOT, free_port
-from tests.envs_support import env_kwargs, processes_mentioning, wait_until_gone
+from tests.envs_support import KillAfter, env_kwargs, processes_mentioning, wait_until_gone
 
 
 def _script(path: Path, body: str) -> str:
@@ -59,23 +57,10 @@ def test_executable_that_never_connects(tmp_path: Path) -> None:
     assert wait_until_gone(str(tmp_path)) == []
 
 
-class _KillAfter:
-    """Wraps an agent; kills the Unity process once `steps` decisions have been made."""
-
-    def __init__(self, agent: HuggyAgent, steps: int, pid: int) -> None:
-        self.agent, self.steps, self.pid = agent, steps, pid
-
-    def compute_action(self, obs: np.ndarray, **kwargs: object) -> np.ndarray:
-        self.steps -= 1
-        if self.steps == 0:
-            os.kill(self.pid, signal.SIGKILL)
-        return self.agent.compute_action(obs, **kwargs)
-
-
 def test_unity_dying_mid_rollout_keeps_finished_episodes(tmp_path: Path) -> None:
     env = HuggyVectorEnv(**env_kwargs(tmp_path, max_steps=10, timeout_wait=10))
     try:
-        killer = _KillAfter(HuggyAgent(device="cpu"), steps=15, pid=env.process_id)
+        killer = KillAfter(HuggyAgent(device="cpu"), steps=15, pid=env.process_id)
         start = time.monotonic()
         with pytest.raises(RolloutInterrupted, match="stopped after 18 of 100 episodes") as info:
             rollout(killer, env, episodes=100, seed=0)

@@ -25,6 +25,7 @@ from envs.vector_env import EnvironmentStartError
 from huggy_agent import HuggyAgent
 from tests.conftest import REPO_ROOT, free_port
 from tests.envs_support import (
+    KillAfter,
     env_kwargs,
     gait_actions,
     wait_until_dead,
@@ -173,19 +174,6 @@ def test_seeds_are_derived_per_instance_and_deterministic(tmp_path: Path) -> Non
             np.testing.assert_array_equal(array[n:], singles[second][k])
 
 
-class _KillAfter:
-    """Wraps an agent; SIGKILLs process `pid` once `steps` decisions have been made."""
-
-    def __init__(self, agent: HuggyAgent, steps: int, pid: int) -> None:
-        self.agent, self.steps, self.pid = agent, steps, pid
-
-    def compute_action(self, obs: np.ndarray, **kwargs: object) -> np.ndarray:
-        self.steps -= 1
-        if self.steps == 0:
-            os.kill(self.pid, signal.SIGKILL)
-        return self.agent.compute_action(obs, **kwargs)
-
-
 @pytest.mark.parametrize("victim", ["unity", "worker"])
 def test_a_killed_instance_is_named_and_nothing_is_left(tmp_path: Path, agent: HuggyAgent,
                                                         victim: str) -> None:
@@ -196,7 +184,7 @@ def test_a_killed_instance_is_named_and_nothing_is_left(tmp_path: Path, agent: H
         pid = env.process_ids[1] if victim == "unity" else env.worker_process_ids[1]
         with pytest.raises(RolloutInterrupted, match=r"instance 1 \(worker_id 1, port "
                            r"\d+, Unity pid \d+\) failed") as info:
-            rollout(_KillAfter(agent, steps=15, pid=pid), env, episodes=100, seed=0)
+            rollout(KillAfter(agent, steps=15, pid=pid), env, episodes=100, seed=0)
         cause = info.value.__cause__
         assert isinstance(cause, InstanceError) and cause.instance == 1
         if victim == "worker":

@@ -64,6 +64,69 @@ def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
     return values
 
 
+def apply_parameters(stand_in: Any, side_channel: bytes, allowed: set[str]) -> None:
+    """Apply the EnvironmentParameters in `side_channel` to `stand_in` (a `StandIn` or a
+    `spec_client.SpecStandIn`): `seed` is kept for the next reset, the others replace fields of
+    its `config` (a dataclass with `validated()`), effective at the next reset; unknown keys and
+    invalid values are logged and ignored, as Unity would."""
+    for key, value in parse_environment_parameters(side_channel).items():
+        if key not in allowed:
+            stand_in.log.write(f"ignoring unknown environment parameter {key}={value}\n")
+        elif key == "seed":
+            stand_in.pending_seed = int(value)
+        else:
+            candidate = type(stand_in.config)(**{**vars(stand_in.config), key: value})
+            try:
+                stand_in.config = candidate.validated()
+            except ValueError as error:  # keep the previous value, as Unity would
+                stand_in.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
+
+
+def initialization_output(name: str, behavior: str | None, continuous: int,
+                          branches: tuple[int, ...] = ()) -> Any:
+    """The `UnityRLInitializationOutputProto` a Unity player named `name` sends, with the
+    behavior's brain parameters (its action spec) when `behavior` is given."""
+    from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
+        UnityRLInitializationOutputProto,
+    )
+
+    out = UnityRLInitializationOutputProto(
+        name=name, communication_version=COMMUNICATION_VERSION, package_version=PACKAGE_VERSION)
+    caps = out.capabilities
+    caps.baseRLCapabilities = caps.concatenatedPngObservations = True
+    caps.compressedChannelMapping = caps.hybridActions = caps.trainingAnalytics = True
+    caps.variableLengthObservation = caps.multiAgentGroups = True
+    if behavior is not None:
+        brain = out.brain_parameters.add()
+        brain.brain_name = behavior
+        brain.is_training = True
+        brain.action_spec.num_continuous_actions = continuous
+        if branches:
+            brain.action_spec.num_discrete_actions = len(branches)
+            brain.action_spec.discrete_branch_sizes.extend(branches)
+    return out
+
+
+def handshake_message(name: str) -> bytes:
+    """The first message of a Unity player named `name`: its initialization output alone."""
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    message = UnityMessageProto()
+    message.header.status = 200
+    message.unity_output.rl_initialization_output.CopyFrom(initialization_output(name, None, 0))
+    return message.SerializeToString()
+
+
+def reset_seed(stand_in: Any, seed: int) -> int:
+    """The seed of this reset of `stand_in`: one sent as an environment parameter since the last
+    reset (the simulation is reseeded with it), else `seed` (the handshake's)."""
+    if stand_in.pending_seed is not None:
+        seed, stand_in.pending_seed = stand_in.pending_seed, None
+        if stand_in.sim is not None:
+            stand_in.sim.reseed(seed)
+    return seed
+
+
 class StandIn:
     """Protocol state: the simulation, the agents awaiting decisions, pending parameters.
     `port` is only reported in observations with `SimConfig.echo_actions`."""
@@ -80,56 +143,17 @@ class StandIn:
         self.order = np.zeros(0, dtype=np.int64)  # slot of each decision row, in message order
 
     def initialization_output(self, with_brain: bool) -> bytes:
-        from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
-            UnityRLInitializationOutputProto,
-        )
-
-        out = UnityRLInitializationOutputProto(
-            name="Huggy", communication_version=COMMUNICATION_VERSION,
-            package_version=PACKAGE_VERSION,
-        )
-        caps = out.capabilities
-        caps.baseRLCapabilities = caps.concatenatedPngObservations = True
-        caps.compressedChannelMapping = caps.hybridActions = caps.trainingAnalytics = True
-        caps.variableLengthObservation = caps.multiAgentGroups = True
-        if with_brain:
-            brain = out.brain_parameters.add()
-            brain.brain_name = BEHAVIOR
-            brain.is_training = True
-            brain.action_spec.num_continuous_actions = ACT_SIZE
-        return out.SerializeToString()
+        return initialization_output("Huggy", BEHAVIOR if with_brain else None,
+                                     ACT_SIZE).SerializeToString()
 
     def handshake_message(self) -> bytes:
-        from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
-        from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
-            UnityRLInitializationOutputProto,
-        )
-
-        message = UnityMessageProto()
-        message.header.status = 200
-        message.unity_output.rl_initialization_output.CopyFrom(
-            UnityRLInitializationOutputProto.FromString(self.initialization_output(False))
-        )
-        return message.SerializeToString()
+        return handshake_message("Huggy")
 
     def apply_parameters(self, side_channel: bytes) -> None:
-        for key, value in parse_environment_parameters(side_channel).items():
-            if key not in PARAMETERS:
-                self.log.write(f"ignoring unknown environment parameter {key}={value}\n")
-            elif key == "seed":
-                self.pending_seed = int(value)
-            else:
-                candidate = SimConfig(**{**vars(self.config), key: value})
-                try:
-                    self.config = candidate.validated()
-                except ValueError as error:  # keep the previous value, as Unity would
-                    self.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
+        apply_parameters(self, side_channel, PARAMETERS)
 
     def reset(self, seed: int) -> bytes:
-        if self.pending_seed is not None:
-            seed, self.pending_seed = self.pending_seed, None
-            if self.sim is not None:
-                self.sim.reseed(seed)
+        seed = reset_seed(self, seed)
         config = self.config
         if self.sim is None:
             self.sim = HuggySim(config, seed)

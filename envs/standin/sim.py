@@ -23,6 +23,7 @@ height), velocity (3), angular velocity (3), forward (3), up (3).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -129,11 +130,13 @@ class StepResult:
     new_obs: np.ndarray
 
 
-class HuggySim:
-    """`num_agents` independent dogs; `reset()` then `step(actions)` once per decision."""
+class SeededSim:
+    """What the stand-in's simulations share: a validated configuration (with `num_agents`), a
+    seeded random stream, and agent ids that count up from 0. Subclasses define `reset()`,
+    which the constructor calls to start every slot's first episode."""
 
-    def __init__(self, config: SimConfig | None = None, seed: int = 0) -> None:
-        self.config = (config or SimConfig()).validated()
+    def __init__(self, config: Any, seed: int) -> None:
+        self.config = config.validated()
         self.rng = np.random.default_rng(seed)
         self._next_id = 0
         self.reset()
@@ -145,6 +148,13 @@ class HuggySim:
     @property
     def num_agents(self) -> int:
         return self.config.num_agents
+
+
+class HuggySim(SeededSim):
+    """`num_agents` independent dogs; `reset()` then `step(actions)` once per decision."""
+
+    def __init__(self, config: SimConfig | None = None, seed: int = 0) -> None:
+        super().__init__(config or SimConfig(), seed)
 
     def reset(self, config: SimConfig | None = None) -> np.ndarray:
         """Start a new episode for every slot (new ids); returns the first observations."""

@@ -44,56 +44,20 @@ class SpecStandIn:
         self.announced = False
         self.order = np.zeros(0, dtype=np.int64)  # slot of each decision row, in message order
 
-    def initialization_output(self, with_brain: bool) -> Any:
-        from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
-            UnityRLInitializationOutputProto,
-        )
-
-        from envs.standin.client import COMMUNICATION_VERSION, PACKAGE_VERSION
-
-        out = UnityRLInitializationOutputProto(
-            name=self.name, communication_version=COMMUNICATION_VERSION,
-            package_version=PACKAGE_VERSION)
-        caps = out.capabilities
-        caps.baseRLCapabilities = caps.concatenatedPngObservations = True
-        caps.compressedChannelMapping = caps.hybridActions = caps.trainingAnalytics = True
-        caps.variableLengthObservation = caps.multiAgentGroups = True
-        if with_brain:
-            brain = out.brain_parameters.add()
-            brain.brain_name = self.behavior
-            brain.is_training = True
-            brain.action_spec.num_continuous_actions = self.spec.continuous_size
-            brain.action_spec.num_discrete_actions = len(self.spec.discrete_branches)
-            brain.action_spec.discrete_branch_sizes.extend(self.spec.discrete_branches)
-        return out
-
     def handshake_message(self) -> bytes:
-        from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+        from envs.standin.client import handshake_message
 
-        message = UnityMessageProto()
-        message.header.status = 200
-        message.unity_output.rl_initialization_output.CopyFrom(self.initialization_output(False))
-        return message.SerializeToString()
+        return handshake_message(self.name)
 
     def apply_parameters(self, side_channel: bytes) -> None:
-        from envs.standin.client import parse_environment_parameters
+        from envs.standin.client import apply_parameters
 
-        for key, value in parse_environment_parameters(side_channel).items():
-            if key not in PARAMETERS:
-                self.log.write(f"ignoring unknown environment parameter {key}={value}\n")
-            elif key == "seed":
-                self.pending_seed = int(value)
-            else:
-                try:
-                    self.config = SpecSimConfig(**{**vars(self.config), key: value}).validated()
-                except ValueError as error:  # keep the previous value, as Unity would
-                    self.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
+        apply_parameters(self, side_channel, PARAMETERS)
 
     def reset(self, seed: int) -> bytes:
-        if self.pending_seed is not None:
-            seed, self.pending_seed = self.pending_seed, None
-            if self.sim is not None:
-                self.sim.reseed(seed)
+        from envs.standin.client import reset_seed
+
+        seed = reset_seed(self, seed)
         if self.sim is None:
             self.sim = SpecSim(self.spec, self.config, seed)
             observations, masks = self.sim.observations, self.sim.masks
@@ -146,7 +110,10 @@ class SpecStandIn:
             if masks is not None and not done[row]:
                 info.action_mask.extend((~masks[row]).tolist())
         if not self.announced:
-            output.rl_initialization_output.CopyFrom(self.initialization_output(True))
+            from envs.standin.client import initialization_output
+
+            output.rl_initialization_output.CopyFrom(initialization_output(
+                self.name, self.behavior, self.spec.continuous_size, self.spec.discrete_branches))
             self.announced = True
         return message.SerializeToString()
 

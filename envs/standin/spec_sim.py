@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from envs.standin.sim import SeededSim
+
 ALLOWED_PROBABILITY = 0.7
 FORBIDDEN_PENALTY = 1.0
 STEP_REWARD = 0.01
@@ -77,24 +79,13 @@ class SpecStep:
     new_masks: np.ndarray | None
 
 
-class SpecSim:
+class SpecSim(SeededSim):
     """`num_agents` agents of one behavior; `reset()` then `step(continuous, discrete)`."""
 
     def __init__(self, spec: BehaviorSpecDescription, config: SpecSimConfig | None = None,
                  seed: int = 0) -> None:
         self.spec = spec
-        self.config = (config or SpecSimConfig()).validated()
-        self.rng = np.random.default_rng(seed)
-        self._next_id = 0
-        self.reset()
-
-    def reseed(self, seed: int) -> None:
-        """Restart the random stream: everything after the next reset depends only on `seed`."""
-        self.rng = np.random.default_rng(seed)
-
-    @property
-    def num_agents(self) -> int:
-        return self.config.num_agents
+        super().__init__(config or SpecSimConfig(), seed)
 
     def reset(self, config: SpecSimConfig | None = None) -> tuple[list[np.ndarray], np.ndarray | None]:
         """New episodes for every slot (new ids); returns the first observations and masks."""

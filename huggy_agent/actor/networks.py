@@ -87,14 +87,9 @@ class ActorArchitecture:
             if arch.input.kind == "variable":
                 item += " attention"
             parts.append(item)
-        actions = []
-        if self.continuous_size:
-            actions.append(f"{self.continuous_size} continuous ({self.head})")
-        if self.discrete_branches:
-            actions.append(f"discrete {self.discrete_branches}")
         lstm = f" -> LSTM {self.memory_size}" if self.memory_size else ""
         return (f"{', '.join(parts)} -> {self.num_layers}x{self.hidden_units} SiLU{lstm} -> "
-                f"{' + '.join(actions)}")
+                f"{self.spec.describe_actions(self.head)}")
 
 
 class ObservationEncoder(nn.Module):
