@@ -99,7 +99,7 @@ def as_mask_batch(mask: Any, spec: ActorSpec, rows: int) -> np.ndarray | None:
             raise ValueError("action_mask must hold booleans or 0/1 (1 = allowed)")
         array = array.astype(bool)
     if array.ndim == 1:
-        array = np.ascontiguousarray(np.broadcast_to(array, (rows, size)))
+        array = np.broadcast_to(array, (rows, size))
     elif len(array) != rows:
         raise ValueError(f"action_mask has {len(array)} rows, the observations {rows}")
     start = 0
@@ -109,7 +109,7 @@ def as_mask_batch(mask: Any, spec: ActorSpec, rows: int) -> np.ndarray | None:
             raise ValueError(f"action_mask: branch {branch} (actions {start}-{start + width - 1}) "
                              f"allows no action in row {int(np.argmax(empty))}")
         start += width
-    return array
+    return np.require(array, bool, ["C_CONTIGUOUS", "WRITEABLE"])  # copies only if needed
 
 
 def as_memory_batch(memory: Any, spec: ActorSpec, rows: int) -> np.ndarray:
