@@ -4,7 +4,8 @@ HuggyAgent.compute_action) with one Unity instance or several (`HuggyVectorEnv(i
 
 Every loop phase runs in a fresh child process, its rounds interleaved with the other phases'
 (the fastest round is reported: other processes on the machine only ever slow a phase down):
-- "K instances" for each K of `--instances`, with the bundled policy;
+- "K instances" for each K of `--instances`, with the bundled policy, and for K > 1 also
+  "K instances, pinned" (`pin_cores=True`: instance i's worker and Unity process on core i);
 - "1 instance, mlagents-envs' own paths" (`compat.set_fast_paths(False)`);
 - with `--baseline DIR` (a folder holding an older copy of `envs/`, e.g. made with
   `cp -r envs /tmp/old/`), "baseline, 1 instance": that code, with this checkout's policy.
@@ -121,7 +122,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["torch_threads"])
     agent = HuggyAgent(device=spec["device"])
     compat.set_fast_paths(spec["fast_paths"])
-    kwargs = {"instances": spec["instances"]} if spec["instances"] > 1 else {}
+    kwargs = ({"instances": spec["instances"], "pin_cores": spec.get("pin_cores", False)}
+              if spec["instances"] > 1 else {})
     env = envs.HuggyVectorEnv(base_port=_free_port(), seed=0, **kwargs)
     totals = {"wait": 0.0, "mlagents": 0.0}
     try:
@@ -273,6 +275,8 @@ def main() -> None:
               "torch_threads": args.torch_threads, "root": str(REPO), "fast_paths": True}
     phases: dict[str, dict[str, Any]] = {
         f"{k} instance{'s' * (k > 1)}": {**common, "instances": k} for k in counts}
+    phases.update({f"{k} instances, pinned": {**common, "instances": k, "pin_cores": True}
+                   for k in counts if k > 1})
     phases["1 instance, mlagents-envs' own paths"] = {**common, "instances": 1,
                                                       "fast_paths": False}
     if args.baseline is not None:
@@ -322,14 +326,16 @@ def main() -> None:
               f"(max {max(rss):.1f}), PSS {np.mean(pss):.1f} MB (max {max(pss):.1f}); target "
               "<= 150 MB")
     print()
-    if one and "2 instances" in best:
-        print(f"2 instances vs 1: {best['2 instances']['rate'] / one['rate']:.2f}x "
-              "(target >= 1.5x on 2 cores)")
+    for name in ("2 instances", "2 instances, pinned"):
+        if one and name in best:
+            print(f"{name} vs 1: {best[name]['rate'] / one['rate']:.2f}x "
+                  "(target >= 1.5x on 2 cores)")
     if one and base:
         print(f"1 instance vs baseline: {one['rate'] / base['rate']:.2f}x (target >= 1.2x)")
-    if "8 instances" in best:
-        print(f"8 instances: {best['8 instances']['rate']:,.0f} agent-decisions/s "
-              "(target >= 40,000 on the 16-core GPU host)")
+    for name in ("8 instances", "8 instances, pinned"):
+        if name in best:
+            print(f"{name}: {best[name]['rate']:,.0f} agent-decisions/s "
+                  "(target >= 40,000 on the 16-core GPU host)")
     print(f"cores: {os.cpu_count()}, policy on {args.device}, torch threads {args.torch_threads}")
 
 

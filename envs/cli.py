@@ -69,6 +69,9 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--instances", metavar="K", type=positive_int, default=1,
                         help="Unity processes stepped together, each from its own worker "
                              "process; slots are their agents concatenated (default 1)")
+    parser.add_argument("--pin-cores", action="store_true",
+                        help="with several instances, pin instance i's worker and Unity process "
+                             "to CPU core i (faster on a machine of your own; see README)")
     parser.add_argument("--worker-id", type=int, default=0,
                         help="port offset from the base port (busy ports move on; instance i "
                              "starts at worker id + i)")

@@ -96,7 +96,7 @@ def run_rollout(args: argparse.Namespace) -> int:
     env = UnityVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
                          timeout_wait=args.timeout_wait, base_port=args.base_port,
                          env_parameters=dict(args.env_param), instances=args.instances,
-                         behavior_spec=behavior)
+                         behavior_spec=behavior, pin_cores=args.pin_cores)
     status = 0
     try:
         result = rollout(agent, env, episodes=args.episodes, deterministic=not args.stochastic,

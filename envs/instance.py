@@ -83,6 +83,8 @@ class InstanceConfig:
     """The layout the behavior must have (None: any)."""
     additional_args: tuple[str, ...] = ()
     """More command-line arguments for the executable (the stand-in's `--behavior-spec`)."""
+    cpu_core: int | None = None
+    """The CPU core an instance worker and its Unity process are pinned to (None: not pinned)."""
 
 
 @dataclass(frozen=True)

@@ -297,7 +297,10 @@ def serve(conn: Connection, memory_fd: int) -> int:
         message = conn.recv_bytes()
         if message == _CLOSE:
             return 0
-        instance = UnityInstance(pickle.loads(message))
+        config = pickle.loads(message)
+        if config.cpu_core is not None:
+            _pin_to_core(config.cpu_core)
+        instance = UnityInstance(config)
     except (EOFError, OSError):
         return 1
     except Exception as error:  # reported to the caller, who raises it
@@ -333,6 +336,12 @@ def serve(conn: Connection, memory_fd: int) -> int:
         return 1
     finally:
         instance.close()
+
+
+def _pin_to_core(core: int) -> None:
+    """Pin every thread of this process to `core`; the Unity process it starts inherits it."""
+    for thread in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(thread), {core})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -267,10 +267,29 @@ def test_rollout_per_instance_equals_one_instance_rollouts(tmp_path: Path, agent
             rollout_per_instance(agent, one, [1, 1], [0, 0])
 
 
+def test_pinned_instances_share_a_core_with_their_worker(tmp_path: Path) -> None:
+    """pin_cores=True: instance i's worker and Unity process run on the i-th core this process
+    may use (wrapping around); without it they keep this process's cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    kwargs = env_kwargs(tmp_path, num_agents=1)
+    with HuggyVectorEnv(**kwargs, instances=3, pin_cores=True) as pinned:
+        for i, (worker, unity) in enumerate(zip(pinned.worker_process_ids, pinned.process_ids,
+                                                strict=True)):
+            expected = {cores[i % len(cores)]}
+            assert os.sched_getaffinity(worker) == expected
+            assert os.sched_getaffinity(unity) == expected
+        pinned.reset(seed=0)
+        pinned.step(np.zeros((3, ACT_SIZE), np.float32))
+    with HuggyVectorEnv(**kwargs, instances=2) as free:
+        assert {frozenset(os.sched_getaffinity(pid)) for pid in _all_pids(free)} == {
+            frozenset(cores)}
+
+
 def test_huggy_rollout_with_instances(tmp_path: Path) -> None:
     record = tmp_path / "episodes.jsonl"
     out = subprocess.run(
-        [sys.executable, "-m", "huggy_agent.cli", "rollout", "--instances", "2", "--episodes",
+        [sys.executable, "-m", "huggy_agent.cli", "rollout", "--instances", "2", "--pin-cores",
+         "--episodes",
          "8", "--env-param", "num_agents=3", "--env-param", "max_steps=20", "--record",
          str(record), "--base-port", str(free_port()), "--timeout-wait", "30", "--no-progress"],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
