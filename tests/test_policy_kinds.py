@@ -86,11 +86,16 @@ def run_onnx(session: ort.InferenceSession, inputs: list[np.ndarray], mask: np.n
                     strict=True))
 
 
-@pytest.fixture(scope="module", params=FILES, ids=_label)
+@pytest.fixture(scope="module", params=[(path, engine) for path in FILES
+                                        for engine in ("onnxruntime", "torch")],
+                ids=lambda p: f"{_label(p[0])}-{p[1]}")
 def policy(request: pytest.FixtureRequest) -> tuple[Path, HuggyAgent, ort.InferenceSession]:
-    path = request.param
+    """(file, agent on each CPU engine, onnxruntime session of the reference graph)."""
+    path, engine = request.param
     session = ort.InferenceSession(str(reference_onnx(path)), providers=["CPUExecutionProvider"])
-    return path, HuggyAgent.from_checkpoint(path, device="cpu"), session
+    agent = HuggyAgent.from_checkpoint(path, device="cpu", engine=engine)
+    assert agent.engine == engine
+    return path, agent, session
 
 
 def _split(agent: HuggyAgent, result: object) -> tuple[np.ndarray | None, np.ndarray | None,
