@@ -30,7 +30,6 @@ from huggy_agent.formats import LoadedPolicy, load_policy
 from huggy_agent.heads import ContinuousHead, discrete_actions
 from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.noise import SEED_RANGE, gaussian_noise, uniform_noise
-from huggy_agent.observations import as_observation_batch
 from huggy_agent.spec import ActorSpec
 
 WARMUP_PATHS = ("deterministic", "stochastic", "distribution")
@@ -107,9 +106,6 @@ class HuggyAgent:
         # Continuous actions only, no memory: the engine runs the head too (in graph engines,
         # captured with the network).
         self._fused = self.spec.kind == "continuous" and not self.spec.memory_size
-        # The size of a lone vector input (None for other inputs): its validation is cheaper.
-        vector = len(self.spec.inputs) == 1 and self.spec.inputs[0].kind == "vector"
-        self._vector_size = self.spec.inputs[0].shape[0] if vector else None
         self._rng = np.random.default_rng(seed)
         self.fingerprint = weights_fingerprint(self.loaded)
 
@@ -197,11 +193,7 @@ class HuggyAgent:
         shape, a non-finite value, or a branch with no allowed action. See `actions_from` for
         `seed` and `row_offset`.
         """
-        if self._vector_size is not None:
-            batch, single = as_observation_batch(obs, self._vector_size)
-            inputs = [batch]
-        else:
-            inputs, single = as_input_batches(obs, self.spec)
+        inputs, single = as_input_batches(obs, self.spec)
         rows = len(inputs[0])
         if self._fused and action_mask is None and memory is None:
             if deterministic:
