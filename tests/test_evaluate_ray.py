@@ -313,7 +313,10 @@ def test_other_policy_kinds_are_evaluated_on_the_spec_driven_stand_in(ray_cluste
 def test_policies_of_different_kinds_are_refused_together() -> None:
     chosen = expand_policies([fixtures_dir() / "ppo_baseline" / "Huggy.onnx",
                               mlagents_fixtures_dir() / "pyramids_trained"])
-    with pytest.raises(ValueError, match="the policies have different interfaces, which one "
-                                         "environment cannot play"):
+    with pytest.raises(ValueError, match=re.escape(
+            "the policies have different interfaces, which one environment cannot play: "
+            "ppo_baseline/Huggy.onnx: obs_0 (59,) -> 21 continuous; pyramids_trained/Pyramids.onnx: "
+            "obs_0 (56,), obs_1 (56,), obs_2 (56,), obs_3 (4,) -> discrete (5,); evaluate them "
+            "separately")):
         stand_in_behavior(chosen)
     assert stand_in_behavior(chosen[:1]) is None  # Huggy: the Huggy stand-in

@@ -19,6 +19,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from huggy_agent.spec import ActorSpec
 
 ENV_SEED_LIMIT = 2**24
 """Environment seeds travel as float32 (`envs.vector_env.MAX_SEED`): [0, 2**24)."""
@@ -137,27 +141,29 @@ def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
     from huggy_agent import PolicyLoadError
     from huggy_agent.formats import load_policy
 
-    found: dict[str, tuple[str, dict]] = {}
+    found: dict[str, tuple[str, ActorSpec]] = {}
     for spec in specs:
         try:
             if spec.url is not None:
                 from deploy.client import RemoteAgent
 
                 with RemoteAgent(spec.url) as remote:
-                    interface = remote.spec.as_dict()
+                    interface = remote.spec
             else:
-                interface = load_policy(spec.path).spec.as_dict()  # type: ignore[arg-type]
+                interface = load_policy(spec.path).spec  # type: ignore[arg-type]
         except (PolicyLoadError, FileNotFoundError, RuntimeError, ValueError):
             continue
-        found.setdefault(json.dumps(interface, sort_keys=True), (spec.label, interface))
+        found.setdefault(json.dumps(interface.as_dict(), sort_keys=True),
+                         (spec.label, interface))
     if len(found) > 1:
-        kinds = "; ".join(f"{label}: {interface}" for label, interface in found.values())
+        kinds = "; ".join(f"{label}: {interface.describe()}"
+                          for label, interface in found.values())
         raise ValueError(f"the policies have different interfaces, which one environment cannot "
                          f"play: {kinds}; evaluate them separately")
     if not found:
         return None
     label, interface = next(iter(found.values()))
-    return standin_behavior(interface, label.split("/")[0].split("@")[0])
+    return standin_behavior(interface.as_dict(), label.split("/")[0].split("@")[0])
 
 
 def short_label(path: Path) -> str:
