@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,17 @@ from huggy_agent.cli import main
 from tests.conftest import REPO_ROOT, RayCluster, fixtures_dir
 
 COMMON = ["--episodes", "36", "--max-steps", "40", "--seed", "5", "--no-progress"]
+
+
+def evaluate_on_cluster(ray_cluster: RayCluster, run: str, out: Path, *extra: str) -> str:
+    """`huggy evaluate RUN ... --out OUT` as a subprocess on the session's cluster: its stdout."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-m", "huggy_agent.cli", "evaluate", run, *extra, "--address",
+         ray_cluster.address, "--accelerator", "cpu", "--out", str(out), *COMMON],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def test_policy_and_policy_url_are_exclusive(capsys) -> None:
@@ -41,15 +53,9 @@ def test_cli_on_ray_equals_cli_without_ray(ray_cluster: RayCluster, tmp_path, ca
     run = str(fixtures_dir() / "ppo_normalize_False")
     assert main(["evaluate", run, "--no-ray", "--out", str(tmp_path / "plain"), *COMMON]) == 0
     plain_table = capsys.readouterr().out
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run(
-        [sys.executable, "-m", "huggy_agent.cli", "evaluate", run, "--runners", "2",
-         "--address", ray_cluster.address, "--accelerator", "cpu", "--out", str(tmp_path / "ray"),
-         *COMMON],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "ppo_normalize_False@2000073" in done.stdout
-    assert plain_table.splitlines()[2].split()[:8] == done.stdout.splitlines()[2].split()[:8]
+    ray_table = evaluate_on_cluster(ray_cluster, run, tmp_path / "ray", "--runners", "2")
+    assert "ppo_normalize_False@2000073" in ray_table
+    assert plain_table.splitlines()[2].split()[:8] == ray_table.splitlines()[2].split()[:8]
     plain = json.loads((tmp_path / "plain" / "evaluation.json").read_text())
     ray_run = json.loads((tmp_path / "ray" / "evaluation.json").read_text())
     assert [i["returns"] for i in ray_run["policies"][0]["items"]] == \
@@ -68,13 +74,7 @@ def test_cli_instances_per_runner_equal_one_instance(ray_cluster: RayCluster, tm
                      *COMMON]) == 0
         outputs[name] = json.loads((tmp_path / name / "evaluation.json").read_text())
     capsys.readouterr()
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    done = subprocess.run(
-        [sys.executable, "-m", "huggy_agent.cli", "evaluate", run, "--instances-per-runner", "2",
-         "--address", ray_cluster.address, "--accelerator", "cpu", "--out", str(tmp_path / "ray"),
-         *COMMON],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    evaluate_on_cluster(ray_cluster, run, tmp_path / "ray", "--instances-per-runner", "2")
     outputs["ray"] = json.loads((tmp_path / "ray" / "evaluation.json").read_text())
     items = {name: [(i["index"], i["seed"], i["returns"], i["lengths"]) for i in
                     out["policies"][0]["items"]] for name, out in outputs.items()}

@@ -416,28 +416,32 @@ class GraphEngine(Engine):
         return result
 
 
-class CudaGraphEngine(GraphEngine):
+class _DeviceGraphEngine(GraphEngine):
+    """A graph engine on the device type `device_type`, with that device's own graph API."""
+
+    device_type: str
+    requirement: str
+    """What the engine needs, for the error when it cannot run."""
+
+    def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
+                 head: ActionHead, max_rung: int = DEFAULT_MAX_RUNG) -> None:
+        backend = device_graphs(device) if device.type == self.device_type else None
+        if backend is None:
+            raise ValueError(f"the {self.name} engine needs {self.requirement}, not {device}")
+        super().__init__(net, input_shapes, device, head, backend, max_rung)
+
+
+class CudaGraphEngine(_DeviceGraphEngine):
     """`cuda-graph`: graphs captured with torch.cuda.CUDAGraph."""
 
     name = "cuda-graph"
-
-    def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
-                 head: ActionHead, max_rung: int = DEFAULT_MAX_RUNG) -> None:
-        backend = device_graphs(device) if device.type == "cuda" else None
-        if backend is None:
-            raise ValueError(f"the cuda-graph engine needs a CUDA device, not {device}")
-        super().__init__(net, input_shapes, device, head, backend, max_rung)
+    device_type = "cuda"
+    requirement = "a CUDA device"
 
 
-class NpuGraphEngine(GraphEngine):
+class NpuGraphEngine(_DeviceGraphEngine):
     """`npu-graph`: graphs captured with torch-npu's NPUGraph (untested on hardware here)."""
 
     name = "npu-graph"
-
-    def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
-                 head: ActionHead, max_rung: int = DEFAULT_MAX_RUNG) -> None:
-        backend = device_graphs(device) if device.type == "npu" else None
-        if backend is None:
-            raise ValueError(f"the npu-graph engine needs an NPU whose torch-npu offers NPUGraph, "
-                             f"not {device}")
-        super().__init__(net, input_shapes, device, head, backend, max_rung)
+    device_type = "npu"
+    requirement = "an NPU whose torch-npu offers NPUGraph"
