@@ -185,9 +185,11 @@ class HuggyPolicyDeployment:
         self.settings = settings
 
     def _warm_up(self, max_batch_size: int) -> None:
-        """Run the forward pass once at each size a batch may have, up to `max_batch_size`."""
+        """Run every path once at each size a request or batch may have, up to
+        `max_batch_size`: batches take `distribution`, lone requests `compute_action`
+        (deterministic or stochastic), each its own graphs in a graph engine."""
         if max_batch_size > self._warmed_up_to:
-            self.agent.warmup(warmup_sizes(max_batch_size), paths=("distribution",))
+            self.agent.warmup(warmup_sizes(max_batch_size))
             self._warmed_up_to = max_batch_size
 
     def check_health(self) -> None:
