@@ -11,7 +11,7 @@ hits every mode alike. Two rates per mode:
 
     .venv/bin/python bench/bench_evaluate.py [--items 24] [--max-steps 300] [--rounds 2]
 
-Targets (issue 5): Ray at 1 runner within 15% of the plain loop; 2 runners >= 1.6x 1 runner.
+Targets: Ray at 1 runner within 15% of the plain loop; 2 runners >= 1.6x 1 runner.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _steps_per_s(result: EvaluationResult, seconds: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default=str(REPO.parent / "shared" / "fixtures" / "huggy"
+    parser.add_argument("--policy", default=str(REPO / "tests" / "fixtures" / "huggy"
                                                 / "ppo_baseline" / "Huggy.onnx"))
     parser.add_argument("--items", type=int, default=24, help="work items of 18 episodes")
     parser.add_argument("--max-steps", type=int, default=300, help="decisions per episode cap")
@@ -49,9 +49,9 @@ def main() -> int:
                         help="rounds of (plain, x1, x2); the fastest of each mode counts")
     args = parser.parse_args()
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
+
+    from deploy.cluster import init_ray
 
     specs = expand_policies([args.policy])
     env = EnvSpec(max_steps=args.max_steps)
@@ -59,7 +59,7 @@ def main() -> int:
                 progress=False)
 
     started = time.perf_counter()
-    ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    init_ray(None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     init_s = time.perf_counter() - started
     best: dict[str, tuple[EvaluationResult, float]] = {}
     try:

@@ -146,9 +146,9 @@ def throughputs(candidates: dict[str, Callable[[], object]], rows: int, rounds: 
 def capture_times(policy: Path | None, device: str) -> list[tuple[str, float]]:
     """(what, ms): the first capture, each further rung, and a Serve replica's warm-up."""
     agent = HuggyAgent(policy, device=device)
-    if not hasattr(agent._engine, "capture_seconds"):  # noqa: SLF001 - not a graph engine
+    if not hasattr(agent._engine, "capture_seconds"):  # not a graph engine
         return []
-    seconds = agent._engine.capture_seconds  # noqa: SLF001
+    seconds = agent._engine.capture_seconds
     rows = []
     for rung in (1, 2, 64, 1024, 16384):
         agent.warmup([rung], paths=("deterministic",))

@@ -13,9 +13,13 @@ Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client)
     ours@direct    our replica's own port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1), no proxy
     ours@X-grpc    the gRPC ingress (deploy/grpc_ingress.py) next to proxy X, one observation
     ...-64obs      the same with 64 observations per request
+    models         many policies behind HAProxy (`--series models --rounds 5` alone): p50/p99
+                   of a resident policy among 15 against one policy served alone, 16 clients
+                   over 15 policies, the miss latency, a split over 10,000 sessions, and 0
+                   failed requests while a policy is added and removed under 16 clients
 Prints requests/s, observations/s, p50/p99 latency, errors and the mean number of requests per
-forward pass (from /v1/info), then the ratios the issue sets targets for. Everything runs on one
-machine: the load client shares the CPUs with the server, as it would on a 2-core box.
+forward pass (from /v1/info), then the ratios against the baselines of the same run. Everything
+runs on one machine: the load client shares the CPUs with the server, as it would on a 2-core box.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -65,28 +71,30 @@ def request_body(rows: int) -> bytes:
                        "deterministic": True}).encode()
 
 
-async def load(url: str, body: bytes, clients: int, duration: float,
+async def load(url: str | list[str], body: bytes, clients: int, duration: float,
                warmup: float = 1.0) -> tuple[int, int, list[float], float]:
     """`clients` loops sending `body` for `warmup + duration` s; counts only the last `duration`.
 
     `url` is `http://...` (POST with aiohttp, one session per client) or `grpc://host:port`
-    (the gRPC ingress's Act method, one channel per client).
+    (the gRPC ingress's Act method, one channel per client); a list: client i sends to url
+    i modulo its length.
     """
+    urls = [url] if isinstance(url, str) else url
     latencies: list[float] = []
     errors = 0
     start = time.perf_counter()
     counted_from, end = start + warmup, start + warmup + duration
 
-    async def client() -> None:
+    async def client(index: int) -> None:
         nonlocal errors
-        async with _sender(url, body) as send:
+        async with _sender(urls[index % len(urls)], body) as send:
             while (now := time.perf_counter()) < end:
                 ok = await send()
                 if now >= counted_from:
                     latencies.append(time.perf_counter() - now)
                     errors += not ok
 
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(*(client(index) for index in range(clients)))
     return len(latencies), errors, latencies, duration
 
 
@@ -125,7 +133,7 @@ async def _sender(url: str, body: bytes) -> AsyncIterator[Callable[[], Awaitable
         yield send_http
 
 
-def measure(series: str, url: str, rows: int, clients: int, duration: float,
+def measure(series: str, url: str | list[str], rows: int, clients: int, duration: float,
             info_url: str | None) -> Point:
     import requests
 
@@ -227,6 +235,185 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
         stop_serve(port)
 
 
+MODEL_COUNT = 15
+"""Policies of the many-policies series: the checkpoints of one run."""
+SPLIT_SESSIONS = 10_000
+
+
+def fixture_checkpoint() -> Path:
+    """A Huggy-sized checkpoint of the fixture set ($HUGGY_FIXTURES, else tests/fixtures/huggy)."""
+    fixtures = Path(os.environ.get("HUGGY_FIXTURES", REPO_ROOT / "tests" / "fixtures" / "huggy"))
+    return fixtures / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
+
+
+def checkpoint_run(folder: Path, count: int) -> Path:
+    """A results folder `folder/bench_run` holding `count` copies of the fixture checkpoint as
+    `Huggy/Huggy-<step>.pt`: `count` policies (`bench_run@<step>`) of one run."""
+    run = folder / "bench_run"
+    (run / "Huggy").mkdir(parents=True)
+    for index in range(count):
+        shutil.copy(fixture_checkpoint(), run / "Huggy" / f"Huggy-{(index + 1) * 100_000}.pt")
+    return run
+
+
+async def _post_all(url: str, bodies: list[bytes], clients: int) -> list[tuple[int, dict]]:
+    """POST each body once to `url` over `clients` connections; (status, answer) in order."""
+    import aiohttp
+
+    answers: list[tuple[int, dict]] = [(0, {})] * len(bodies)
+    queue = list(enumerate(bodies))[::-1]
+
+    async def client() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            while queue:
+                index, body = queue.pop()
+                async with session.post(url, data=body) as reply:
+                    answers[index] = (reply.status, json.loads(await reply.read()))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return answers
+
+
+def split_check(url: str, split: dict[str, float]) -> list[str]:
+    """Send `SPLIT_SESSIONS` sessions to `url` (/v1/act), then each again: each policy's share
+    against its weight, and how many sessions kept their policy."""
+    bodies = [json.dumps({"obs": [0.0] * 59, "session": f"user-{i}"}).encode()
+              for i in range(SPLIT_SESSIONS)]
+    first = asyncio.run(_post_all(url, bodies, 16))
+    again = asyncio.run(_post_all(url, bodies, 16))
+    failed = sum(status != 200 for status, _ in first + again)
+    policies = [answer.get("policy") for _, answer in first]
+    total = sum(split.values())
+    lines = []
+    for policy_id, weight in split.items():
+        share = policies.count(policy_id) / len(policies)
+        lines.append(f"split {policy_id:<24} {share:6.2%} of sessions, weight {weight / total:.2%} "
+                     f"({100 * (share - weight / total):+.2f} pp)")
+    sticky = sum(a.get("policy") == b.get("policy") for (_, a), (_, b) in zip(first, again,
+                                                                                 strict=True))
+    lines.append(f"split sticky: {sticky / len(bodies):.2%} of {len(bodies)} sessions; "
+                 f"failed requests {failed}")
+    return lines
+
+
+def miss_latencies(base: str, ids: list[str], rounds: int) -> list[float]:
+    """Seconds per request to a replica that holds one policy, asking each of `ids` in turn:
+    every request loads its policy (a miss) before it answers."""
+    import requests
+
+    body = request_body(1)
+    latencies = []
+    with requests.Session() as session:
+        for _ in range(rounds):
+            for policy_id in ids:
+                start = time.perf_counter()
+                reply = session.post(f"{base}/v1/models/{quote(policy_id, safe='@')}/act",
+                                     data=body, timeout=60)
+                latencies.append(time.perf_counter() - start)
+                reply.raise_for_status()
+    return latencies
+
+
+def live_changes(args: argparse.Namespace, urls: list[str], redeploy: Callable[[list[str]], None],
+                 changes: list[list[str]]) -> tuple[int, int]:
+    """16 clients on `urls` while the app is redeployed with each policy list of `changes` in
+    turn: (requests, failed requests)."""
+    import threading
+
+    result: dict[str, tuple[int, int, list[float], float]] = {}
+    duration = args.duration + 10 * len(changes)
+
+    def run_load() -> None:
+        result["load"] = asyncio.run(load(urls, request_body(1), 16, duration, warmup=0))
+
+    loader = threading.Thread(target=run_load)
+    loader.start()
+    try:
+        for policies in changes:
+            time.sleep(2)
+            redeploy(policies)
+    finally:
+        loader.join()
+    count, errors, _, _ = result["load"]
+    return count, errors
+
+
+def run_models(points: list[Point], args: argparse.Namespace, port: int) -> list[str]:
+    """The many-policies series behind HAProxy, all in one Serve instance: one policy alone
+    (`/single`) against one resident policy among `MODEL_COUNT` (`/models`), the miss latency
+    (`/lru`: one policy per replica), 16 clients over the `MODEL_COUNT` policies, the split over
+    `SPLIT_SESSIONS` sessions, and adding and removing a policy under 16-client load."""
+    import tempfile
+
+    from deploy.runner import deploy, start_serve, stop_serve
+    from deploy.serve import AppArgs
+
+    lines: list[str] = []
+    start_serve("127.0.0.1", port, "haproxy", extra_env=dict(args.env))
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            run = checkpoint_run(Path(folder), MODEL_COUNT)
+            files = sorted((run / "Huggy").glob("*.pt"), key=lambda f: int(f.stem.split("-")[1]))
+            ids = [f"bench_run@{f.stem.split('-')[1]}" for f in files]
+            split = {ids[0]: 0.5, ids[1]: 0.3, ids[2]: 0.2}
+            common = {"accelerator": "cpu", "ingress": "haproxy", "num_cpus": 0.5}
+            started = time.perf_counter()
+            deploy(AppArgs(policies=[str(files[0])], **common), name="single",
+                   route_prefix="/single", timeout_s=180)
+            models = AppArgs(policies=[str(run)], models_per_replica=MODEL_COUNT + 1,
+                             split=",".join(f"{k}={v}" for k, v in split.items()), **common)
+            deploy(models, name="models", route_prefix="/models", timeout_s=300)
+            deploy(AppArgs(policies=[str(run)], models_per_replica=1, **common), name="lru",
+                   route_prefix="/lru", timeout_s=180)
+            lines.append(f"deployed single, models ({MODEL_COUNT} policies resident) and lru in "
+                         f"{time.perf_counter() - started:.0f} s")
+            base = f"http://127.0.0.1:{port}"
+            single = f"{base}/single/v1/act"
+            resident = f"{base}/models/v1/models/{quote(ids[7], safe='@')}/act"
+            for url in (single, resident):
+                wait_http(url)
+            pairs = []
+            for _ in range(args.rounds):
+                alone = measure("single@haproxy", single, 1, 1, args.duration, None)
+                among = measure(f"resident-of-{MODEL_COUNT}@haproxy", resident, 1, 1,
+                                args.duration, None)
+                points += [alone, among]
+                pairs.append((among.p50_ms / alone.p50_ms, among.p99_ms / alone.p99_ms))
+            p50_ratio = float(np.median([p for p, _ in pairs]))
+            p99_ratio = float(np.median([p for _, p in pairs]))
+            lines.append(f"p50 resident among {MODEL_COUNT} / single: {p50_ratio:.2f}x (median of "
+                         f"{len(pairs)}: {', '.join(f'{p:.2f}' for p, _ in pairs)}; target <= "
+                         f"1.2x); p99 {p99_ratio:.2f}x")
+            spread = [f"{base}/models/v1/models/{quote(i, safe='@')}/act" for i in ids]
+            many = measure(f"16-over-{MODEL_COUNT}@haproxy", spread, 1, 16, args.duration,
+                           f"{base}/models/v1/info")
+            alone16 = measure("single@haproxy", single, 1, 16, args.duration, None)
+            points += [many, alone16]
+            lines.append(f"16 clients over {MODEL_COUNT} policies: {many.rps:,.0f} req/s, "
+                         f"{many.rps / alone16.rps:.2f}x one policy alone ({alone16.rps:,.0f} "
+                         f"req/s); errors {many.errors}")
+            misses = np.asarray(miss_latencies(f"{base}/lru", ids, 2)) * 1e3
+            lines.append(f"miss (load + answer, Huggy-sized .pt): p50 {np.median(misses):.0f} ms, "
+                         f"max {misses.max():.0f} ms over {len(misses)} (target <= 300 ms)")
+            lines += split_check(f"{base}/models/v1/act", split)
+            extra = fixture_checkpoint().parent.parent / "Huggy.onnx"
+
+            def redeploy(policies: list[str]) -> None:
+                deploy(models.model_copy(update={"policies": policies}), name="models",
+                       route_prefix="/models", timeout_s=180)
+
+            stable = [f"{base}/models/v1/act", *spread[1:]]
+            count, failed = live_changes(args, stable, redeploy,
+                                         [[str(run), str(extra)], [str(run)]])
+            lines.append(f"added and removed {extra.parent.name}/{extra.name} under 16 clients: "
+                         f"{failed} of {count} requests failed (target 0)")
+    finally:
+        stop_serve(port)
+    for line in lines:
+        print(line, flush=True)
+    return lines
+
+
 def free_port_block(size: int = 32) -> int:
     """A port with `size` free ports after it (for the direct-ingress replica port range)."""
     import socket
@@ -287,8 +474,9 @@ def main() -> int:
                         default=[1, 16, 64])
     parser.add_argument("--rows", type=lambda s: [int(c) for c in s.split(",")], default=[1, 64],
                         help="observations per request, one series each")
-    parser.add_argument("--series", default="fastapi,proxy,haproxy,direct",
-                        help="which of fastapi, proxy, haproxy, direct to run")
+    parser.add_argument("--series", default="fastapi,proxy,haproxy,direct,models",
+                        help="which of fastapi, proxy, haproxy, direct, models (many policies "
+                             "behind HAProxy) to run")
     parser.add_argument("--env", action="append", default=[],
                         type=lambda s: tuple(s.split("=", 1)),
                         help="KEY=VALUE for the Serve controller (repeatable), e.g. "
@@ -298,30 +486,33 @@ def main() -> int:
                         help="only echo vs ours behind HAProxy, 1 client, 1 observation per "
                              "request (the latency target), alternating --rounds times")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="with --quick: echo/ours measurement pairs (default 1)")
+                        help="with --quick: echo/ours measurement pairs; with models: "
+                             "single/resident pairs (default 1)")
     args = parser.parse_args()
     if args.quick:
         args.series, args.clients, args.rows = "haproxy", [1], [1]
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
+
+    from deploy.cluster import init_ray
 
     wanted = args.series.split(",")
     points: list[Point] = []
     started = time.monotonic()
     if "fastapi" in wanted:
         run_fastapi(points, args, free_port_block(1))
-    if any(name in wanted for name in ("proxy", "haproxy", "direct")):
-        ray.init(address="local", include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False)
+    model_lines: list[str] = []
+    if any(name in wanted for name in ("proxy", "haproxy", "direct", "models")):
+        init_ray("local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         try:
             for ingress in ("proxy", "haproxy", "direct"):
                 if ingress in wanted:
                     run_serve(points, args, ingress, free_port_block())
+            if "models" in wanted:
+                model_lines = run_models(points, args, free_port_block())
         finally:
             ray.shutdown()
     print(f"\nsummary ({time.monotonic() - started:.0f} s in all)")
-    print("\n".join(summary(points)))
+    print("\n".join(summary(points) + model_lines))
     if args.out:
         args.out.write_text(json.dumps([{**asdict(p), "rps": p.rps, "obs_per_s": p.obs_per_s}
                                         for p in points], indent=1))

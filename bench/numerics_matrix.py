@@ -16,7 +16,7 @@ configuration from the float64 reference and between its own splits, and the wor
 between any two configurations. The contract's tolerance (`huggy_agent.numerics`) must exceed the
 worst of these with a margin.
 
-    .venv/bin/python bench/numerics_matrix.py [--fixtures ../shared/fixtures/huggy]
+    .venv/bin/python bench/numerics_matrix.py [--fixtures tests/fixtures/huggy]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def child(fixtures: Path, out: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fixtures", type=Path, default=REPO.parent / "shared" / "fixtures" / "huggy")
+    parser.add_argument("--fixtures", type=Path, default=REPO / "tests" / "fixtures" / "huggy")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:

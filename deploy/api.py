@@ -8,27 +8,43 @@ the rules are testable on their own and the replica can run them before a reques
                        "inputs": {"obs_0": row | [rows], "obs_1": ...}   (any policy),
                        "action_mask": [0/1 or bools] | [[...]]    (discrete actions; 1 = allowed),
                        "memory": [m floats] | [[m floats]]        (recurrent; absent = zeros),
-                       "deterministic": true, "seed": int | null, "row_offset": int}
+                       "deterministic": true, "seed": int | null, "row_offset": int,
+                       "session": "<key>"         (keeps a user on one policy of an A/B split)}
                       -> {"continuous": ..., "discrete": ..., "memory": ...  (as the policy has
                           them, in the rank of the request), "actions": ... (continuous-only
-                          policies: the same as "continuous", as before), "model": "<fingerprint>"}
-    GET  /v1/healthz  -> {"status": "ok", "model": "<fingerprint>"}
+                          policies: the same as "continuous"), "model": "<fingerprint>",
+                          "policy": "<id>"}
+                      the policy: the `serve_multiplexed_model_id` header's, else the split's,
+                      else the default
+    POST /v1/models/{id}/act  the same, answered by policy `id` (404 listing the known ids)
+    GET  /v1/models   -> the served policies: id, interface, spec, fingerprint, source
+    GET  /v1/healthz  -> {"status": "ok", "model": "<fingerprint of the default policy>"}
     GET  /v1/info     -> spec, architecture, parameters, origin, device, precision, batching, counters
     GET  /v1/openapi.json
     errors            -> {"error": "<kind>", "message": "<what was expected and received>"}
+
+With an API key, every route but /v1/healthz requires `Authorization: Bearer <key>` (401
+otherwise, with `WWW-Authenticate: Bearer`); the key is compared in constant time and never
+appears in an answer or a log.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
+import hmac
 import json
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import orjson
 
+from deploy.policies import POLICY_ID_HEADER, SESSION_KEY_LIMIT, check_session_key
 from huggy_agent.inputs import as_input_batch, as_mask_batch, as_memory_batch
 from huggy_agent.spec import ActorSpec
 
@@ -37,22 +53,33 @@ ACT_PATH = f"{API_PREFIX}/act"
 HEALTH_PATH = f"{API_PREFIX}/healthz"
 INFO_PATH = f"{API_PREFIX}/info"
 OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
-ROUTES: dict[str, str] = {ACT_PATH: "POST", HEALTH_PATH: "GET", INFO_PATH: "GET",
-                          OPENAPI_PATH: "GET"}
+MODELS_PATH = f"{API_PREFIX}/models"
+MODEL_ACT_ROUTE = f"{MODELS_PATH}/{{policy}}/act"
+"""`POST /v1/models/<policy id>/act`: the id may hold '/' and '@' (`run@step`, `run/Huggy.onnx`)."""
+ROUTES: dict[str, str] = {ACT_PATH: "POST", MODELS_PATH: "GET", MODEL_ACT_ROUTE: "POST",
+                          HEALTH_PATH: "GET", INFO_PATH: "GET", OPENAPI_PATH: "GET"}
 
-ACT_FIELDS = ("obs", "inputs", "action_mask", "memory", "deterministic", "seed", "row_offset")
+ACT_FIELDS = ("obs", "inputs", "action_mask", "memory", "deterministic", "seed", "row_offset",
+              "session")
 SEED_LIMIT = 2**64
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+"""The smallest magnitude that rounds to infinity in float32 (halfway past FLOAT32_MAX)."""
+API_KEY_ENV = "HUGGY_API_KEY"
+OPEN_PATHS = frozenset({HEALTH_PATH})
+"""Routes answered without the API key."""
 
 
 class ApiError(Exception):
     """A request the API refuses: HTTP `status`, a short `kind` and a message for the caller."""
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    def __init__(self, status: int, kind: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.message = message
+        self.headers = headers or {}
 
     def body(self) -> bytes:
         """The JSON error document sent back."""
@@ -72,6 +99,8 @@ class ActRequest:
     row_offset: int
     action_mask: np.ndarray | None = None
     memory: np.ndarray | None = None
+    session: str | None = None
+    """The key that keeps a user on one policy of a split (`deploy.policies.Split`)."""
 
     @property
     def obs(self) -> np.ndarray:
@@ -83,15 +112,67 @@ class ActRequest:
         return self.inputs[0].shape[0]
 
 
-def check_route(path: str, method: str) -> None:
-    """Raise 404 for an unknown path and 405 for a known path with the wrong method."""
-    expected = ROUTES.get(path.rstrip("/") or "/")
+def check_route(path: str, method: str) -> tuple[str, str | None]:
+    """The route of `path` (a key of ROUTES) and the policy id it names (None but for
+    `/v1/models/{policy}/act`); 404 for an unknown path and 405 (with `Allow`) for a known path
+    with the wrong method."""
+    route, policy_id = path.rstrip("/") or "/", None
+    prefix = f"{MODELS_PATH}/"
+    if route.startswith(prefix) and route.endswith("/act") and len(route) > len(prefix) + 4:
+        route, policy_id = MODEL_ACT_ROUTE, route[len(prefix):-len("/act")]
+    expected = ROUTES.get(route)
     if expected is None:
         raise ApiError(404, "not_found", f"no route {path!r}; routes: "
                        + ", ".join(f"{m} {p}" for p, m in ROUTES.items()))
     if method != expected:
         raise ApiError(405, "method_not_allowed",
-                       f"{path} expects {expected}, received {method}")
+                       f"{path} expects {expected}, received {method}", {"Allow": expected})
+    return route, policy_id
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """The key a server requires, kept as its SHA-256 digest only (so no copy of the key sits
+    in Serve's configuration); `repr` shows nothing of it."""
+
+    digest: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, key: str) -> ApiKey:
+        return cls(hashlib.sha256(key.encode()).digest())
+
+    def authorize(self, path: str, authorization: str | None) -> None:
+        """Return if `path` is open or `authorization` (the header's value) is
+        `Bearer <key>`; raise 401 otherwise. Constant time in the key."""
+        if (path.rstrip("/") or "/") in OPEN_PATHS:
+            return
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if not authorization:
+            problem = "no Authorization header"
+        elif scheme.lower() != "bearer" or not token.strip():
+            problem = f"an Authorization header of scheme {scheme[:20]!r}"
+        else:
+            given = hashlib.sha256(token.strip().encode()).digest()
+            if hmac.compare_digest(given, self.digest):
+                return
+            problem = "a wrong API key"
+        raise ApiError(401, "unauthorized", "this server requires its API key as "
+                       f"'Authorization: Bearer <key>', received {problem}",
+                       {"WWW-Authenticate": 'Bearer realm="huggy"'})
+
+
+def load_api_key(path: str | os.PathLike[str] | None = None) -> str | None:
+    """The API key: the first line of the file at `path`, else `$HUGGY_API_KEY`, else None.
+
+    Raises ValueError for a file that holds no key (an empty key would let anyone in)."""
+    if path is None:
+        return os.environ.get(API_KEY_ENV) or None
+    lines = Path(path).read_text().strip().splitlines()
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ValueError(f"API key file {str(path)!r} is empty; expected the key on its first "
+                         "line")
+    return key
 
 
 def parse_act_request(body: bytes, spec: ActorSpec, max_rows: int) -> ActRequest:
@@ -103,6 +184,13 @@ def parse_act_request(body: bytes, spec: ActorSpec, max_rows: int) -> ActRequest
     other non-number in the observations, a value that is not finite in float32, a mask branch
     with no allowed action). Messages name what was expected and what was received.
     """
+    return act_from_document(*read_act_document(body), spec, max_rows)
+
+
+def read_act_document(body: bytes) -> tuple[dict, bool]:
+    """The JSON object of an act body and whether it was read exactly (`_exact_json`), before
+    any policy's rules: 400 or 422 as `parse_act_request` says. Read first where the policy
+    depends on the body (its `"session"`)."""
     try:
         document, exact = orjson.loads(body), False
     except orjson.JSONDecodeError:
@@ -112,6 +200,13 @@ def parse_act_request(body: bytes, spec: ActorSpec, max_rows: int) -> ActRequest
                        f"'obs' or 'inputs' field, received {_describe(document)}")
     if not exact and _may_hide_values(body, document):
         document, exact = _exact_json(body), True
+    return document, exact
+
+
+def act_from_document(document: dict, exact: bool, spec: ActorSpec, max_rows: int
+                      ) -> ActRequest:
+    """The request of a `read_act_document` result, validated for a policy of interface `spec`
+    (see `parse_act_request`)."""
     unknown = sorted(set(document) - set(ACT_FIELDS))
     if unknown:
         raise ApiError(422, "invalid_request", f"unknown field(s) {unknown}; expected only "
@@ -121,13 +216,19 @@ def parse_act_request(body: bytes, spec: ActorSpec, max_rows: int) -> ActRequest
         raise ApiError(422, "invalid_request", "'deterministic' must be true or false, received "
                        f"{_describe(deterministic)}")
     seed = document.get("seed")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < SEED_LIMIT):
-        raise ApiError(422, "invalid_request", "'seed' must be null or an integer in [0, 2**64), "
-                       f"received {_describe(seed)}")
-    row_offset = document.get("row_offset", 0)
-    if not _is_int(row_offset) or not 0 <= row_offset < SEED_LIMIT:
+    if seed is not None:
+        seed = _as_int(seed)
+        if seed is None or not 0 <= seed < SEED_LIMIT:
+            raise ApiError(422, "invalid_request", "'seed' must be null or an integer in "
+                           f"[0, 2**64), received {_describe(document['seed'])}")
+    row_offset = _as_int(document.get("row_offset", 0))
+    if row_offset is None or not 0 <= row_offset < SEED_LIMIT:
         raise ApiError(422, "invalid_request", "'row_offset' must be an integer in [0, 2**64), "
-                       f"received {_describe(row_offset)}")
+                       f"received {_describe(document['row_offset'])}")
+    try:
+        session = check_session_key(document.get("session"))
+    except ValueError as error:
+        raise ApiError(422, "invalid_request", str(error)) from None
     inputs, single = _parse_inputs(document, spec, max_rows, exact)
     rows = len(inputs[0])
     mask = memory = None
@@ -142,7 +243,7 @@ def parse_act_request(body: bytes, spec: ActorSpec, max_rows: int) -> ActRequest
             as_memory_batch(document["memory"], spec, rows)  # raises: no memory here
     except ValueError as error:
         raise ApiError(422, "invalid_value", str(error)) from None
-    return ActRequest(inputs, single, deterministic, seed, row_offset, mask, memory)
+    return ActRequest(inputs, single, deterministic, seed, row_offset, mask, memory, session)
 
 
 def _parse_inputs(document: dict, spec: ActorSpec, max_rows: int, exact: bool
@@ -298,8 +399,12 @@ def _json_int(text: str) -> int | float:
     return float(text)  # inf beyond float64's range: never int() of thousands of digits
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _as_int(value: Any) -> int | None:
+    """`value` as an integer if JSON Schema counts it as one (an integer, or a number with no
+    fraction such as 7.0), else None."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _parse_obs(obs: Any, obs_size: int, max_rows: int, exact: bool, field: str = "obs"
@@ -375,16 +480,20 @@ def _describe(value: Any) -> str:
     return f"an object with {len(value)} field(s)"  # the only other type JSON gives
 
 
-def act_response(result: dict[str, np.ndarray], single: bool, fingerprint: str) -> bytes:
+def act_response(result: dict[str, np.ndarray], single: bool, fingerprint: str,
+                 policy: str | None = None) -> bytes:
     """The body answering `/v1/act`, from (rows, ...) arrays by name (`continuous`, `discrete`,
     `memory`): each in the rank the request was sent in, and a continuous-only policy's actions
-    once more as `actions`. Float32 values are written in their shortest form that reads back
+    once more as `actions`; `model` is the weights `fingerprint` and `policy` the id of the
+    policy that answered. Float32 values are written in their shortest form that reads back
     to the same float32, so a client gets exactly the served values."""
     document: dict[str, Any] = {name: np.ascontiguousarray(array[0] if single else array)
                                 for name, array in result.items()}
     if set(result) <= {"continuous", "memory"} and "continuous" in result:
         document["actions"] = document["continuous"]
     document["model"] = fingerprint
+    if policy is not None:
+        document["policy"] = policy
     return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -396,81 +505,264 @@ def _array_schema(shape: tuple[int, ...], items: dict) -> dict:
     return schema
 
 
-def _row_or_rows(row: dict, max_rows: int) -> dict:
-    return {"oneOf": [row, {"type": "array", "items": row, "minItems": 1, "maxItems": max_rows}]}
+def _rows(row: dict, low: int, high: int) -> dict:
+    """JSON schema of a batch of `low` to `high` rows."""
+    return {"type": "array", "items": row, "minItems": low, "maxItems": high}
 
 
-def openapi_document(spec: ActorSpec, max_rows: int, max_body_bytes: int) -> dict:
-    """The OpenAPI 3.1 description of this API for a policy of interface `spec`."""
-    number = {"type": "number"}
-    inputs = {i.name: _row_or_rows(_array_schema(i.shape, number), max_rows) for i in spec.inputs}
-    request: dict[str, Any] = {
-        "inputs": {"type": "object", "properties": inputs, "required": list(inputs),
-                   "additionalProperties": False,
-                   "description": "every observation input by name, all with the same rows"},
-        "deterministic": {"type": "boolean", "default": True},
-        "seed": {"type": ["integer", "null"], "minimum": 0,
+def _mask_row(spec: ActorSpec) -> dict:
+    """One action-mask row: 0/1 or booleans, and in every branch at least one allowed action."""
+    allowed = {"enum": [1, True]}
+    branches, start = [], 0
+    for width in spec.discrete_branches:
+        branches.append({"anyOf": [{"prefixItems": [{}] * column + [allowed]}
+                                   for column in range(start, start + width)]})
+        start += width
+    return {**_array_schema((spec.mask_size,), {"enum": [0, 1, False, True]}),
+            "allOf": branches,
+            "description": "1/true = allowed, one column per action of branches "
+                           f"{list(spec.discrete_branches)}, at least one allowed per branch"}
+
+
+def _request_schemas(spec: ActorSpec, max_rows: int, suffix: str = "") -> dict[str, dict]:
+    """The request's schemas: `ActRequest` and the row and option schemas it refers to; the
+    names of those that depend on the interface end with `suffix` (one per interface where
+    policies of several are served).
+
+    Every field that carries rows (each input, `action_mask`, `memory`) must have the same rows
+    as the others, the inputs also the same form (one row, or a list of rows); a mask or memory
+    of one row applies to every row. JSON Schema cannot compare lengths, so where a policy has
+    more than one such field the request is described once per row count.
+    """
+    ref = "#/components/schemas/"
+    float32 = {"type": "number", "exclusiveMinimum": -FLOAT32_OVERFLOW,
+               "exclusiveMaximum": FLOAT32_OVERFLOW,
+               "description": "finite in float32 (rounded to the nearest float32)"}
+    schemas: dict[str, dict] = {
+        "Deterministic": {"type": "boolean", "default": True},
+        "Seed": {"type": ["integer", "null"], "minimum": 0, "maximum": SEED_LIMIT - 1,
                  "description": "drives the noise of this request's rows only"},
-        "row_offset": {"type": "integer", "minimum": 0, "default": 0,
-                       "description": "row i gets the noise of row row_offset + i"},
+        "RowOffset": {"type": "integer", "minimum": 0, "maximum": SEED_LIMIT - 1, "default": 0,
+                      "description": "row i gets the noise of row row_offset + i"},
+        "Session": {"type": ["string", "null"], "minLength": 1,
+                    "maxLength": SESSION_KEY_LIMIT,
+                    "description": "keeps a user on one policy of an A/B split of /v1/act: "
+                                   "the same key, the same policy"},
     }
-    if len(spec.inputs) == 1:
-        request["obs"] = {**inputs[spec.inputs[0].name],
-                          "description": "the one observation input (instead of 'inputs')"}
+    rows_fields: dict[str, dict] = {}  # per input: the row schema
+    for observation in spec.inputs:
+        schemas[f"Row_{observation.name}{suffix}"] = _array_schema(observation.shape, float32)
+        rows_fields[observation.name] = {"$ref": f"{ref}Row_{observation.name}{suffix}"}
+    options: dict[str, dict] = {"deterministic": {"$ref": f"{ref}Deterministic"},
+                                "seed": {"$ref": f"{ref}Seed"},
+                                "row_offset": {"$ref": f"{ref}RowOffset"},
+                                "session": {"$ref": f"{ref}Session"}}
+    extras: dict[str, tuple[dict, str]] = {}  # action_mask / memory: row schema, description
+    if spec.discrete_branches:
+        schemas[f"Row_action_mask{suffix}"] = _mask_row(spec)
+        extras["action_mask"] = ({"$ref": f"{ref}Row_action_mask{suffix}"},
+                                 "one row for every observation row, or a list of rows")
+    else:
+        options["action_mask"] = {"type": "null", "description": "no discrete actions"}
+    if spec.memory_size:
+        schemas[f"Row_memory{suffix}"] = _array_schema((spec.memory_size,), float32)
+        extras["memory"] = ({"$ref": f"{ref}Row_memory{suffix}"}, "absent or null: zeros (an "
+                            "episode's start); one row for every observation row, or a list")
+    else:
+        options["memory"] = {"type": "null", "description": "no recurrent memory"}
+
+    def request(forms: dict[str, dict], count: tuple[int, int] | None) -> list[dict]:
+        """The request with inputs of `forms` (row schemas, or batch schemas) and extras of
+        `count` rows (None: one row), as 'obs' (one input) and as 'inputs'."""
+        properties = dict(options)
+        for name, (row, description) in extras.items():
+            batch = [_rows(row, *count)] if count else [_rows(row, 1, 1)]
+            properties[name] = {"anyOf": [{"type": "null"}, row, *batch],
+                                "description": description}
+        variants = [{"type": "object", "additionalProperties": False, "required": ["inputs"],
+                     "properties": {**properties, "inputs": {
+                         "type": "object", "additionalProperties": False,
+                         "required": list(forms), "properties": forms,
+                         "description": "every observation input by name, all with the same "
+                                        "rows"}}}]
+        if len(forms) == 1:
+            (only,) = forms.values()
+            variants.append({"type": "object", "additionalProperties": False,
+                             "required": ["obs"], "properties": {**properties, "obs": {
+                                 **only, "description": "the one observation input (instead "
+                                                        "of 'inputs')"}}})
+        return variants
+
+    if len(rows_fields) == 1 and not extras:
+        (row,) = rows_fields.values()
+        forms = {name: {"oneOf": [row, _rows(row, 1, max_rows)]} for name in rows_fields}
+        variants = request(forms, None)
+    else:
+        variants = request(rows_fields, None)
+        for count in range(1, max_rows + 1):
+            variants += request({name: _rows(row, count, count)
+                                 for name, row in rows_fields.items()}, (count, count))
+    schemas[f"ActRequest{suffix}"] = {"oneOf": variants, "description": (
+        "exactly one of 'obs' (a policy with one observation input) and 'inputs'; each input "
+        "is one row or a list of 1 to max_rows rows")}
+    return schemas
+
+
+def _response_schema(spec: ActorSpec, max_rows: int, policy_ids: list[str] | None) -> dict:
+    """The answer of an act route for a policy of interface `spec`, answered by one of
+    `policy_ids` (None: no `policy` field, the form of a document for an interface alone)."""
+    row_of = {"type": "number"}
     response: dict[str, Any] = {"model": {"type": "string", "description": "weights fingerprint"}}
+    if policy_ids is not None:
+        response["policy"] = {"type": "string", "enum": policy_ids,
+                              "description": "the id of the policy that answered"}
+
+    def row_or_rows(row: dict) -> dict:
+        return {"oneOf": [row, _rows(row, 1, max_rows)]}
+
     if spec.continuous_size:
         row = _array_schema((spec.continuous_size,), {"type": "number", "minimum": -1,
                                                       "maximum": 1})
-        response["continuous"] = _row_or_rows(row, max_rows)
+        response["continuous"] = row_or_rows(row)
         if not spec.discrete_branches:
-            response["actions"] = {**_row_or_rows(row, max_rows),
-                                   "description": "the same as 'continuous'"}
+            response["actions"] = {**row_or_rows(row), "description": "the same as 'continuous'"}
     if spec.discrete_branches:
-        request["action_mask"] = _row_or_rows(
-            _array_schema((spec.mask_size,), {"type": ["boolean", "integer"]}), max_rows)
-        request["action_mask"]["description"] = ("1/true = allowed, one column per action of "
-                                                 f"branches {list(spec.discrete_branches)}")
-        response["discrete"] = _row_or_rows(
-            _array_schema((len(spec.discrete_branches),), {"type": "integer", "minimum": 0}),
-            max_rows)
+        response["discrete"] = row_or_rows(
+            _array_schema((len(spec.discrete_branches),), {"type": "integer", "minimum": 0}))
     if spec.memory_size:
-        memory = _row_or_rows(_array_schema((spec.memory_size,), number), max_rows)
-        request["memory"] = {**memory, "description": "absent or null: zeros (an episode's start)"}
-        response["memory"] = memory
+        response["memory"] = row_or_rows(_array_schema((spec.memory_size,), row_of))
+    return {"type": "object", "required": list(response), "properties": response,
+            "additionalProperties": False}
+
+
+def openapi_document(spec: ActorSpec, max_rows: int, max_body_bytes: int,
+                     api_key: bool = False, policies: dict[str, ActorSpec] | None = None,
+                     act_policies: list[str] | None = None) -> dict:
+    """The OpenAPI 3.1 description of this API for a policy of interface `spec`: what the server
+    accepts and answers, with the bearer key required on every route but the health check when
+    `api_key`.
+
+    `policies` (id -> interface) are the served policies: each gets its own
+    `/v1/models/{id}/act` route with its own interface, and `GET /v1/models` lists them.
+    `act_policies` are the ids `/v1/act` may answer with (the default, or the split's), whose
+    interface is `spec`; the `serve_multiplexed_model_id` header may name any policy of that
+    interface. None: one policy of interface `spec`, no ids.
+    """
+    served = dict(policies or {})
+    interfaces = list(dict.fromkeys([spec, *served.values()]))
+
+    def suffix(interface: ActorSpec) -> str:
+        index = interfaces.index(interface)
+        return f"_{index + 1}" if index else ""
+
+    ids_of = {interface: [i for i, s in served.items() if s == interface]
+              for interface in interfaces}
+    act_ids = list(act_policies or [])
+    act_interfaces = list(dict.fromkeys(served[i] for i in act_ids)) if act_ids else [spec]
+    ref = "#/components/schemas/"
+
+    def one_of(kind: str, kinds: list[ActorSpec]) -> dict:
+        refs = [{"$ref": f"{ref}{kind}{suffix(k)}"} for k in kinds]
+        return refs[0] if len(refs) == 1 else {"anyOf": refs}
+
+    schemas: dict[str, dict] = {}
+    for interface in interfaces:
+        schemas.update(_request_schemas(interface, max_rows, suffix(interface)))
+        schemas[f"ActResponse{suffix(interface)}"] = _response_schema(
+            interface, max_rows, ids_of[interface] if served else None)
     error = {"$ref": "#/components/schemas/Error"}
 
-    def reply(description: str, schema: dict) -> dict:
-        return {"description": description, "content": {"application/json": {"schema": schema}}}
+    def reply(description: str, schema: dict, headers: dict | None = None) -> dict:
+        answer = {"description": description,
+                  "content": {"application/json": {"schema": schema}}}
+        if headers:
+            answer["headers"] = {name: {"required": True, "schema": {"type": "string"},
+                                        "description": text}
+                                 for name, text in headers.items()}
+        return answer
 
-    errors = {
+    unauthorized = {"401": {"$ref": "#/components/responses/Unauthorized"}} if api_key else {}
+    act_errors = {
         "400": reply("malformed JSON", error),
+        **unauthorized,
         "413": reply(f"body over {max_body_bytes} bytes or more than {max_rows} rows", error),
         "422": reply("wrong field, type, shape, a non-finite value or a mask that allows no "
                      "action in a branch", error),
     }
-    return {
+    info_schema = {"type": "object", "required": ["spec", "fingerprint", "batching", "counters"]}
+
+    def act_route(summary: str, kinds: list[ActorSpec], errors: dict) -> dict:
+        return {"post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": one_of("ActRequest", kinds)}}},
+            "responses": {"200": reply("actions, in the rank of the observations",
+                                       one_of("ActResponse", kinds)), **errors}}}
+
+    default_act = act_route("Actions for one observation or a batch of observations"
+                            + (" (the default policy, or the split's)" if served else ""),
+                            act_interfaces, act_errors)
+    named = ids_of[spec] if served and len(act_interfaces) == 1 else []
+    if named:
+        default_act["post"]["parameters"] = [{
+            "name": POLICY_ID_HEADER, "in": "header", "required": False,
+            "schema": {"type": "string", "enum": named},
+            "description": "the policy to answer (Ray Serve's multiplexed model id)"}]
+        default_act["post"]["responses"]["404"] = reply("the header names no served policy",
+                                                        error)
+    paths: dict[str, Any] = {ACT_PATH: default_act}
+    if served:
+        models = {"type": "object", "required": ["default", "split", "models"]}
+        paths[MODELS_PATH] = {"get": {"summary": "The served policies: id, interface, spec, "
+                                                 "fingerprint, source",
+                                      "responses": {"200": reply("the policies", models),
+                                                    **unauthorized}}}
+        for policy_id, interface in served.items():
+            path = f"{MODELS_PATH}/{quote(policy_id, safe='@/')}/act"
+            paths[path] = act_route(f"Actions of policy {policy_id}", [interface], act_errors)
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "huggy-agent policy server", "version": "1",
-                 "description": f"policy: {spec.describe()}"},
+                 "description": (f"policy: {spec.describe()}" if not served else
+                                 f"{len(served)} policies; /v1/act: {spec.describe()}")
+                                + ". A method a route does not have is answered 405 with an "
+                                  "Allow header (MethodNotAllowed)."},
         "paths": {
-            ACT_PATH: {"post": {
-                "summary": "Actions for one observation or a batch of observations",
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/ActRequest"}}}},
-                "responses": {"200": reply("actions, in the rank of the observations",
-                                           {"$ref": "#/components/schemas/ActResponse"}),
-                              **errors},
-            }},
-            HEALTH_PATH: {"get": {"summary": "Liveness", "responses": {"200": reply(
-                "the replica is up", {"type": "object"})}}},
+            **paths,
+            HEALTH_PATH: {"get": {"summary": "Liveness (open without the API key)",
+                                  "security": [],
+                                  "responses": {"200": reply("the replica is up", {
+                                      "type": "object", "required": ["status", "model"],
+                                      "properties": {"status": {"const": "ok"},
+                                                     "model": {"type": "string"}}})}}},
             INFO_PATH: {"get": {"summary": "Policy spec, device, batching settings and counters",
-                                "responses": {"200": reply("description", {"type": "object"})}}},
+                                "responses": {"200": reply("description", info_schema),
+                                              **unauthorized}}},
+            OPENAPI_PATH: {"get": {"summary": "This document",
+                                   "responses": {"200": reply("OpenAPI 3.1", {"type": "object"}),
+                                                 **unauthorized}}},
         },
-        "components": {"schemas": {
-            "ActRequest": {"type": "object", "properties": request, "additionalProperties": False},
-            "ActResponse": {"type": "object", "required": list(response), "properties": response},
-            "Error": {"type": "object", "required": ["error", "message"],
-                      "properties": {"error": {"type": "string"},
-                                     "message": {"type": "string"}}},
-        }},
+        "components": {
+            "schemas": {
+                **schemas,
+                "Error": {"type": "object", "required": ["error", "message"],
+                          "properties": {"error": {"type": "string"},
+                                         "message": {"type": "string"}},
+                          "additionalProperties": False},
+            },
+            "responses": {
+                "MethodNotAllowed": reply("the route exists with another method", error,
+                                          {"Allow": "the route's method"}),
+            },
+        },
     }
+    if api_key:
+        document["components"]["securitySchemes"] = {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": f"the server's API key (huggy serve --api-key-file, or "
+                           f"${API_KEY_ENV}) as 'Authorization: Bearer <key>'"}}
+        document["components"]["responses"]["Unauthorized"] = reply(
+            "no API key, or a wrong one", error,
+            {"WWW-Authenticate": "the scheme to use: Bearer"})
+        document["security"] = [{"bearer": []}]
+    return document

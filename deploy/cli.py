@@ -4,13 +4,20 @@ group `huggy_agent.commands` (parsers only; the work is imported when a command 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envs.cli import add_env_parameter_option, positive_int
 
+if TYPE_CHECKING:
+    from deploy.evaluation import EvaluationResult
+
 ACCELERATOR_CHOICES = ("auto", "cpu", "gpu", "npu")
 PRECISION_CHOICES = ("fp32", "fp16", "bf16")
+SELECT_BY_CHOICES = ("mean", "median", "iqm")
 
 
 def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +27,7 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
         help="evaluate policies on many environments with Ray: table, CSV, JSON, learning curve",
         description=(
             "Evaluate each POLICY (a .pt checkpoint, an .onnx file, or an ML-Agents results "
-            "folder: every checkpoint in it, by step) on the Huggy environment with Ray runners. "
+            "folder: every checkpoint in it, by step) on an ML-Agents environment with Ray runners. "
             "Item i of every policy runs with seed S+i (--seed S), so the numbers do not depend on "
             "--runners or --instances-per-runner. Writes evaluation.csv, evaluation.json and "
             "learning_curve.png to --out."),
@@ -30,7 +37,8 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--env", metavar="builtin|PATH", default="builtin",
                         help="'builtin' (the headless stand-in, default) or a Unity build's path")
     parser.add_argument("--episodes", metavar="N", type=positive_int, default=36,
-                        help="episodes per policy (default 36)")
+                        help="episodes per policy (default 36); with --select-best, the budget "
+                             "of all policies together")
     parser.add_argument("--episodes-per-item", metavar="N", type=positive_int, default=18,
                         help="episodes per work item, one environment reset each, spread over "
                              "the agent slots by per-slot quotas (default 18)")
@@ -56,13 +64,41 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="folder for evaluation.csv, evaluation.json, learning_curve.png "
                              "(default out/evaluate)")
     parser.add_argument("--policy-url", metavar="URL", default=None,
-                        help="evaluate the policy a `huggy serve` deployment serves at this URL "
-                             "(runners query it instead of loading a copy)")
+                        help="evaluate the policies a `huggy serve` deployment serves at this "
+                             "URL, every one of them (a live A/B split as deployed) unless "
+                             "--policy-id names one (runners query it instead of loading a copy)")
+    parser.add_argument("--policy-id", metavar="ID", default=None,
+                        help="with --policy-url: evaluate only this served policy (an id of "
+                             "GET /v1/models)")
+    parser.add_argument("--api-key-file", metavar="PATH", type=Path, default=None,
+                        help="file whose first line is the API key of --policy-url (default: "
+                             "$HUGGY_API_KEY); runners of a cluster joined with --address read "
+                             "$HUGGY_API_KEY from their node's environment")
     parser.add_argument("--num-agents", metavar="N", type=positive_int, default=None,
                         help="agents per environment (stand-in parameter; default the scene's 18)")
     parser.add_argument("--max-steps", metavar="N", type=positive_int, default=None,
                         help="decisions per episode before it is cut (stand-in parameter)")
     add_env_parameter_option(parser)
+    selection = parser.add_argument_group(
+        "adaptive selection",
+        "Rounds of work items: after each, a policy worse than the leader with confidence "
+        "--confidence (Bonferroni-corrected for the policies and rounds) gets no more items; "
+        "stops at one policy or when --episodes (the total budget) is spent.")
+    selection.add_argument("--select-best", action="store_true",
+                           help="spend the budget adaptively on the policies that may be best")
+    selection.add_argument("--select-by", choices=SELECT_BY_CHOICES, default="mean",
+                           help="statistic that ranks policies: mean (what a shipped policy earns "
+                                "on average; default), median or iqm")
+    selection.add_argument("--confidence", metavar="P", type=float, default=0.95,
+                           help="probability that the best policy is never dropped (default 0.95)")
+    selection.add_argument("--round-items", metavar="N", type=positive_int, default=1,
+                           help="work items per remaining policy per round (default 1)")
+    parser.add_argument("--tensorboard", metavar="DIR", type=Path, default=None,
+                        help="also write TensorBoard scalars per checkpoint step to DIR/<run>/ "
+                             "(point it at ML-Agents' results folder to see them beside training)")
+    parser.add_argument("--model-card", action="store_true",
+                        help="write a Hugging Face model card (README.md with model-index "
+                             "results) into each evaluated run's folder")
     parser.add_argument("--no-ray", action="store_true",
                         help="run every item in this process on one environment, without Ray")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -75,7 +111,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from deploy.evaluation import (
         EnvSpec,
         EvalConfig,
-        PolicySpec,
+        Selection,
+        SelectionConfig,
         evaluate_on_ray,
         evaluate_plain,
         expand_policies,
@@ -86,18 +123,36 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if bool(args.policies) == bool(args.policy_url):
         raise ValueError("give either POLICY... or --policy-url URL (exactly one of them), got "
                          f"{len(args.policies)} policies and policy-url={args.policy_url!r}")
-    specs = (expand_policies(args.policies) if args.policies
-             else [PolicySpec(label=args.policy_url, url=args.policy_url)])
+    if args.policy_id is not None and not args.policy_url:
+        raise ValueError(f"--policy-id {args.policy_id!r} names a policy served at --policy-url, "
+                         "which was not given")
+    if args.api_key_file is not None:
+        from deploy.api import API_KEY_ENV, load_api_key
+
+        # the runners' RemoteAgent reads it; a local cluster started below inherits it
+        os.environ[API_KEY_ENV] = load_api_key(args.api_key_file) or ""
+    if args.policies:
+        specs = expand_policies(args.policies)
+    else:
+        from deploy.evaluation.plan import served_policy_specs
+
+        specs = served_policy_specs(args.policy_url, args.policy_id)
     if args.env != "builtin" and not Path(args.env).exists():
         raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
     env = EnvSpec(file_name=None if args.env == "builtin" else args.env,
                   num_agents=args.num_agents, max_steps=args.max_steps,
                   parameters=dict(args.env_param), instances=args.instances_per_runner,
                   behavior_spec=stand_in_behavior(specs) if args.env == "builtin" else None)
+    selection = None
+    if args.select_best:
+        selection = SelectionConfig(statistic=args.select_by, confidence=args.confidence,
+                                    round_items=args.round_items)
     config = EvalConfig(episodes=args.episodes, episodes_per_item=args.episodes_per_item,
                         seed=args.seed, stochastic=args.stochastic, runners=args.runners,
                         accelerator=args.accelerator, precision=args.precision,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, selection=selection)
+    if selection is not None:
+        Selection(len(specs), config)  # a budget too small for one round fails before Ray
     if args.no_ray:
         result = evaluate_plain(specs, config, env)
     else:
@@ -105,20 +160,53 @@ def run_evaluate(args: argparse.Namespace) -> int:
     print(format_table(result))
     paths = write_report(result, args.out)
     print("wrote " + ", ".join(str(path) for path in paths.values()), file=sys.stderr)
+    _write_sinks(result, args)
     if result.interrupted:
         return 130
     return 1 if any(policy.failed for policy in result.policies) else 0
 
 
+def _write_sinks(result: EvaluationResult, args: argparse.Namespace) -> None:
+    """TensorBoard scalars (--tensorboard) and model cards (--model-card), when asked for."""
+    if args.tensorboard is None and not args.model_card:
+        return
+    from deploy.evaluation.sinks import write_model_cards, write_tensorboard
+    from deploy.report import summarize_all
+
+    summaries = summarize_all(result)
+    if args.tensorboard is not None:
+        folders, skipped = write_tensorboard(summaries, args.tensorboard)
+        print("wrote TensorBoard scalars to " + (", ".join(map(str, folders)) or "nothing")
+              + (f" (no training step: {', '.join(skipped)})" if skipped else ""),
+              file=sys.stderr)
+    if args.model_card:
+        cards = write_model_cards(result, summaries, args.out / "model_cards")
+        print("wrote model cards " + (", ".join(map(str, cards)) or "(none)"), file=sys.stderr)
+
+
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `huggy serve`."""
     parser = subparsers.add_parser(
-        "serve", help="serve a policy over HTTP with Ray Serve until Ctrl-C or SIGTERM",
-        description="Serve a policy over HTTP (POST /v1/act, GET /v1/healthz, /v1/info, "
-                    "/v1/openapi.json) with Ray Serve and dynamic batching, until Ctrl-C or "
-                    "SIGTERM.")
+        "serve", help="serve policies over HTTP with Ray Serve until Ctrl-C or SIGTERM",
+        description="Serve one policy or many over HTTP (POST /v1/act, POST /v1/models/ID/act, "
+                    "GET /v1/models, /v1/healthz, /v1/info, /v1/openapi.json) with Ray Serve "
+                    "and dynamic batching, until Ctrl-C or SIGTERM. Each POLICY is a file, a "
+                    "results folder (every checkpoint in it) or an hf:// source; ids are "
+                    "labelled as `huggy evaluate` labels them (RUN@STEP, PARENT/FILE).")
+    parser.add_argument("policies", nargs="*", metavar="POLICY",
+                        help=".onnx, .pt, results folder (every checkpoint) or hf:// source "
+                             "(default: the bundled policy)")
     parser.add_argument("--policy", default=None,
-                        help="a .onnx, an ML-Agents .pt or a results folder (default: bundled)")
+                        help="one policy: a .onnx, an ML-Agents .pt or a results folder (its "
+                             "final export) instead of POLICY...")
+    parser.add_argument("--default", metavar="ID", default=None,
+                        help="policy that /v1/act answers with (default: the first)")
+    parser.add_argument("--split", metavar="ID=WEIGHT,...", default=None,
+                        help="A/B split of /v1/act by weight; a request's \"session\" key keeps "
+                             "it on one policy (change it live with `serve deploy`)")
+    parser.add_argument("--models-per-replica", metavar="N", type=positive_int, default=None,
+                        help="most policies a replica holds, least recently used evicted "
+                             "(default: all)")
     parser.add_argument("--accelerator", choices=("auto", "cpu", "gpu", "npu"), default="auto",
                         help="what each replica is pinned to; auto: NPU, then GPU, then CPU, "
                              "whichever the cluster has (default: auto)")
@@ -149,19 +237,50 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
     parser.add_argument("--start-timeout", type=float, default=180.0,
                         help="seconds to wait for the replicas to start (default: 180)")
+    parser.add_argument("--api-key-file", metavar="PATH", default=None,
+                        help="require the key on this file's first line as 'Authorization: "
+                             "Bearer <key>' (gRPC: 'authorization' metadata) on every route but "
+                             "/v1/healthz (default: $HUGGY_API_KEY; unset: no key)")
     parser.set_defaults(handler=_serve)
 
 
+def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool) -> str | None:
+    """The one warning line for a server reachable beyond this machine without an API key, or
+    None (a loopback host, or a key)."""
+    if has_key:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    grpc = f" and gRPC {host}:{grpc_port}" if grpc_port else ""
+    return (f"huggy serve: warning: no API key (--api-key-file or $HUGGY_API_KEY): anyone who "
+            f"can reach {host}:{port}{grpc} can query the policy, read /v1/info and "
+            "/v1/openapi.json, and load the replicas")
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from deploy.api import load_api_key
     from deploy.runner import serve_forever
     from deploy.serve import AppArgs
 
+    warning = exposure_warning(args.host, args.port, args.grpc_port,
+                               args.api_key_file is not None or load_api_key() is not None)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    if args.policy is not None and args.policies:
+        raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
+                         f"and --policy {args.policy!r}")
     app_args = AppArgs(
-        policy=args.policy, accelerator=args.accelerator, precision=args.precision,
+        policy=args.policy, policies=args.policies, default=args.default, split=args.split,
+        models_per_replica=args.models_per_replica, accelerator=args.accelerator,
+        precision=args.precision,
         replicas=args.replicas, autoscale=args.autoscale, max_replicas=args.max_replicas,
         num_cpus=args.num_cpus, max_batch_size=args.max_batch_size,
         batch_wait_timeout_s=args.batch_wait_ms / 1000, max_rows=args.max_rows,
-        max_body_bytes=args.max_body_bytes)
+        max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file)
     return serve_forever(app_args, host=args.host, port=args.port, ingress=args.ingress,
                          address=args.address, start_timeout_s=args.start_timeout,
                          grpc_port=args.grpc_port)

@@ -1,6 +1,8 @@
 """RemoteAgent: `compute_action` of a policy served over HTTP (`huggy serve`, deploy.serve).
 
-    agent = RemoteAgent("http://127.0.0.1:8000")
+    agent = RemoteAgent("http://127.0.0.1:8000")               # API key: $HUGGY_API_KEY, if set
+    agent = RemoteAgent("http://127.0.0.1:8000", api_key=key)  # or given
+    agent = RemoteAgent("http://127.0.0.1:8000", policy="run@2000343")  # one of many served
     actions = agent.compute_action(obs, deterministic=True)    # same contract as HuggyAgent
 
 Observations are validated here with the same rules (and messages) as `HuggyAgent` before they
@@ -13,13 +15,15 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import orjson
 import requests
 
-from deploy.api import ACT_PATH, HEALTH_PATH, INFO_PATH, SEED_LIMIT
-from huggy_agent.agent import Actions
+from deploy.api import ACT_PATH, HEALTH_PATH, INFO_PATH, MODELS_PATH, SEED_LIMIT, load_api_key
+from deploy.policies import POLICY_ID_HEADER, unknown_policy_message
+from huggy_agent.agent import ActionResult, Actions
 from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.spec import ActorSpec
 
@@ -47,12 +51,20 @@ class RemoteAgent:
         timeout: seconds for connecting and for each answer.
         retries: extra attempts after a connection error, a timeout or a 502/503/504.
         backoff: seconds before the first retry; doubles after each.
+        api_key: the server's API key, sent as `Authorization: Bearer <key>`; None:
+            `$HUGGY_API_KEY` if set, else no key.
+        policy: the id of one of the served policies (`GET /v1/models`), asked at
+            `/v1/models/{policy}/act` with the `serve_multiplexed_model_id` header (which routes
+            it to a replica holding it); None: the server's default policy, or its split.
 
-    Raises RemoteServerError at construction if the server cannot be reached.
+    Raises RemoteServerError at construction if the server cannot be reached,
+    RemoteRequestError (401) if it requires a key this client does not have, and ValueError
+    (listing the served ids) for a `policy` the server does not serve.
     """
 
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
-                 backoff: float = 0.1) -> None:
+                 backoff: float = 0.1, api_key: str | None = None,
+                 policy: str | None = None) -> None:
         if retries < 0 or timeout <= 0:
             raise ValueError(f"need retries >= 0 and timeout > 0, received retries={retries}, "
                              f"timeout={timeout}")
@@ -61,12 +73,28 @@ class RemoteAgent:
         self.retries = retries
         self.backoff = backoff
         self._session = requests.Session()
-        info = self.describe()
+        api_key = api_key if api_key is not None else load_api_key()
+        if api_key:
+            self._session.headers["Authorization"] = f"Bearer {api_key}"
+        self.policy = policy
+        self._act_path = ACT_PATH
+        info: dict[str, Any] | None
+        if policy is None:
+            info = self.describe()
+        else:
+            served = self.policies()["models"]
+            info = next((model for model in served if model["id"] == policy), None)
+            if info is None:
+                raise RemoteRequestError(404, "unknown_policy", unknown_policy_message(
+                    policy, [m["id"] for m in served]))
+            self._act_path = f"{MODELS_PATH}/{quote(policy, safe='@/')}/act"
+            self._session.headers[POLICY_ID_HEADER] = policy
         self.spec: ActorSpec = ActorSpec.from_dict(info["spec"])
         self.fingerprint: str = info["fingerprint"]
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
-                       row_offset: int = 0, action_mask: Any = None, memory: Any = None) -> Any:
+                       row_offset: int = 0, action_mask: Any = None, memory: Any = None
+                       ) -> ActionResult:
         """Actions for `obs`, with the contract and return types of `HuggyAgent.compute_action`
         (one array or a list of inputs; an action mask; a recurrent policy's memory, returning
         (actions, memory)). ValueError on a wrong shape or value, checked before sending; with
@@ -95,13 +123,19 @@ class RemoteAgent:
             as_memory_batch(memory, spec, rows)  # raises: no memory here
         if row_offset:
             payload["row_offset"] = int(row_offset)
-        answer = self._request("POST", ACT_PATH,
+        answer = self._request("POST", self._act_path,
                                orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
         return _actions(answer, spec)
 
     def describe(self) -> dict:
-        """The server's `/v1/info`: the policy's description, batching settings and counters."""
+        """The server's `/v1/info`: the default policy's description, the served policies,
+        batching settings and counters."""
         return self._request("GET", INFO_PATH)
+
+    def policies(self) -> dict:
+        """The server's `/v1/models`: every served policy (`models`: id, interface, spec,
+        fingerprint, source), the `default` and the `split`."""
+        return self._request("GET", MODELS_PATH)
 
     def healthy(self) -> bool:
         """Whether `/v1/healthz` answers 200 (one attempt, no retries)."""

@@ -7,8 +7,10 @@
     act = channel.unary_unary(ACT_METHOD)            # bytes in, bytes out
     answer = act(b'{"obs": [...]}', metadata=(("application", "huggy"),))
 
-Refused requests end with INVALID_ARGUMENT (400, 422) or RESOURCE_EXHAUSTED (413) and the API's
-message as the status details.
+With an API key, send it as metadata: `("authorization", "Bearer <key>")`; without it (or with
+a wrong one) the call ends with UNAUTHENTICATED. Refused requests end with INVALID_ARGUMENT (400,
+422), NOT_FOUND (a `multiplexed_model_id` metadata naming no served policy) or RESOURCE_EXHAUSTED
+(413) and the API's message as the status details.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import grpc
 SERVICE = "huggy.v1.Policy"
 ACT_METHOD = f"/{SERVICE}/Act"
 GRPC_SERVICER_FUNCTION = "deploy.grpc_ingress:add_PolicyServicer_to_server"
-STATUS_FOR_HTTP = {413: grpc.StatusCode.RESOURCE_EXHAUSTED}
+STATUS_FOR_HTTP = {401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND,
+                   413: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 class RawMessage(bytes):

@@ -9,6 +9,12 @@ which the proxy and the replicas inherit them):
     direct   replicas listen on their own ports, no proxy in between
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
 
+Policy routing: Serve's proxy sends a request whose `serve_multiplexed_model_id` header names a
+policy to a replica that holds it. HAProxy passes the header on to the replicas but balances by
+least connections, blind to it; so where several policies are served, `serve_forever` has HAProxy
+hash that header instead (`POLICY_AFFINITY_ENV`): each policy sticks to one replica, and requests
+without the header go round robin.
+
 The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
 running Serve instance that has another ingress. `stop_serve` drains HAProxy before Serve's own
 shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT.
@@ -22,18 +28,23 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray import serve
 from ray.serve.api import RunTarget
 
+from deploy.cluster import init_ray
 from deploy.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
+from deploy.policies import POLICY_ID_HEADER
 from deploy.serve import AppArgs, build_app
 
 INGRESSES = ("haproxy", "proxy", "direct")
 DEFAULT_INGRESS = "haproxy"
 APP_NAME = "huggy"
 DRAIN_S = "1"
+POLICY_AFFINITY_ENV = {"RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": f"hdr({POLICY_ID_HEADER})"}
+"""HAProxy balancing by the policy id header (see the module docstring)."""
 
 
 def _free_port() -> int:
@@ -133,7 +144,7 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
         time.sleep(0.5)
 
 
-def _status_messages(status: object) -> str:
+def _status_messages(status: Any) -> str:
     if status is None:
         return "no status"
     parts = [status.message] if status.message else []
@@ -267,18 +278,25 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     same shutdown. Signals that arrive during the shutdown are ignored, and stay ignored after
     the return: this is meant to end the process. Call from the main thread.
     """
-    # "local": a new cluster even where `ray start` left one that a bare ray.init() would join
-    ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False,
+    # "local": a new cluster even where `ray start` left one that a bare ray.init() would join;
+    # token auth either way, and a new cluster listens on 127.0.0.1 only
+    init_ray(address or "local", logging_level="ERROR", log_to_driver=False,
              **({} if address else {"include_dashboard": False}))
     try:
         _refuse_running_serve()  # before anything that the shutdown below would undo
         _raise_on_stop_signals()  # after ray.init, which installs its own SIGTERM handlers
         try:
-            start_serve(host, port, ingress, grpc_port=grpc_port)
+            served = args.policy_set()
+            several = len(served.entries) > 1
+            start_serve(host, port, ingress, grpc_port=grpc_port,
+                        extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy"
+                        else None)
             deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s)
             grpc = f", gRPC {ACT_METHOD} on {host}:{grpc_port}" if grpc_port else ""
-            print(f"huggy serve: policy served at http://{host}:{port}/v1/act "
-                  f"(ingress {ingress}{grpc}); Ctrl-C or SIGTERM to stop", flush=True)
+            policies = f"{len(served.entries)} policies" if several else "policy"
+            print(f"huggy serve: {policies} served at http://{host}:{port}/v1/act (default "
+                  f"{served.default}, all: GET /v1/models; ingress {ingress}{grpc}); Ctrl-C or "
+                  "SIGTERM to stop", flush=True)
             while True:
                 signal.pause()
         except _Stop as stop:

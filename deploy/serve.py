@@ -1,7 +1,16 @@
-"""The policy as a Ray Serve deployment with dynamic batching, and its app builder.
+"""The policies as a Ray Serve deployment with dynamic batching, and its app builder.
 
     serve run deploy.serve:app policy=path/to/Huggy.onnx accelerator=cpu
     serve run deploy/serve_config.yaml
+
+One code path serves one policy or many: a policy id (`<run>@<step>`, `<parent>/<file>`, as
+`huggy evaluate` labels it) keys the route (`/v1/models/{id}/act`, or Ray Serve's
+`serve_multiplexed_model_id` header on `/v1/act`), the multiplexed loader (`@serve.multiplexed`:
+at most `models_per_replica` policies per replica, least recently used evicted), the batches (a
+forward pass never mixes policies) and the counters. `/v1/act` without an id answers with the
+split's policy (`"session"` keeps a user on one) or the default. The policies, default and
+split travel in the `user_config`, so a redeploy that changes them reaches running replicas
+through `reconfigure`, without a restart.
 
 A replica parses and validates each request on its own (bad ones are answered with a 4xx and
 never join a batch), then `@serve.batch` gathers the rows of many requests into ONE forward pass
@@ -10,19 +19,27 @@ own seed (`HuggyAgent.actions_from`), so batching never changes a request's answ
 counted in rows (observations), not requests. A request that finds the replica otherwise idle
 (`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that arrived
 with it reach the same point, no other request in the replica) has no batch to join: it runs as
-a batch of one straight away, without the round trip through the batch queue (about 1 ms per
-request on a busy 2-core machine, where a whole echo request takes 1-2 ms).
+a batch of one straight away, without the round trip through the batch queue (the README's
+Batching section has its cost).
 
-The agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an accelerator).
-A replica warms up every batch size it may see (`warmup_sizes`: graph engines capture one graph
-per power of two) in its constructor and in `reconfigure`, so it reports healthy only once a
-first request costs no more than any other.
+Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
+accelerator). A replica loads the policies it holds and warms up every batch size they may see
+(`warmup_sizes`: graph engines capture one graph per power of two) in `reconfigure`, so it
+reports healthy only once a first request costs no more than any other. A policy loaded later,
+on a miss, is loaded in a worker thread (the held ones keep answering) and warmed up at one row.
+
+With an API key (`AppArgs.api_key_file`, else `$HUGGY_API_KEY` where the app is built), every
+request is checked where it enters the replica (`_route` for HTTP, `Act` for gRPC), before any
+routing: every route but `/v1/healthz` answers 401 without `Authorization: Bearer <key>`. Only
+the key's SHA-256 digest travels to the replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, fields
@@ -43,22 +60,36 @@ from deploy.api import (
     ACT_PATH,
     HEALTH_PATH,
     INFO_PATH,
+    MODEL_ACT_ROUTE,
+    MODELS_PATH,
     ActRequest,
     ApiError,
+    ApiKey,
+    act_from_document,
     act_response,
     check_route,
+    load_api_key,
     openapi_document,
-    parse_act_request,
+    read_act_document,
 )
 from deploy.grpc_ingress import RawMessage, grpc_status
 from deploy.placement import ACCELERATORS, ReplicaPlacement, plan_placement
+from deploy.policies import (
+    POLICY_ID_HEADER,
+    PolicyEntry,
+    PolicySet,
+    catalogue,
+    check_session_key,
+)
 from huggy_agent import Actions, HuggyAgent
+from huggy_agent.spec import ActorSpec
 
 DEPLOYMENT_NAME = "HuggyPolicy"
 JSON = "application/json"
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 METRICS_REPORT_PASSES = 256
 """Forward passes whose metrics are handed to Ray together (see `_report_metrics`)."""
+logger = logging.getLogger("ray.serve")
 
 
 @dataclass(frozen=True)
@@ -95,9 +126,44 @@ class BatchSettings:
         return settings
 
 
-def _total_rows(requests: list[ActRequest]) -> int:
+@dataclass(frozen=True)
+class ServedPolicy:
+    """A policy a replica holds: its catalogue entry, its agent, and a zero observation."""
+
+    entry: PolicyEntry
+    agent: HuggyAgent
+    probe: Any
+
+    @property
+    def id(self) -> str:
+        return self.entry.id
+
+
+@dataclass(frozen=True)
+class PolicyCall:
+    """One validated request for one held policy: what `@serve.batch` gathers."""
+
+    policy: ServedPolicy
+    act: ActRequest
+
+
+def _total_rows(calls: list[PolicyCall]) -> int:
     """Batch size in observations, for `@serve.batch(batch_size_fn=...)`."""
-    return sum(request.rows for request in requests)
+    return sum(call.act.rows for call in calls)
+
+
+def split_user_config(config: dict[str, Any]) -> tuple[BatchSettings, PolicySet | None]:
+    """A deployment's `user_config`: the batch settings (keys of BatchSettings) and the policies
+    (`PolicySet.as_config` keys; None where absent). ValueError naming a bad key or value."""
+    config = dict(config or {})
+    policy_keys = ("policies", "default", "split")
+    policies = ({key: config.pop(key) for key in policy_keys if key in config}
+                if "policies" in config else None)
+    stray = sorted(key for key in policy_keys if key in config)
+    if stray:
+        raise ValueError(f"{stray} given without 'policies'")
+    return BatchSettings.from_config(config), (None if policies is None
+                                               else PolicySet.from_config(policies))
 
 
 def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
@@ -146,26 +212,39 @@ def _pinned_device(placement_device: str) -> str:
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 class HuggyPolicyDeployment:
-    """One replica: a HuggyAgent on the device Ray pinned it to, behind the `/v1` HTTP API."""
+    """One replica: the served policies (each a HuggyAgent on the device Ray pinned it to,
+    loaded on first use, at most `models_per_replica` at once) behind the `/v1` HTTP API.
 
-    def __init__(self, policy: str | None, device: str, precision: str = "fp32",
-                 ingress: str = "") -> None:
-        device = _pinned_device(device)
-        self.agent = (HuggyAgent(device=device, precision=precision, engine="auto")
-                      if policy is None else
-                      HuggyAgent.from_checkpoint(policy, device=device, precision=precision,
-                                                 engine="auto"))
+    The policies, the default and the split come with the `user_config` (`reconfigure`), so a
+    redeploy that changes them applies to running replicas without a restart. A replica loads
+    and warms up the policies it holds there, the default first, before it reports healthy.
+    """
+
+    def __init__(self, device: str, precision: str = "fp32", ingress: str = "",
+                 api_key: ApiKey | None = None, models_per_replica: int | None = None) -> None:
+        self.device = _pinned_device(device)
+        self.precision = precision
+        self.models_per_replica = models_per_replica
         self.settings = BatchSettings()
+        self.policies: PolicySet | None = None
+        self.api_key = api_key
         self._in_flight = 0
         """Requests inside this replica now (HTTP and gRPC), the one asking included."""
-        self._warmed_up_to = 0
-        self._warm_up(self.settings.max_batch_size)
+
+        async def load(policy_id: str) -> ServedPolicy:
+            return await self._load(policy_id)
+
+        self._loader = load
+        self._policy = serve.multiplexed(max_num_models_per_replica=models_per_replica or -1)(load)
+        """`await self._policy(id)`: the held policy, loaded on a miss (LRU eviction)."""
+        self._warmed_up_to: dict[str, int] = {}
+        self.load_ms: dict[str, float] = {}
         self.ingress = ingress
         self.started = time.time()
         self.counters = {"requests": 0, "requests_alone": 0, "rejected": 0, "forward_passes": 0,
-                         "rows": 0, "largest_batch_requests": 0, "largest_batch_rows": 0}
-        probe = [np.zeros((1, *i.shape), dtype=np.float32) for i in self.agent.spec.inputs]
-        self._probe: Any = probe[0] if len(probe) == 1 else probe
+                         "rows": 0, "largest_batch_requests": 0, "largest_batch_rows": 0,
+                         "policy_loads": 0}
+        self.policy_requests: dict[str, int] = {}
         self._batch_requests = Histogram(
             "huggy_batch_requests", description="Requests served per forward pass",
             boundaries=BATCH_BUCKETS)
@@ -174,28 +253,90 @@ class HuggyPolicyDeployment:
             boundaries=BATCH_BUCKETS)
         self._forward_passes = Counter(
             "huggy_forward_passes", description="Forward passes of the policy network")
+        self._requests_by_policy = Counter(
+            "huggy_policy_requests", description="Requests answered, by policy",
+            tag_keys=("policy",))
         self._unreported: list[tuple[int, int]] = []
+        self._unreported_policies: dict[str, int] = {}
 
-    def reconfigure(self, config: dict[str, Any]) -> None:
-        """Apply a `user_config` (keys of BatchSettings); raises ValueError on a bad one."""
-        settings = BatchSettings.from_config(config or {})
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Apply a `user_config`: batch settings, and the policies with their default and
+        split. Policies removed or changed are dropped (requests holding them finish); the
+        first `models_per_replica` of the new set (`PolicySet.preferred`) are loaded and
+        warmed up. Raises ValueError on a bad config."""
+        settings, policies = split_user_config(config)
+        if policies is None:
+            if self.policies is None:
+                raise ValueError("the first user_config of a replica must name its 'policies'")
+            policies = self.policies
         self._act_batch.set_max_batch_size(settings.max_batch_size)
         self._act_batch.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
-        self._warm_up(settings.max_batch_size)
+        old = {entry.id: entry for entry in self.policies.entries} if self.policies else {}
         self.settings = settings
+        self.policies = policies
+        self._drop([policy_id for policy_id, entry in old.items()
+                    if policy_id not in policies.ids or policies.entry(policy_id) != entry])
+        held = self.held()
+        room = (self.models_per_replica or len(policies.ids)) - len(held)
+        for policy_id in [i for i in policies.preferred() if i not in held][:max(room, 0)]:
+            await self._policy(policy_id)
+        for policy_id in self.held():
+            self._warm_up(self._held_policy(policy_id), settings.max_batch_size)
 
-    def _warm_up(self, max_batch_size: int) -> None:
-        """Run every path once at each size a request or batch may have, up to
+    async def _load(self, policy_id: str) -> ServedPolicy:
+        """Load a policy of the catalogue (in a worker thread, so the held policies keep
+        answering meanwhile) and warm up its one-row paths."""
+        assert self.policies is not None
+        entry = self.policies.entry(policy_id)
+        start = time.perf_counter()
+        served = await asyncio.to_thread(self._build, entry)
+        self.load_ms[policy_id] = round((time.perf_counter() - start) * 1e3, 1)
+        self.counters["policy_loads"] += 1
+        self._warmed_up_to[policy_id] = 1
+        return served
+
+    def _build(self, entry: PolicyEntry) -> ServedPolicy:
+        agent = HuggyAgent.from_checkpoint(entry.path, device=self.device,
+                                           precision=self.precision, engine="auto")
+        agent.warmup([1])
+        probe = [np.zeros((1, *i.shape), dtype=np.float32) for i in agent.spec.inputs]
+        return ServedPolicy(entry, agent, probe[0] if len(probe) == 1 else probe)
+
+    def _warm_up(self, served: ServedPolicy, max_batch_size: int) -> None:
+        """Run every path of `served` once at each size a request or batch may have, up to
         `max_batch_size`: batches take `distribution`, lone requests `compute_action`
         (deterministic or stochastic), each its own graphs in a graph engine."""
-        if max_batch_size > self._warmed_up_to:
-            self.agent.warmup(warmup_sizes(max_batch_size))
-            self._warmed_up_to = max_batch_size
+        if max_batch_size > self._warmed_up_to.get(served.id, 0):
+            served.agent.warmup(warmup_sizes(max_batch_size))
+            self._warmed_up_to[served.id] = max_batch_size
+
+    def _multiplexer(self) -> Any:
+        """Ray Serve's LRU of held policies (created on the first load), or None before."""
+        return getattr(self._loader, "__serve_multiplex_wrapper", None)
+
+    def held(self) -> list[str]:
+        """The ids of the policies this replica holds, least recently used first."""
+        multiplexer = self._multiplexer()
+        return list(multiplexer.models) if multiplexer is not None else []
+
+    def _held_policy(self, policy_id: str) -> ServedPolicy:
+        return self._multiplexer().models[policy_id]
+
+    def _drop(self, policy_ids: list[str]) -> None:
+        """Stop holding `policy_ids` (no longer served, or changed): requests that already hold
+        one finish with it; Serve learns the new set of held ids for its routing."""
+        multiplexer = self._multiplexer()
+        for policy_id in policy_ids:
+            self._warmed_up_to.pop(policy_id, None)
+            if multiplexer is not None and multiplexer.models.pop(policy_id, None) is not None:
+                multiplexer._push_multiplexed_replica_info = True
 
     def check_health(self) -> None:
-        """Serve's periodic health check: one forward pass of a zero observation must succeed.
-        Also reports the metrics counted since the last report."""
-        self.agent.distribution(self._probe)
+        """Serve's periodic health check: one forward pass of a zero observation through every
+        held policy must succeed. Also reports the metrics counted since the last report."""
+        for policy_id in self.held():
+            served = self._held_policy(policy_id)
+            served.agent.distribution(served.probe)
         self._report_metrics()
 
     async def __call__(self, request: Request) -> Response:
@@ -211,40 +352,75 @@ class HuggyPolicyDeployment:
         if root and path.startswith(root):
             path = path[len(root):]
         try:
-            check_route(path, request.method)
-            if path == ACT_PATH:
-                return await self._act(request)
-            if path == HEALTH_PATH:
-                body = {"status": "ok", "model": self.agent.fingerprint}
-            elif path == INFO_PATH:
+            if self.api_key is not None:
+                self.api_key.authorize(path, request.headers.get("authorization"))
+            route, policy_id = check_route(path, request.method)
+            if route in (ACT_PATH, MODEL_ACT_ROUTE):
+                return await self._act(request, policy_id)
+            if route == HEALTH_PATH:
+                body = {"status": "ok", "model": self._default_entry().fingerprint}
+            elif route == INFO_PATH:
                 body = self.info()
+            elif route == MODELS_PATH:
+                body = self.models()
             else:
-                body = openapi_document(self.agent.spec, self.settings.max_rows,
-                                        self.settings.max_body_bytes)
+                body = self.openapi()
             return Response(json.dumps(body).encode(), media_type=JSON)
         except ApiError as error:
             self.counters["rejected"] += 1
-            return Response(error.body(), status_code=error.status, media_type=JSON)
+            return Response(error.body(), status_code=error.status, media_type=JSON,
+                            headers=error.headers)
+        except Exception as error:  # answered as JSON; the replica serves on
+            logger.exception("request %s %s failed", request.method, path)
+            failure = ApiError(500, "internal_error", f"the server failed to answer: {error!r}")
+            return Response(failure.body(), status_code=500, media_type=JSON)
 
-    async def _act(self, request: Request) -> Response:
+    async def _act(self, request: Request, named: str | None) -> Response:
+        if named is None:
+            named = request.headers.get(POLICY_ID_HEADER,
+                                        request.headers.get(POLICY_ID_HEADER.replace("_", "-")))
         body = await self._read_body(request)
-        act = parse_act_request(body, self.agent.spec, self.settings.max_rows)
-        return Response(await self._answer(act), media_type=JSON)
+        return Response(await self._answer_body(body, named), media_type=JSON)
 
-    async def _answer(self, act: ActRequest) -> bytes:
+    async def _answer_body(self, body: bytes, named: str | None) -> bytes:
+        """The answer to an act body for the policy `named` (by the path or the header), else
+        the split's or the default."""
+        document, exact = read_act_document(body)
+        served = await self._choose(named, document.get("session"))
+        act = act_from_document(document, exact, served.agent.spec, self.settings.max_rows)
+        return await self._answer(served, act)
+
+    async def _choose(self, named: str | None, session: Any) -> ServedPolicy:
+        """The held policy of a request (loaded on a miss); 404 listing the known ids for an
+        unknown one, 422 for a bad session key."""
+        assert self.policies is not None
+        try:
+            session = check_session_key(session)
+        except ValueError as error:
+            raise ApiError(422, "invalid_request", str(error)) from None
+        try:
+            return await self._policy(self.policies.choose(named, session))
+        except KeyError as error:
+            raise ApiError(404, "unknown_policy", error.args[0]) from None
+
+    async def _answer(self, served: ServedPolicy, act: ActRequest) -> bytes:
         self.counters["requests"] += 1
+        self.policy_requests[served.id] = self.policy_requests.get(served.id, 0) + 1
+        self._unreported_policies[served.id] = self._unreported_policies.get(served.id, 0) + 1
         alone = False
         if not self.settings.batch_wait_timeout_s:
             await asyncio.sleep(0)  # requests that arrived with this one reach this point too
             alone = self._in_flight == 1
-        result = self._forward_alone(act) if alone else await self._act_batch(act)
+        result = (self._forward_alone(served, act) if alone
+                  else await self._act_batch(PolicyCall(served, act)))
         if isinstance(result, Exception):
             raise result
-        return act_response(result, act.single, self.agent.fingerprint)
+        return act_response(result, act.single, served.agent.fingerprint, served.id)
 
     async def Act(self, request: bytes,  # noqa: N802 - gRPC method name
                   grpc_context: RayServegRPCContext) -> RawMessage:
-        """`/huggy.v1.Policy/Act` of the gRPC ingress: the same JSON in and out as /v1/act."""
+        """`/huggy.v1.Policy/Act` of the gRPC ingress: the same JSON in and out as /v1/act; the
+        policy by the `multiplexed_model_id` metadata, else the split's or the default."""
         self._in_flight += 1
         try:
             return await self._act_grpc(request, grpc_context)
@@ -253,17 +429,20 @@ class HuggyPolicyDeployment:
 
     async def _act_grpc(self, request: bytes, grpc_context: RayServegRPCContext) -> RawMessage:
         try:
+            if self.api_key is not None:
+                metadata = dict(grpc_context.invocation_metadata())
+                self.api_key.authorize(ACT_PATH, metadata.get("authorization"))
             limit = self.settings.max_body_bytes
             if len(request) > limit:
                 raise ApiError(413, "body_too_large", f"request is {len(request)} bytes, the "
                                f"limit is {limit} bytes; send fewer rows per request")
-            act = parse_act_request(request, self.agent.spec, self.settings.max_rows)
+            named = serve.get_multiplexed_model_id() or None  # `multiplexed_model_id` metadata
+            return RawMessage(await self._answer_body(request, named))
         except ApiError as error:
             self.counters["rejected"] += 1
             grpc_context.set_code(grpc_status(error.status))
             grpc_context.set_details(error.body().decode())
             return RawMessage()
-        return RawMessage(await self._answer(act))
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes
@@ -283,15 +462,24 @@ class HuggyPolicyDeployment:
     @serve.batch(max_batch_size=BatchSettings.max_batch_size,
                  batch_wait_timeout_s=BatchSettings.batch_wait_timeout_s,
                  batch_size_fn=_total_rows)
-    async def _act_batch(self, requests: list[ActRequest]
+    async def _act_batch(self, calls: list[PolicyCall]
                          ) -> list[dict[str, np.ndarray] | Exception]:
-        """The batch `@serve.batch` gathered, through `_forward`."""
-        return self._forward(requests)
+        """The batch `@serve.batch` gathered: one `_forward` per policy in it, so a forward pass
+        never mixes policies."""
+        by_policy: dict[str, list[int]] = {}
+        for index, call in enumerate(calls):
+            by_policy.setdefault(call.policy.id, []).append(index)
+        results: list[dict[str, np.ndarray] | Exception] = [None] * len(calls)  # type: ignore[list-item]
+        for indices in by_policy.values():
+            answers = self._forward(calls[indices[0]].policy, [calls[i].act for i in indices])
+            for index, answer in zip(indices, answers, strict=True):
+                results[index] = answer
+        return results
 
-    def _forward_alone(self, act: ActRequest) -> dict[str, np.ndarray]:
+    def _forward_alone(self, served: ServedPolicy, act: ActRequest) -> dict[str, np.ndarray]:
         """A batch of one, with no batch to gather: `compute_action`, the same actions as
-        `_forward([act])` (within the numerical contract) in one call to the engine."""
-        agent = self.agent
+        `_forward(served, [act])` (within the numerical contract) in one call to the engine."""
+        agent = served.agent
         kwargs: dict[str, Any] = {}
         if act.action_mask is not None:
             kwargs["action_mask"] = act.action_mask
@@ -303,10 +491,11 @@ class HuggyPolicyDeployment:
         self._count_batch(1, act.rows)
         return answer_arrays(agent, result)
 
-    def _forward(self, requests: list[ActRequest]) -> list[dict[str, np.ndarray] | Exception]:
-        """ONE forward pass over the rows of all `requests` (each input, and the memories,
-        concatenated), then each request's own heads with its own seed and mask."""
-        agent = self.agent
+    def _forward(self, served: ServedPolicy, requests: list[ActRequest]
+                 ) -> list[dict[str, np.ndarray] | Exception]:
+        """ONE forward pass of `served` over the rows of all `requests` (each input, and the
+        memories, concatenated), then each request's own heads with its own seed and mask."""
+        agent = served.agent
         inputs = [np.concatenate(parts) if len(parts) > 1 else parts[0]
                   for parts in zip(*(r.inputs for r in requests), strict=True)]
         memory = None
@@ -339,12 +528,12 @@ class HuggyPolicyDeployment:
             self._report_metrics()
 
     def _report_metrics(self) -> None:
-        """Hand the forward passes counted since the last report to Ray's metrics.
+        """Hand the forward passes and the requests per policy counted since the last report
+        to Ray's metrics.
 
-        Not on every request: the three metric calls took ~0.1 ms of a one-observation answer in
-        a replica on a busy 2-core machine. Ray exports metrics every few seconds anyway; reports
-        happen every `METRICS_REPORT_PASSES` passes, at each health check (every 10 s) and with
-        /v1/info.
+        Not on every request: the three metric calls are a measurable share of a one-observation
+        answer, and Ray exports metrics every few seconds anyway. Reports happen every
+        `METRICS_REPORT_PASSES` passes, at each health check (every 10 s) and with /v1/info.
         """
         for requests, rows in self._unreported:
             self._batch_requests.observe(requests)
@@ -352,24 +541,67 @@ class HuggyPolicyDeployment:
         if self._unreported:
             self._forward_passes.inc(len(self._unreported))
         self._unreported.clear()
+        for policy_id, count in self._unreported_policies.items():
+            self._requests_by_policy.inc(count, tags={"policy": policy_id})
+        self._unreported_policies.clear()
+
+    def _default_entry(self) -> PolicyEntry:
+        assert self.policies is not None
+        return self.policies.entry(self.policies.default)
 
     def info(self) -> dict[str, Any]:
-        """The policy's description, this replica's batching settings and counters."""
+        """The default policy's description, the served policies with this replica's counters
+        per policy, its batching settings and counters."""
         self._report_metrics()
+        assert self.policies is not None
         counters = dict(self.counters)
         passes = counters["forward_passes"]
         counters["mean_batch_requests"] = counters["requests"] / passes if passes else 0.0
         counters["mean_batch_rows"] = counters["rows"] / passes if passes else 0.0
         context = serve.get_replica_context()
+        default = self._default_entry()
+        held = self.held()
+        description = (self._held_policy(default.id).agent.describe() if default.id in held
+                       else {"spec": default.spec, "fingerprint": default.fingerprint,
+                             "source": default.path, "step": default.step})
         return {
-            **self.agent.describe(),
+            **description,
+            "policy": default.id,
+            "policies": {entry.id: {"requests": self.policy_requests.get(entry.id, 0),
+                                    "held": entry.id in held,
+                                    "load_ms": self.load_ms.get(entry.id)}
+                         for entry in self.policies.entries},
+            "split": None if self.policies.split is None else self.policies.split.shares(),
+            "held": held,
+            "models_per_replica": self.models_per_replica,
             "batching": asdict(self.settings),
             "counters": counters,
             "replica": context.replica_id.unique_id if context else None,
             "ingress": self.ingress,
-            "warmed_up_to": self._warmed_up_to,
+            "warmed_up_to": self._warmed_up_to.get(default.id, 0),
             "uptime_s": round(time.time() - self.started, 3),
         }
+
+    def openapi(self) -> dict[str, Any]:
+        """This server's OpenAPI document: every served policy's route, with its interface."""
+        assert self.policies is not None
+        interfaces = {entry.id: ActorSpec.from_dict(entry.spec)
+                      for entry in self.policies.entries}
+        act_ids = list(self.policies.split.ids) if self.policies.split else [
+            self.policies.default]
+        return openapi_document(interfaces[act_ids[0]], self.settings.max_rows,
+                                self.settings.max_body_bytes, self.api_key is not None,
+                                interfaces, act_ids)
+
+    def models(self) -> dict[str, Any]:
+        """`GET /v1/models`: every served policy (id, interface, spec, fingerprint, source,
+        step), the default and the split."""
+        assert self.policies is not None
+        held = self.held()
+        return {"default": self.policies.default,
+                "split": None if self.policies.split is None else self.policies.split.shares(),
+                "models": [{**entry.as_dict(), "held": entry.id in held}
+                           for entry in self.policies.entries]}
 
 
 class AppArgs(BaseModel):
@@ -377,7 +609,16 @@ class AppArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    policy: str | None = Field(None, description="a .onnx, .pt or results folder; None: bundled")
+    policy: str | None = Field(None, description="one policy: a .onnx, .pt, results folder (its "
+                               "final export) or hf:// source; None: bundled (unless policies)")
+    policies: list[str] = Field(default_factory=list, description=(
+        "several policies: files, results folders (every checkpoint, as `huggy evaluate` "
+        "takes them) or hf:// sources; ids as `huggy evaluate` labels them"))
+    default: str | None = Field(None, description="id that /v1/act answers with; None: the first")
+    split: str | dict[str, float] | None = Field(None, description=(
+        "A/B split of /v1/act: 'ID=WEIGHT,ID=WEIGHT' or {id: weight}; changeable by redeploy"))
+    models_per_replica: int | None = Field(None, ge=1, description=(
+        "most policies a replica holds (least recently used evicted); None: all"))
     accelerator: Literal["auto", "cpu", "gpu", "npu"] = "auto"
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     replicas: int = Field(1, ge=1, description="fixed number of replicas (without autoscale)")
@@ -390,22 +631,68 @@ class AppArgs(BaseModel):
     max_body_bytes: int = BatchSettings.max_body_bytes
     max_ongoing_requests: int = Field(512, ge=1)
     ingress: str = Field("", description="recorded in /v1/info; set by deploy.runner")
+    api_key_file: str | None = Field(None, description="file whose first line is the API key; "
+                                     "None: $HUGGY_API_KEY where the app is built, else no key")
 
     @field_validator("policy")
     @classmethod
     def _existing_policy(cls, policy: str | None) -> str | None:
-        """An absolute path (replicas do not share the caller's working directory)."""
+        """An absolute path (replicas do not share the caller's working directory), or a Hub
+        source pinned to the commit it resolves to when the app is built (each replica reads
+        its node's cache)."""
         if policy is None:
             return None
+        from huggy_agent.formats.sources import is_hub_source, resolve_policy_source
+
+        if is_hub_source(policy):
+            try:
+                return resolve_policy_source(policy).describe()
+            except FileNotFoundError as error:
+                raise ValueError(str(error)) from None
         path = Path(policy).expanduser().resolve()
         if not path.exists():
             raise ValueError(f"policy {policy!r} not found (resolved to {path})")
         return str(path)
 
+    @field_validator("api_key_file")
+    @classmethod
+    def _readable_key_file(cls, api_key_file: str | None) -> str | None:
+        """An absolute path to a file that holds a key (read again when the app is built)."""
+        if api_key_file is None:
+            return None
+        try:
+            load_api_key(api_key_file)
+        except OSError as error:
+            raise ValueError(f"API key file {api_key_file!r} cannot be read: "
+                             f"{error.strerror}") from None
+        return str(Path(api_key_file).expanduser().resolve())
+
     @model_validator(mode="after")
     def _valid_batching(self) -> AppArgs:
         self.batch_settings()
+        if self.policy is not None and self.policies:
+            raise ValueError("give either policy (one) or policies (several), not both")
         return self
+
+    def sources(self) -> list[str]:
+        """What to serve, for `deploy.policies.catalogue`: `policies`, else the one `policy`
+        (a results folder standing for its final export), else the bundled policy."""
+        if self.policies:
+            return list(self.policies)
+        from huggy_agent.agent import bundled_policy_path
+        from huggy_agent.formats.results import resolve_results_folder
+        from huggy_agent.formats.sources import resolve_policy_source
+
+        if self.policy is None:
+            return [str(bundled_policy_path())]
+        path = resolve_policy_source(self.policy).path
+        return [str(resolve_results_folder(path) if path.is_dir() else path)]
+
+    def policy_set(self) -> PolicySet:
+        """The served policies (each file loaded once for its interface and fingerprint), the
+        default and the split. Raises FileNotFoundError, ValueError or PolicyLoadError naming
+        what is wrong."""
+        return PolicySet.build(catalogue(self.sources()), self.default, self.split)
 
     def batch_settings(self) -> BatchSettings:
         """The batch settings part of these arguments (validated)."""
@@ -425,15 +712,17 @@ def build_app(args: AppArgs, nodes: list[dict[str, float]] | None = None) -> App
     """The application for `args`, placed on `nodes` (default: the connected cluster's).
 
     Raises ValueError for bad settings and RuntimeError when the replicas cannot start there.
-    The batch settings become the deployment's `user_config`, applied by `reconfigure`.
+    The batch settings and the policies become the deployment's `user_config`, applied by
+    `reconfigure`: a redeploy that changes only them reaches the running replicas.
     """
     settings = args.batch_settings()
+    policies = args.policy_set()
     placement: ReplicaPlacement = plan_placement(
         args.accelerator, args.num_cpus, 1 if args.autoscale else args.replicas,
         cluster_nodes() if nodes is None else nodes)
     options: dict[str, Any] = {
         "ray_actor_options": placement.ray_actor_options(),
-        "user_config": asdict(settings),
+        "user_config": {**asdict(settings), **policies.as_config()},
         "max_ongoing_requests": args.max_ongoing_requests,
     }
     if args.autoscale:
@@ -442,8 +731,28 @@ def build_app(args: AppArgs, nodes: list[dict[str, float]] | None = None) -> App
             "target_ongoing_requests": max(1, settings.max_batch_size // 4)}
     else:
         options["num_replicas"] = args.replicas
-    return HuggyPolicyDeployment.options(**options).bind(
-        args.policy, placement.device, args.precision, args.ingress)
+    key = load_api_key(args.api_key_file)
+    init_args = (placement.device, args.precision, args.ingress,
+                 None if key is None else ApiKey.of(key), args.models_per_replica)
+    deployment = HuggyPolicyDeployment.options(**options)
+    # Serve's Python API gives every deploy a new random version, which restarts the replicas;
+    # a version of what the replicas are built from lets a redeploy that changes only the
+    # user_config reconfigure them in place (as `serve deploy` of a config file does).
+    deployment = deployment.options(
+        version=deployment_version(init_args, options["ray_actor_options"]), _internal=True)
+    return deployment.bind(*init_args)
+
+
+def deployment_version(init_args: tuple, ray_actor_options: dict[str, Any]) -> str:
+    """A hash of what a replica is built from: the code of the deployment (this package's
+    serving modules), its constructor arguments and its actor options. The same for a redeploy
+    that changes only the `user_config`."""
+    digest = hashlib.blake2b(digest_size=12)
+    for module in ("serve.py", "api.py", "policies.py", "grpc_ingress.py"):
+        digest.update(Path(__file__).with_name(module).read_bytes())
+    shown = [arg.digest.hex() if isinstance(arg, ApiKey) else arg for arg in init_args]
+    digest.update(repr((shown, sorted(ray_actor_options.items()))).encode())
+    return digest.hexdigest()
 
 
 def app(args: dict[str, Any]) -> Application:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from huggy_agent.formats.sources import policy_path
+
 
 def env_parameter(text: str) -> tuple[str, float]:
     """`KEY=VALUE` of `--env-param`: a float for ML-Agents' EnvironmentParameters channel."""
@@ -46,15 +48,20 @@ def _rollout(args: argparse.Namespace) -> int:
 
 def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `huggy rollout`."""
-    text = "drive every agent of a Huggy environment with a policy and summarise the episodes"
+    text = "drive every agent of an ML-Agents environment with a policy and summarise the episodes"
     parser = subparsers.add_parser("rollout", help=text, description=text)
     parser.add_argument("--env", default="builtin",
-                        help="'builtin' (the headless stand-in, default) or a Unity executable")
+                        help="'builtin' (the headless stand-in: Huggy, or the policy's own "
+                             "interface for any other policy; default) or a Unity executable")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--policy", type=Path, default=None,
-                        help="a .onnx, a .pt or a results folder (default: the bundled policy)")
+    source.add_argument("--policy", type=policy_path, default=None,
+                        help="a .onnx, a .pt or a results folder, local or "
+                             "hf://owner/repo[@revision][/path] (default: the bundled policy)")
     source.add_argument("--policy-url", default=None,
                         help="use a policy served by `huggy serve` at this URL instead")
+    parser.add_argument("--api-key-file", type=Path, default=None,
+                        help="file whose first line is the API key of --policy-url (default: "
+                             "$HUGGY_API_KEY)")
     parser.add_argument("--episodes", type=int, default=20,
                         help="episodes to count, spread evenly over the agent slots (default 20; see the "
                              "README on the per-slot quota)")

@@ -9,16 +9,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envs.rollout import EpisodeResult, RolloutInterrupted, RolloutResult, rollout, slot_quotas
+from envs.rollout import (
+    EpisodeResult,
+    RolloutInterrupted,
+    RolloutResult,
+    rollout,
+    slot_quotas,
+    terminated_label,
+)
 from envs.vector_env import UnityVectorEnv
 
 
 def load_agent(args: argparse.Namespace) -> Any:
     """The policy to drive: a remote one (`--policy-url`) or a local HuggyAgent."""
     if args.policy_url:
+        from deploy.api import load_api_key
         from deploy.client import RemoteAgent
 
-        return RemoteAgent(args.policy_url)
+        return RemoteAgent(args.policy_url, api_key=load_api_key(args.api_key_file))
     from huggy_agent import HuggyAgent
 
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=args.seed)
@@ -42,11 +50,13 @@ def quota_text(episodes: int, slots: int) -> str:
             f"{slots - extra}")
 
 
-def summary_rows(result: RolloutResult, slots: int) -> list[tuple[str, object]]:
-    """(statistic, value) rows describing a rollout's episodes over `slots` agent slots."""
+def summary_rows(result: RolloutResult, slots: int, behavior: str | None = None
+                 ) -> list[tuple[str, object]]:
+    """(statistic, value) rows describing a rollout's episodes over `slots` agent slots of the
+    ML-Agents `behavior` (it names the terminated count: "reached stick" for Huggy)."""
     returns = [e.episode_return for e in result.episodes]
     lengths = [e.length for e in result.episodes]
-    reached = sum(e.reached_stick for e in result.episodes)
+    terminated = sum(e.terminated for e in result.episodes)
     return [
         ("episodes", len(returns)),
         ("counted (per-slot quota)", quota_text(len(returns), slots)),
@@ -55,7 +65,7 @@ def summary_rows(result: RolloutResult, slots: int) -> list[tuple[str, object]]:
         ("min return", min(returns) if returns else float("nan")),
         ("max return", max(returns) if returns else float("nan")),
         ("mean length", statistics.fmean(lengths) if lengths else float("nan")),
-        ("reached stick", f"{reached}/{len(returns)}"),
+        (terminated_label([behavior]), f"{terminated}/{len(returns)}"),
         ("agent-steps", result.agent_steps),
         ("agent-steps/s", result.agent_steps_per_second),
         ("seconds", result.seconds),
@@ -66,7 +76,17 @@ def episode_record(number: int, episode: EpisodeResult, context: dict[str, Any])
     """One JSON line for the `--record` file."""
     return json.dumps({"episode": number, "slot": episode.slot, "slot_episode": episode.index,
                        "return": episode.episode_return, "length": episode.length,
-                       "reached_stick": episode.reached_stick, **context})
+                       "terminated": episode.terminated, **context})
+
+
+def _policy_name(policy: Path | None) -> str:
+    """The policy as the record names it: hf://owner/repo@commit/path for one from the Hub."""
+    from huggy_agent.formats.sources import hub_provenance
+
+    if policy is None:
+        return "bundled"
+    found = hub_provenance(policy)
+    return str(policy) if found is None else found.describe()
 
 
 def run_rollout(args: argparse.Namespace) -> int:
@@ -79,7 +99,7 @@ def run_rollout(args: argparse.Namespace) -> int:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     agent = load_agent(args)
     file_name = None if args.env == "builtin" else str(Path(args.env))
-    context = {"env": args.env, "policy": args.policy_url or str(args.policy or "bundled"),
+    context = {"env": args.env, "policy": args.policy_url or _policy_name(args.policy),
                "deterministic": not args.stochastic, "seed": args.seed,
                "instances": args.instances}
     bar = tqdm(total=args.episodes, unit="episode", file=sys.stderr, disable=args.no_progress)
@@ -111,5 +131,6 @@ def run_rollout(args: argparse.Namespace) -> int:
         with open(args.record, "w", encoding="utf-8") as record:
             for number, episode in enumerate(result.episodes):
                 record.write(episode_record(number, episode, context) + "\n")
-    print(format_table(["statistic", "value"], summary_rows(result, env.num_envs)))
+    print(format_table(["statistic", "value"],
+                       summary_rows(result, env.num_envs, env.behavior_name)))
     return status

@@ -15,6 +15,7 @@ import gym/pettingzoo). It does three things:
    to the main thread through in-process queues instead of a pickling `multiprocessing.Pipe`,
    `steps_from_proto` reads float observations with one bulk copy per agent, and the step input is
    encoded to protobuf wire bytes with numpy instead of one `extend` per agent and field.
+   Their NaN/inf errors are the originals', field for field (`raise_on_nan_and_inf`).
    `lean_step` goes further for a build with one behavior: one exchange that reads the agents
    straight into arrays, without mlagents-envs' per-step objects (`envs.instance` uses it).
 """
@@ -211,7 +212,7 @@ def _fast_servicer_class() -> type:
     class QueueServicer(base):  # type: ignore[misc, valid-type]
         """Hands each request to the main thread and waits for its answer, without pickling."""
 
-        def __init__(self) -> None:  # noqa: D107 (does not call the Pipe-creating base init)
+        def __init__(self) -> None:  # does not call the Pipe-creating base init
             to_parent: queue.SimpleQueue = queue.SimpleQueue()
             to_child: queue.SimpleQueue = queue.SimpleQueue()
             self.parent_conn = _QueueConnection(to_parent, to_child)
@@ -369,12 +370,37 @@ def _float_rows(agent_infos: list, width: int) -> np.ndarray | None:
     return table[:, len(head):].copy().view("<f4").astype(np.float32, copy=False)
 
 
-def _check_finite(values: np.ndarray, source: str) -> None:
-    """mlagents-envs' NaN/Inf error (same messages), after a cheaper test."""
-    if not np.isfinite(values).all():
-        from mlagents_envs.rpc_utils import _raise_on_nan_and_inf
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-        _raise_on_nan_and_inf(values, source)
+
+def _mean_cannot_overflow(values: np.ndarray) -> bool:
+    """True when every value is finite and no float32 sum of any of them, in any order, can
+    reach inf: n * max |x| stays under half of float32's largest value (a margin for rounding).
+    Then mlagents-envs' check passes on every subset of `values`."""
+    return values.size == 0 or float(np.abs(values).max()) * values.size < _FLOAT32_MAX / 2
+
+
+def raise_on_nan_and_inf(obs: np.ndarray, reward: np.ndarray, group_reward: np.ndarray,
+                         done: np.ndarray) -> None:
+    """mlagents-envs' NaN/inf errors for one behavior's agents (rows in Unity's order, `done`
+    marking finished ones), as `rpc_utils.steps_from_proto` raises them: the same checks on
+    the same arrays in its order (observations of deciding agents, then of finished ones, then
+    rewards, then group rewards, each deciding first), so the same first field and message.
+
+    Its check is `np.mean` in float32: NaN anywhere gives "NaN values" (so do +inf and -inf
+    together), inf "Infinite values", and so do finite values whose float32 sum overflows
+    (observations of 2e38). That last behaviour is kept on purpose: the fast paths promise the
+    original's errors, and a policy has nothing useful to do with such observations anyway.
+    A cheap exact test (`_mean_cannot_overflow`) skips the checks when none can fail.
+    """
+    fields = ((obs, "observations"), (reward, "rewards"), (group_reward, "group_rewards"))
+    if all(_mean_cannot_overflow(values) for values, _ in fields):
+        return
+    from mlagents_envs.rpc_utils import _raise_on_nan_and_inf
+
+    for values, source in fields:
+        _raise_on_nan_and_inf(values[~done], source)
+        _raise_on_nan_and_inf(values[done], source)
 
 
 def _fast_steps_from_proto(agent_info_list: Any, behavior_spec: Any, fallback: Any) -> Any:
@@ -390,16 +416,12 @@ def _fast_steps_from_proto(agent_info_list: Any, behavior_spec: Any, fallback: A
     scalars = np.array([(i.reward, i.group_reward, i.id, i.group_id, i.done, i.max_step_reached)
                         for i in infos], dtype=np.float64).reshape(len(infos), 6)
     done = scalars[:, 4] != 0
+    rewards, group_rewards = scalars[:, 0].astype(np.float32), scalars[:, 1].astype(np.float32)
+    raise_on_nan_and_inf(obs, rewards, group_rewards, done)
     steps = []
     for mask in (~done, done):
         part = scalars[mask]
-        rows = obs[mask]
-        rewards = part[:, 0].astype(np.float32)
-        group_rewards = part[:, 1].astype(np.float32)
-        _check_finite(rows, "observations")
-        _check_finite(rewards, "rewards")
-        _check_finite(group_rewards, "group_rewards")
-        steps.append((rows, rewards, group_rewards, part[:, 2].astype(np.int32),
+        steps.append((obs[mask], rewards[mask], group_rewards[mask], part[:, 2].astype(np.int32),
                       part[:, 3].astype(np.int64).tolist(), part[:, 5] != 0))
     (obs_d, rew_d, grew_d, ids_d, gid_d, _), (obs_t, rew_t, grew_t, ids_t, gid_t, cut) = steps
     return (
@@ -439,8 +461,8 @@ def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | No
     """`env.set_actions(behavior, ActionTuple(continuous))`, `env.step()` and `env.get_steps`,
     as one exchange that reads the agents straight into `AgentRows`: no ActionTuple, no copies
     of the input message, no DecisionSteps or TerminalSteps. Side channels and behavior specs
-    are processed as `UnityEnvironment.step` does; observations and rewards are checked for NaN
-    and inf with mlagents-envs' errors.
+    are processed as `UnityEnvironment.step` does; observations, rewards and group rewards are
+    checked for NaN and inf exactly as mlagents-envs checks them (`raise_on_nan_and_inf`).
 
     For a loaded `env` whose only behavior is `behavior`, with one vector observation and
     continuous actions (checked by the caller): returns None, sending nothing, for any other
@@ -475,17 +497,21 @@ def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | No
         env._update_state(rl_output)
         return agent_rows(*env.get_steps(behavior))
     env._side_channel_manager.process_side_channel_message(rl_output.side_channel)
-    spec = specs[behavior]
     infos = rl_output.agentInfos[behavior].value if behavior in rl_output.agentInfos else []
+    return lean_rows(infos, specs[behavior])
+
+
+def lean_rows(infos: Any, spec: Any) -> AgentRows:
+    """`AgentRows` of one behavior's agent infos (one vector observation), in Unity's order,
+    with the NaN/inf errors of `steps_from_proto` (`raise_on_nan_and_inf`)."""
     (width,) = spec.observation_specs[0].shape
     obs = _float_rows(infos, width) if len(infos) else np.zeros((0, width), np.float32)
     if obs is None:
         return agent_rows(*original_steps_from_proto(infos, spec))
-    scalars = np.array([(i.reward, i.id, i.done, i.max_step_reached) for i in infos],
-                       dtype=np.float64).reshape(len(infos), 4)
+    scalars = np.array([(i.reward, i.group_reward, i.id, i.done, i.max_step_reached)
+                        for i in infos], dtype=np.float64).reshape(len(infos), 5)
     reward = scalars[:, 0].astype(np.float32)
-    _check_finite(obs, "observations")
-    _check_finite(reward, "rewards")
-    done = scalars[:, 2] != 0
-    return AgentRows(scalars[:, 1].astype(np.int64), reward, done, done & (scalars[:, 3] != 0),
+    done = scalars[:, 3] != 0
+    raise_on_nan_and_inf(obs, reward, scalars[:, 1].astype(np.float32), done)
+    return AgentRows(scalars[:, 2].astype(np.int64), reward, done, done & (scalars[:, 4] != 0),
                      [obs])

@@ -1,7 +1,7 @@
 """One Unity instance as agent slots: `UnityInstance` drives one Unity process (a build or the
 stand-in) through mlagents-envs and keeps its agents in stable slots.
 
-It is the part of `HuggyVectorEnv` that runs beside each Unity process: in the caller's process
+It is the part of `UnityVectorEnv` that runs beside each Unity process: in the caller's process
 for one instance, in an instance worker (`envs.workers`) for several. It imports numpy and
 mlagents-envs only (no Gymnasium, no torch), and writes each step into caller-owned arrays
 (`StepBuffers`), which the workers place in shared memory.
@@ -367,7 +367,7 @@ class UnityInstance:
         if ended:
             deciding = ~done
             finished = _rows_in(slot_ids, ids[done])  # slot of each terminal row, or -1
-            known = finished >= 0  # an agent we never saw decide (cannot happen with Huggy): skip
+            known = finished >= 0  # skips agents never seen deciding (none with a period-1 requester)
             slots = finished[known]
             interrupted = rows.interrupted[done][known]
             out.reward[slots] = rows.reward[done][known]
@@ -383,8 +383,8 @@ class UnityInstance:
             reward, obs = rows.reward, rows.obs
         if len(ids) != n:
             raise RuntimeError(
-                f"{len(ids)} of {n} agents requested a decision; HuggyVectorEnv needs every "
-                "agent to decide at every step (Huggy's DecisionRequester does)"
+                f"{len(ids)} of {n} agents requested a decision; the vector env needs every "
+                "agent to decide at every step (a DecisionRequester with period 1, as Huggy's)"
             )
         slots = _rows_in(slot_ids, ids)
         fresh = slots < 0

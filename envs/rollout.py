@@ -28,6 +28,15 @@ ESTIMATOR_DESCRIPTION = (
     "episode index), never by when they ended")
 
 
+def terminated_label(behaviors: Sequence[str | None]) -> str:
+    """How reports name terminated episodes of `behaviors` (ML-Agents behavior names such as
+    `Huggy?team=0`): "reached stick" when every one is Huggy, whose episodes terminate at the
+    stick, else "terminated"."""
+    huggy = bool(behaviors) and all(
+        behavior is not None and behavior.split("?")[0] == "Huggy" for behavior in behaviors)
+    return "reached stick" if huggy else "terminated"
+
+
 class Agent(Protocol):
     """Anything with HuggyAgent's `compute_action` (a local agent, or a remote one over HTTP).
     `action_mask` and `memory` are passed only to policies with discrete actions (when the env
@@ -39,12 +48,13 @@ class Agent(Protocol):
 
 @dataclass(frozen=True)
 class EpisodeResult:
-    """One counted episode: its return, its length in decisions, whether it reached the goal
-    (terminated rather than truncated), its slot and its index among that slot's episodes."""
+    """One counted episode: its return, its length in decisions, whether the environment ended
+    it (`terminated`, as Gymnasium names it; Huggy's episodes terminate at the stick) rather than
+    the step limit (truncated), its slot and its index among that slot's episodes."""
 
     episode_return: float
     length: int
-    reached_stick: bool
+    terminated: bool
     slot: int = 0
     index: int = 0
 
@@ -241,7 +251,7 @@ def rollout_per_instance(
     seeds: Sequence[int],
     deterministic: bool = True,
 ) -> list[RolloutResult]:
-    """One independent rollout per instance of `env` (a `HuggyVectorEnv` of K instances),
+    """One independent rollout per instance of `env` (a `UnityVectorEnv` of K instances),
     stepped together: what `rollout(agent, <one instance>, episodes[j], deterministic,
     seeds[j])` gives, for every instance j at once.
 

@@ -1,4 +1,4 @@
-"""Instance workers: each Unity instance of a multi-instance `HuggyVectorEnv` is driven by its
+"""Instance workers: each Unity instance of a multi-instance `UnityVectorEnv` is driven by its
 own `UnityInstance` in its own process, so the gRPC, protobuf and slot work of K instances runs
 in parallel instead of in one Python process.
 
@@ -29,6 +29,7 @@ Wire commands (caller -> worker, worker's answer):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import mmap
 import os
 import pickle
@@ -67,7 +68,7 @@ _START_ERRORS: dict[str, type[Exception]] = {
 
 
 class InstanceError(UnityException):
-    """One instance of a multi-instance `HuggyVectorEnv` failed (its Unity process or its worker
+    """One instance of a multi-instance `UnityVectorEnv` failed (its Unity process or its worker
     died, or stopped answering). `instance` is its index; every process of the environment has
     been closed by the time this is raised."""
 
@@ -240,10 +241,8 @@ class InstanceWorkers:
             return
         self.closed = True
         for worker in self._workers:
-            try:
+            with contextlib.suppress(OSError):  # already gone
                 worker.conn.send_bytes(_CLOSE)
-            except OSError:
-                pass  # already gone
         deadline = time.monotonic() + self._timeout
         for worker in self._workers:
             try:
@@ -303,7 +302,7 @@ def serve(conn: Connection, memory_fd: int) -> int:
         instance = UnityInstance(config)
     except (EOFError, OSError):
         return 1
-    except Exception as error:  # reported to the caller, who raises it
+    except Exception as error:  # noqa: BLE001 - reported to the caller, who raises it
         conn.send(("error", type(error).__name__, str(error)))
         return 1
     try:
@@ -328,11 +327,9 @@ def serve(conn: Connection, memory_fd: int) -> int:
             conn.send_bytes(_OK)
     except (EOFError, OSError):
         return 1  # the caller is gone
-    except Exception as error:
-        try:
+    except Exception as error:  # noqa: BLE001 - reported to the caller, who raises it
+        with contextlib.suppress(OSError):
             conn.send_bytes(_ERROR + pickle.dumps((type(error).__name__, str(error))))
-        except OSError:
-            pass
         return 1
     finally:
         instance.close()

@@ -5,7 +5,23 @@
     actions = agent.compute_action(obs, deterministic=True)
 """
 
-from huggy_agent.agent import Actions, HuggyAgent, PolicyOutputs, bundled_policy_path
+from importlib.metadata import PackageNotFoundError, version
+
+from huggy_agent.agent import (
+    ActionResult,
+    Actions,
+    HuggyAgent,
+    PolicyActions,
+    PolicyOutputs,
+    bundled_policy_path,
+    split_memory,
+)
 from huggy_agent.errors import PolicyLoadError
 
-__all__ = ["Actions", "HuggyAgent", "PolicyLoadError", "PolicyOutputs", "bundled_policy_path"]
+try:
+    __version__ = version("huggy-agent")  # the one version, [project] version in pyproject.toml
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["ActionResult", "Actions", "HuggyAgent", "PolicyActions", "PolicyLoadError",
+           "PolicyOutputs", "__version__", "bundled_policy_path", "split_memory"]

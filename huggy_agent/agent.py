@@ -8,31 +8,38 @@
 otherwise (see `huggy_agent.inputs`). Continuous-only policies return float32 (N, c), discrete-only
 int64 (N, branches), hybrid `Actions(continuous, discrete)`; a single row comes back without N.
 Recurrent policies take `memory=` (None: zeros, an episode's start) and return (actions, memory).
+The types: `PolicyActions` and `ActionResult`; `split_memory` takes a result apart.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Iterable
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 import numpy as np
 import torch
 
 from huggy_agent.actor import Actor, expected_keys
 from huggy_agent.devices import resolve_device, resolve_precision
-from huggy_agent.engines import Engine, create_engine
+from huggy_agent.engines import Engine, EngineFailure, TorchEngine, choose_engine, create_engine
 from huggy_agent.formats import LoadedPolicy, load_policy
 from huggy_agent.heads import ContinuousHead, discrete_actions
 from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.noise import SEED_RANGE, gaussian_noise, uniform_noise
 from huggy_agent.spec import ActorSpec
 
+logger = logging.getLogger(__name__)
+
 WARMUP_PATHS = ("deterministic", "stochastic", "distribution")
+
+_Result = TypeVar("_Result")
 
 
 def bundled_policy_path() -> Path:
@@ -45,6 +52,24 @@ class Actions(NamedTuple):
 
     continuous: np.ndarray
     discrete: np.ndarray
+
+
+PolicyActions: TypeAlias = np.ndarray | Actions
+"""A policy's actions by its kind: float32 (N, c) for continuous-only policies, int64
+(N, branches) for discrete-only ones, `Actions` for hybrid ones; a single row without N."""
+
+ActionResult: TypeAlias = PolicyActions | tuple[PolicyActions, np.ndarray]
+"""What `compute_action` returns: `PolicyActions`, or for a recurrent policy the pair
+(`PolicyActions`, the next memory: float32 (N, memory_size), a single row without N)."""
+
+
+def split_memory(result: ActionResult) -> tuple[PolicyActions, np.ndarray | None]:
+    """(actions, next memory) of a `compute_action` result; the memory is None for a policy
+    without one."""
+    if isinstance(result, tuple) and not isinstance(result, Actions):
+        actions, memory = result
+        return actions, memory
+    return result, None
 
 
 @dataclass(frozen=True)
@@ -84,7 +109,10 @@ class HuggyAgent:
         seed: seeds the generator used by stochastic calls that pass no seed of their own.
         engine: `auto` (the fastest correct engine for the device and precision, by a fixed rule:
             see `huggy_agent.engines.auto_engine`), `torch`, `onnxruntime` (CPU, fp32),
-            `cuda-graph` or `npu-graph`. Every engine meets the numerical contract.
+            `cuda-graph` or `npu-graph`. Every engine meets the numerical contract. A graph
+            engine checks each graph it captures against eager torch; on a mismatch or an
+            error in capture or replay the agent runs `torch` from then on, logs one warning,
+            and says why in `engine_reason`.
     """
 
     def __init__(self, policy: str | Path | None = None, *, device: str = "auto",
@@ -99,10 +127,15 @@ class HuggyAgent:
         self.head = ContinuousHead(self.arch.head)
         shapes = tuple(i.shape for i in self.spec.inputs) + (
             ((self.spec.memory_size,),) if self.spec.memory_size else ())
-        self._engine: Engine = create_engine(engine, self.net, shapes, self.device, precision,
-                                             self.head)
-        self.engine: str = self._engine.name
+        self.engine: str
         """The engine in use: `torch`, `onnxruntime`, `cuda-graph` or `npu-graph`."""
+        self.engine_reason: str
+        """Why that engine runs: the rule or request that chose it, or why a graph engine was
+        given up for `torch`."""
+        self.engine, self.engine_reason = choose_engine(engine, self.device, precision)
+        self._engine: Engine = create_engine(self.engine, self.net, shapes, self.device,
+                                             precision, self.head)
+        self._engine_lock = threading.Lock()
         # Continuous actions only, no memory: the engine runs the head too (in graph engines,
         # captured with the network).
         self._fused = self.spec.kind == "continuous" and not self.spec.memory_size
@@ -127,9 +160,28 @@ class HuggyAgent:
 
     # -- the forward pass -------------------------------------------------------------------------
 
+    def _run(self, call: Callable[[Engine], _Result]) -> _Result:
+        """`call(engine)`; when the engine fails (`EngineFailure`), the agent switches to the
+        `torch` engine for good, logs one warning, and answers `call` with it."""
+        engine = self._engine
+        try:
+            return call(engine)
+        except EngineFailure as failure:
+            return call(self._fall_back(engine, failure))
+
+    def _fall_back(self, failed: Engine, failure: EngineFailure) -> Engine:
+        """The `torch` engine in place of `failed` (once, whichever thread sees it first)."""
+        with self._engine_lock:
+            if self._engine is failed:
+                self._engine = TorchEngine(self.net, failed.input_shapes, self.device, self.head)
+                self.engine = self._engine.name
+                self.engine_reason = f"{failure}; running the torch engine instead"
+                logger.warning("%s", self.engine_reason)
+            return self._engine
+
     def _forward(self, inputs: list[np.ndarray]) -> PolicyOutputs:
         """The engine's pass over (N, ...) float32 inputs (the memory last, if any)."""
-        outputs = list(self._engine.forward(inputs))
+        outputs = list(self._run(lambda engine: engine.forward(inputs)))
         spec = self.spec
         mu = log_sigma = logits = memory = None
         if spec.continuous_size:
@@ -153,7 +205,7 @@ class HuggyAgent:
 
     def actions_from(self, outputs: PolicyOutputs, deterministic: bool = True,
                      seed: int | None = None, row_offset: int = 0,
-                     action_mask: Any = None) -> np.ndarray | Actions:
+                     action_mask: Any = None) -> PolicyActions:
         """Apply the action heads to `outputs` (N rows): (N, c) float32, (N, branches) int64, or
         `Actions` for a hybrid policy (see `huggy_agent.heads`).
 
@@ -164,28 +216,34 @@ class HuggyAgent:
         spec = self.spec
         rows = len(outputs)
         mask = as_mask_batch(action_mask, spec, rows)
-        if not deterministic and seed is None:
-            seed = int(self._rng.integers(SEED_RANGE))
+        stream = None
+        if not deterministic:
+            stream = int(self._rng.integers(SEED_RANGE)) if seed is None else seed
         continuous = discrete = None
         with torch.inference_mode():
             if spec.continuous_size:
-                noise = (None if deterministic
-                         else gaussian_noise(seed, rows, spec.continuous_size, row_offset))
+                assert outputs.mu is not None and outputs.log_sigma is not None
+                noise = (None if stream is None
+                         else gaussian_noise(stream, rows, spec.continuous_size, row_offset))
                 continuous = self.head.apply(outputs.mu, outputs.log_sigma, noise)
             if spec.discrete_branches:
-                uniforms = (None if deterministic else
-                            uniform_noise(seed, rows, len(spec.discrete_branches), row_offset))
+                assert outputs.logits is not None
+                uniforms = (None if stream is None else
+                            uniform_noise(stream, rows, len(spec.discrete_branches), row_offset))
                 discrete = discrete_actions(outputs.logits, spec.discrete_branches,
                                             None if mask is None else torch.from_numpy(mask),
                                             uniforms)
         if continuous is not None and discrete is not None:
             return Actions(continuous, discrete)
-        return continuous if continuous is not None else discrete
+        actions = continuous if continuous is not None else discrete
+        assert actions is not None  # every spec has continuous or discrete actions
+        return actions
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
                        row_offset: int = 0, action_mask: Any = None, memory: Any = None
-                       ) -> Any:
-        """Actions for `obs`, one row or a batch (see the module docstring for the types).
+                       ) -> ActionResult:
+        """Actions for `obs`, one row or a batch: `PolicyActions` by the policy's kind, with the
+        next memory for a recurrent policy (see `ActionResult`).
 
         `obs` may be lists, numpy arrays or torch tensors. `action_mask`: None (all allowed) or
         bools / 0-1, (sum of branches,) or (N, sum of branches), True = allowed. `memory` (a
@@ -202,8 +260,8 @@ class HuggyAgent:
                 if seed is None:
                     seed = int(self._rng.integers(SEED_RANGE))
                 noise = gaussian_noise(seed, rows, self.spec.continuous_size, row_offset)
-            actions = self._engine.act(inputs, noise)
-            return actions[0] if single else actions
+            fused = self._run(lambda engine: engine.act(inputs, noise))
+            return fused[0] if single else fused
         if self.spec.memory_size:
             inputs.append(as_memory_batch(memory, self.spec, rows))
         elif memory is not None:
@@ -215,13 +273,15 @@ class HuggyAgent:
                        if isinstance(actions, Actions) else actions[0])
         if not self.spec.memory_size:
             return actions
+        assert outputs.memory is not None
         new_memory = outputs.memory.cpu().numpy()
         return actions, new_memory[0] if single else new_memory
 
     def warmup(self, batch_sizes: Iterable[int], paths: Collection[str] = WARMUP_PATHS) -> None:
         """Run each of `paths` once per batch size on zero observations (all actions allowed,
         zero memory), so that later calls of those sizes find everything ready (graph engines
-        capture their rungs here; the CPU engines set up their buffers). Leaves the agent's
+        capture and check their rungs here, and a failing one is replaced by `torch`; the CPU
+        engines set up their buffers). Leaves the agent's
         noise generator untouched.
 
         `paths`: `deterministic` and `stochastic` (compute_action), `distribution`.
@@ -240,23 +300,33 @@ class HuggyAgent:
             if "distribution" in paths:
                 self.distribution(obs)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """A JSON-serialisable summary: spec, architecture, parameter counts, origin, device,
-        precision, engine."""
+        precision, engine (with why it runs)."""
         return {
             "spec": self.spec.as_dict(),
             "architecture": self.arch.as_dict(),
             "summary": self.arch.describe(),
             "parameters": self.net.parameter_counts(),
             "source": str(self.loaded.origin),
+            "hub_source": _hub_source(self.loaded.origin),
             "format": self.loaded.file_format,
             "step": self.loaded.step,
             "fingerprint": self.fingerprint,
             "device": str(self.device),
             "precision": self.precision,
             "engine": self.engine,
+            "engine_reason": self.engine_reason,
             "engine_detail": self._engine.describe(),
         }
+
+
+def _hub_source(origin: str | Path) -> str | None:
+    """`hf://owner/repo@commit/path` for a file from the Hugging Face Hub cache, else None."""
+    from huggy_agent.formats.sources import hub_provenance
+
+    found = hub_provenance(origin)
+    return None if found is None else found.describe()
 
 
 STD_FINGERPRINT_BITS = 8

@@ -10,11 +10,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from huggy_agent.actor.encoders import Normalizer, VectorInput
 from huggy_agent.agent import HuggyAgent
 from huggy_agent.devices import available_devices
 from huggy_agent.engines import ENGINES, resolve_engine
@@ -49,7 +51,7 @@ def matmul_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float
     return 2 * size**3 * calls / (time.perf_counter() - start) / 1e9
 
 
-def mlp_parts(agent: HuggyAgent) -> tuple[nn.Module | None, nn.Sequential]:
+def mlp_parts(agent: HuggyAgent) -> tuple[Normalizer | None, nn.Sequential]:
     """The normalizer (None without one) and an `nn.Sequential` of the body and mu layers of a
     single-vector, continuous-action MLP policy such as Huggy's: what a user would run by hand.
     ValueError for any other kind (the plain-eager baselines cover that kind only)."""
@@ -59,8 +61,10 @@ def mlp_parts(agent: HuggyAgent) -> tuple[nn.Module | None, nn.Sequential]:
         raise ValueError("the plain-eager baseline covers one vector input and continuous "
                          f"actions only, not {spec.describe()}")
     body = net.network_body._body_endoder.seq_layers
-    mu = net.action_model._continuous_distribution.mu
-    return net.network_body.observation_encoder.processors[0].normalizer, nn.Sequential(*body, mu)
+    distribution = net.action_model._continuous_distribution
+    vector_input = net.network_body.observation_encoder.processors[0]
+    assert distribution is not None and isinstance(vector_input, VectorInput)
+    return vector_input.normalizer, nn.Sequential(*body, distribution.mu)
 
 
 def _plain_eager(agent: HuggyAgent) -> Callable[[np.ndarray], np.ndarray]:
@@ -144,7 +148,7 @@ def _start_ms(policy: str | Path | None, device: str, engine: str) -> tuple[floa
 
 def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
                   rounds: int = 10, calls: int = 200, batch_size: int = 4096,
-                  batch_repeats: int = 5, engines: Sequence[str] = ("all",)) -> dict:
+                  batch_repeats: int = 5, engines: Sequence[str] = ("all",)) -> dict[str, Any]:
     """All figures of `huggy benchmark` as a dict (see the README for what each means).
 
     Row 0 is `huggy compute_action` through `auto` on the CPU, rows 1 and 2 the references
@@ -178,7 +182,7 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
         throughputs = _throughputs(candidates, obs, batch_repeats)
     gflops = matmul_gflops(threads)
     flops = flops_per_observation(agent)
-    results = []
+    results: list[dict[str, Any]] = []
     for candidate in candidates:
         lat = latencies[candidate.name] * 1e6
         results.append({

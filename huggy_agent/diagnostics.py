@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from huggy_agent.agent import Actions, HuggyAgent
+from huggy_agent.agent import Actions, HuggyAgent, split_memory
 from huggy_agent.devices import PRECISIONS, available_devices
 from huggy_agent.heads import masked_probabilities
+from huggy_agent.numerics import PRECISION_ACTION_ATOL
 from huggy_agent.reference import canonical_inputs, float64_outputs
 
 # The error each precision is expected to stay within, against float64 (max abs, actions in [-1, 1]).
-PRECISION_TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 5e-2}
+PRECISION_TOLERANCE = PRECISION_ACTION_ATOL
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class Agreement:
             return None
         return self.finite and self.max_abs_error <= self.tolerance
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable, with `passed`."""
         return {**asdict(self), "passed": self.passed}
 
@@ -59,6 +61,7 @@ def comparable_outputs(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarra
     parts = []
     with torch.inference_mode():
         if outputs.mu is not None:
+            assert outputs.log_sigma is not None
             parts.append(agent.head.torch((outputs.mu, outputs.log_sigma), None))
         if outputs.logits is not None:
             parts += masked_probabilities(outputs.logits, agent.spec.discrete_branches, None)
@@ -103,32 +106,30 @@ def precision_report(policy: str | Path | None, devices: list[str] | None = None
     return rows
 
 
-def reference_actions(agent: HuggyAgent) -> dict[str, list]:
+def reference_actions(agent: HuggyAgent) -> dict[str, list[Any]]:
     """Deterministic actions for canonical row 0 (every action allowed; zero memory): float
     `continuous` and/or integer `discrete` lists. Two deployments serve the same model computed
     correctly when these agree within the numerical contract's tolerance (`huggy_agent.numerics`);
     they are not hashed, since floats need not match bit for bit across machines or devices."""
     inputs = [a[0] for a in canonical_inputs(agent.loaded, 1)]
-    result = agent.compute_action(inputs if len(inputs) > 1 else inputs[0])
-    if agent.spec.memory_size:
-        result = result[0]
-    if isinstance(result, Actions):
-        return {"continuous": result.continuous.tolist(), "discrete": result.discrete.tolist()}
+    actions, _ = split_memory(agent.compute_action(inputs if len(inputs) > 1 else inputs[0]))
+    if isinstance(actions, Actions):
+        return {"continuous": actions.continuous.tolist(), "discrete": actions.discrete.tolist()}
     key = "discrete" if agent.spec.discrete_branches else "continuous"
-    return {key: result.tolist()}
+    return {key: actions.tolist()}
 
 
-def fingerprints(agent: HuggyAgent) -> dict:
+def fingerprints(agent: HuggyAgent) -> dict[str, Any]:
     """The weights hash (exact, see `weights_fingerprint`) and the reference actions."""
     return {"weights": agent.fingerprint, "reference_actions": reference_actions(agent),
             "source": str(agent.loaded.origin)}
 
 
-def policy_stats(agent: HuggyAgent) -> dict:
+def policy_stats(agent: HuggyAgent) -> dict[str, Any]:
     """Parameter counts per layer and per part, normalizer and log-sigma statistics."""
     layers = [{"name": name, "shape": list(p.shape), "count": p.numel()}
               for name, p in agent.net.named_parameters()]
-    stats: dict = {"layers": layers, "parameters": agent.net.parameter_counts(),
+    stats: dict[str, Any] = {"layers": layers, "parameters": agent.net.parameter_counts(),
                    "normalizers": []}
     tensors = agent.loaded.tensors
     for index, arch in enumerate(agent.arch.inputs):
@@ -178,12 +179,10 @@ def onnx_reference(onnx_path: str | Path, agent: HuggyAgent, inputs: list[np.nda
 
 
 def _ours_for_onnx(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarray:
-    result = agent.compute_action(inputs if len(inputs) > 1 else inputs[0])
-    if agent.spec.memory_size:
-        result = result[0]
-    if isinstance(result, Actions):
-        return np.concatenate([result.continuous, result.discrete.astype(np.float64)], axis=1)
-    return np.asarray(result, np.float64)
+    actions, _ = split_memory(agent.compute_action(inputs if len(inputs) > 1 else inputs[0]))
+    if isinstance(actions, Actions):
+        return np.concatenate([actions.continuous, actions.discrete.astype(np.float64)], axis=1)
+    return np.asarray(actions, np.float64)
 
 
 def onnx_compare(agent: HuggyAgent, onnx_path: str | Path, count: int = 1000) -> Agreement:

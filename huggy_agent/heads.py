@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from huggy_agent.actor import PPO_ACTION_CLIP
 from huggy_agent.actor.networks import Head
@@ -45,20 +46,24 @@ class ContinuousHead:
     def numpy(self, outputs: tuple[np.ndarray, ...], noise: np.ndarray | None) -> np.ndarray:
         """On the host; returns a new array."""
         mu, log_sigma = outputs[0], outputs[1]
+        action: np.ndarray
         if noise is None:
             if self.kind == "sac":
-                return np.tanh(mu)
+                action = np.tanh(mu)
+                return action
             action = np.maximum(mu, _CLIP_LOW)
         else:
             action = np.multiply(noise, np.exp(log_sigma))
             np.add(mu, action, out=action)
             if self.kind == "sac":
-                return np.tanh(action, out=action)
+                np.tanh(action, out=action)
+                return action
             np.maximum(action, _CLIP_LOW, out=action)
         np.minimum(action, _CLIP_HIGH, out=action)
-        return np.divide(action, _CLIP_HIGH, out=action)
+        np.divide(action, _CLIP_HIGH, out=action)
+        return action
 
-    def apply(self, mu: torch.Tensor, log_sigma: torch.Tensor, noise: np.ndarray | None
+    def apply(self, mu: Tensor, log_sigma: Tensor, noise: np.ndarray | None
               ) -> np.ndarray:
         """(N, c) float32 numpy actions: on the host where the outputs are, else on their device."""
         if mu.device.type == "cpu":

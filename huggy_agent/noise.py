@@ -40,7 +40,8 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     z = x + _GOLDEN
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+    mixed: np.ndarray = z ^ (z >> np.uint64(31))
+    return mixed
 
 
 _POLYNOMIALS = np.array([_ATANH, _COS, _SIN])[:, ::-1, None].copy()  # (3, terms, 1), highest first
@@ -51,7 +52,7 @@ def _three_polynomials(s2: np.ndarray, y2: np.ndarray) -> np.ndarray:
     Horner's rule in one pass over the stacked arguments (few numpy calls for small n), with
     separate, never fused, multiplies and adds."""
     x = np.stack([s2, y2, y2])
-    result = x * _POLYNOMIALS[:, 0]
+    result: np.ndarray = x * _POLYNOMIALS[:, 0]
     for coefficient in _POLYNOMIALS[:, 1:-1].transpose(1, 0, 2):
         result += coefficient
         result *= x
@@ -83,7 +84,14 @@ def _box_muller(uniform_a: np.ndarray, uniform_b: np.ndarray) -> np.ndarray:
     cos_x = np.where(upper, sin_y, cos_y)
     sin_x = np.where(upper, cos_y, sin_y)
     cos_b = np.choose(quadrant.astype(np.int64), [cos_x, -sin_x, -cos_x, sin_x])
-    return np.sqrt(-2.0 * log_a) * cos_b
+    normal: np.ndarray = np.sqrt(-2.0 * log_a) * cos_b
+    return normal
+
+
+def _rows(row_offset: int, rows: int) -> np.ndarray:
+    """Row indices `row_offset + i` as uint64, counted modulo 2**64 as the counters are."""
+    indices: np.ndarray = np.arange(rows, dtype=np.uint64) + np.uint64(row_offset)
+    return indices
 
 
 def gaussian_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.ndarray:
@@ -91,7 +99,7 @@ def gaussian_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.n
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed}")
     key = _splitmix64(np.array([seed], dtype=np.uint64))
-    row = np.arange(row_offset, row_offset + rows, dtype=np.uint64)[:, None, None]
+    row = _rows(row_offset, rows)[:, None, None]
     col = np.arange(cols, dtype=np.uint64)[None, :, None]
     pair = np.arange(2, dtype=np.uint64)[None, None, :]
     counter = (row * np.uint64(cols) + col) * np.uint64(2) + pair  # two uniforms per entry
@@ -110,8 +118,9 @@ def uniform_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.nd
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed}")
     key = _splitmix64(np.array([seed ^ _UNIFORM_DOMAIN], dtype=np.uint64))
-    row = np.arange(row_offset, row_offset + rows, dtype=np.uint64)[:, None]
+    row = _rows(row_offset, rows)[:, None]
     col = np.arange(cols, dtype=np.uint64)[None, :]
     with np.errstate(over="ignore"):
         bits = _splitmix64(key ^ _splitmix64(row * np.uint64(cols) + col)) >> np.uint64(11)
-    return bits.astype(np.float64) * 2.0**-53
+    uniform: np.ndarray = bits.astype(np.float64) * 2.0**-53
+    return uniform

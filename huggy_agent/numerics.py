@@ -30,6 +30,11 @@ import numpy as np
 FP32_ACTION_ATOL = 1e-5
 """Max abs difference of fp32 actions (in [-1, 1]) between any two correct paths."""
 
+PRECISION_ACTION_ATOL = {"fp32": FP32_ACTION_ATOL, "fp16": 5e-3, "bf16": 5e-2}
+"""Max abs difference of actions from float64 for layers in each precision (`huggy precision`).
+Each bound is more than twice the worst error measured (the README's `huggy precision` output),
+so it also bounds two paths of one precision against each other."""
+
 TRAINING_SCALE = 100.0
 """Observations up to this magnitude (normalized ones are clipped to 5) count as on scale."""
 

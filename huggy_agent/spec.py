@@ -9,7 +9,7 @@ the recurrent memory (0 without one).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 InputKind = Literal["vector", "visual", "variable"]
 INPUT_RANKS: dict[InputKind, int] = {"vector": 1, "visual": 3, "variable": 2}
@@ -38,7 +38,7 @@ class ObservationInput:
             size *= dim
         return size
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return {"name": self.name, "shape": list(self.shape), "kind": self.kind}
 
@@ -74,13 +74,13 @@ class ActorSpec:
         return "continuous" if self.continuous_size else "discrete"
 
     @classmethod
-    def from_dict(cls, data: dict) -> ActorSpec:
+    def from_dict(cls, data: dict[str, Any]) -> ActorSpec:
         """The spec that `as_dict()` described (for example in a server's `/v1/info`)."""
         return cls(tuple(ObservationInput(i["name"], tuple(i["shape"]), i["kind"])
                          for i in data["inputs"]), data["continuous_size"],
                    tuple(data["discrete_branches"]), data["memory_size"])
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
         return {"inputs": [i.as_dict() for i in self.inputs], "action_kind": self.kind,
                 "continuous_size": self.continuous_size,

@@ -1,9 +1,12 @@
-"""Shared test scaffolding: the fixture folder, and one two-node Ray cluster per test session."""
+"""Shared test scaffolding: the fixture sets under tests/fixtures, the lane markers (`ray`,
+`standin`), and one two-node Ray cluster per test session."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -20,25 +23,36 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
+
+
+def _fixture_set(name: str, variable: str) -> Path:
+    """The fixture set `tests/fixtures/<name>` (or `$<variable>` where set). Where it is absent,
+    the test (or, when called at import time, the whole module) is skipped, saying how to get it."""
+    path = Path(os.environ.get(variable, FIXTURES / name))
+    if path.is_dir():
+        return path
+    if variable in os.environ:
+        how = f"${variable} names no folder; unset it to use tests/fixtures/{name}"
+    else:
+        how = (f"it ships with the repository (`git checkout -- tests/fixtures/{name}` restores it), "
+               f"or set ${variable} to a copy")
+    pytest.skip(f"fixture set {name!r} not found at {path}: {how}", allow_module_level=True)
+
+
 def fixtures_dir() -> Path:
-    """The shared Huggy fixtures: `$HUGGY_FIXTURES`, else `../shared/fixtures/huggy` beside the repo."""
-    path = Path(os.environ.get("HUGGY_FIXTURES", REPO_ROOT.parent / "shared" / "fixtures" / "huggy"))
-    if not path.is_dir():
-        raise FileNotFoundError(f"Huggy fixtures not found at {path}; set HUGGY_FIXTURES")
-    return path
+    """Three real trained Huggy policies (tests/fixtures/huggy, see its README; `$HUGGY_FIXTURES`
+    overrides)."""
+    return _fixture_set("huggy", "HUGGY_FIXTURES")
 
 
 FIXTURE_RUNS = ("ppo_baseline", "ppo_num_layers_2", "ppo_normalize_False")
 
 
 def mlagents_fixtures_dir() -> Path:
-    """ML-Agents policies of every other kind: `$MLAGENTS_FIXTURES`, else
-    `../shared/fixtures/mlagents` beside the repo (see its README)."""
-    path = Path(os.environ.get("MLAGENTS_FIXTURES",
-                               REPO_ROOT.parent / "shared" / "fixtures" / "mlagents"))
-    if not path.is_dir():
-        raise FileNotFoundError(f"ML-Agents fixtures not found at {path}; set MLAGENTS_FIXTURES")
-    return path
+    """ML-Agents policies of every other kind (tests/fixtures/mlagents, see its README;
+    `$MLAGENTS_FIXTURES` overrides)."""
+    return _fixture_set("mlagents", "MLAGENTS_FIXTURES")
 
 
 MLAGENTS_RUNS = ("discrete_multibranch", "hybrid", "raycast_stack", "visual_simple",
@@ -46,20 +60,58 @@ MLAGENTS_RUNS = ("discrete_multibranch", "hybrid", "raycast_stack", "visual_simp
                  "pyramids_trained")
 
 
-EXTRA_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "mlagents_extra"
+EXTRA_FIXTURES = FIXTURES / "mlagents_extra"
 EXTRA_RUNS = ("sac_continuous", "sac_discrete", "poca_hybrid", "visual_match3")
 
 
 def mlagents_policy_files() -> list[Path]:
     """Every ML-Agents fixture file the loaders must read: each run's final `.onnx` and its
-    `.pt` where it has one (the trained Pyramids policy has none), the shared fixtures first,
-    then this repository's extra ones (tests/fixtures/mlagents_extra: SAC, POCA, match3)."""
+    `.pt` where it has one (the trained Pyramids policy has none), tests/fixtures/mlagents
+    first, then tests/fixtures/mlagents_extra (SAC, POCA, match3)."""
     runs = [mlagents_fixtures_dir() / run for run in MLAGENTS_RUNS]
     runs += [EXTRA_FIXTURES / run for run in EXTRA_RUNS]
     files = []
     for run in runs:
         files += sorted(run.glob("*.onnx")) + sorted(run.glob("*/*.pt"))
     return files
+
+
+# --- lanes: `make test-fast` runs what is neither `ray` nor `standin` --------------------------
+
+SLOW_LANES = ("ray", "standin")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `ray` every test that uses the session's Ray cluster (directly or through another
+    fixture); `standin` is marked in the test modules, where a test starts a stand-in."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
+def _starts_a_player(args: object) -> bool:
+    """Whether a command line starts a Unity player (the stand-in is started as one) or an
+    `envs` worker process (which starts one)."""
+    words = [str(word) for word in args] if isinstance(args, (list, tuple)) else [str(args)]
+    return any(word == "--mlagents-port" or "envs.workers" in word for word in words)
+
+
+@pytest.fixture(autouse=True)
+def _fast_lane_starts_no_standin(request: pytest.FixtureRequest,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test in neither slow lane may not start a stand-in: it fails, naming the marker it needs,
+    so the fast lane stays free of stand-ins. (Fixtures of a wider scope start before this.)"""
+    if any(request.node.get_closest_marker(lane) for lane in SLOW_LANES):
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def guarded(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
+        if _starts_a_player(args):
+            raise RuntimeError(f"{request.node.nodeid} starts a stand-in or an envs worker but is "
+                               "not marked: add `pytest.mark.standin` to it")
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 def free_port() -> int:
@@ -79,10 +131,31 @@ class RayCluster:
     temp_dir: Path
 
 
+RAY_TOKEN_DIR = Path(f"/tmp/huggy-ray-token-{uuid.uuid4().hex[:8]}")
+RAY_TOKEN_FILE = RAY_TOKEN_DIR / "auth_token"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ray with token authentication on, as users get it, for this process and every process it
+    starts (`ray start`, `huggy` subprocesses, their clusters), with a token of the session's
+    own: a private file named by RAY_AUTH_TOKEN_PATH. The user's ~/.ray/auth_token and
+    $RAY_AUTH_TOKEN are neither read nor written. Set before any test module imports Ray."""
+    RAY_TOKEN_DIR.mkdir(mode=0o700)
+    descriptor = os.open(RAY_TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secrets.token_hex(32))
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(RAY_TOKEN_FILE),
+                      RAY_USAGE_STATS_ENABLED="0")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(RAY_TOKEN_DIR, ignore_errors=True)
+
+
 def _ray_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    return env
+    """This process's environment, with the session's Ray token settings (`pytest_configure`)."""
+    return dict(os.environ)
 
 
 def _mentions(proc: Path, marker: str) -> bool:
@@ -102,15 +175,14 @@ def _kill_processes_mentioning(marker: str) -> None:
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         if _mentions(proc, marker):
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(int(proc.name), signal.SIGKILL)
-            except OSError:
-                pass
 
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
-    """One two-node Ray cluster for the whole session, started with `ray start` on 127.0.0.1.
+    """One two-node Ray cluster for the whole session, started with `ray start` on 127.0.0.1,
+    with token authentication (the session's token, see `pytest_configure`).
 
     The head declares a fake `NPU: 1` resource (for the accelerator-pinning tests) and the worker
     node a `worker_node: 1` resource. This driver is connected with `ray.init(address=...)`.
@@ -118,7 +190,6 @@ def ray_cluster() -> Iterator[RayCluster]:
     """
     import ray
 
-    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     temp_dir = Path(f"/tmp/rt{uuid.uuid4().hex[:8]}")
     ray_bin = str(Path(sys.executable).with_name("ray"))
     port = free_port()

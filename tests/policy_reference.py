@@ -1,7 +1,8 @@
 """Independent float64 references for the policy tests, written from the ML-Agents formats directly.
 
 Nothing here imports huggy_agent: weights come from the raw ONNX initializers or the raw `Policy`
-dict of a checkpoint, and the forward pass is plain numpy in float64 (facts.md, "The Huggy policy").
+dict of a checkpoint, and the forward pass is plain numpy in float64, written from ML-Agents 1.1's
+SimpleActor (normalizer, Swish MLP, action heads).
 """
 
 from __future__ import annotations

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from conftest import fixtures_dir, mlagents_fixtures_dir
 
+import huggy_agent
 from huggy_agent.cli import build_parser, main
 from huggy_agent.numerics import FP32_ACTION_ATOL
 
@@ -25,7 +28,7 @@ def run_json(capsys, *argv: str) -> object:
 
 
 def test_every_subcommand_has_help(capsys) -> None:
-    subcommands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001
+    subcommands = build_parser()._subparsers._group_actions[0].choices
     assert {"info", "act", "sample", "batch", "precision", "onnx-compare", "fingerprint", "stats",
             "benchmark", "export-onnx", "checkpoints"} <= set(subcommands)
     for name in subcommands:
@@ -33,6 +36,16 @@ def test_every_subcommand_has_help(capsys) -> None:
             main([name, "--help"])
         assert exit_info.value.code == 0
         assert "usage: huggy " + name in capsys.readouterr().out
+
+
+def test_version_is_the_one_in_pyproject(capsys) -> None:
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text("utf-8")
+    declared = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE).group(1)
+    assert huggy_agent.__version__ == declared
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"huggy {declared}"
 
 
 def test_info_shows_the_three_parameter_counts(capsys) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from deploy.api import ApiError, act_response, check_route, parse_act_request
+from deploy.api import ApiError, ApiKey, act_response, check_route, load_api_key, parse_act_request
 from deploy.client import RemoteAgent, RemoteServerError
 from deploy.placement import plan_placement, resolve_accelerator
 from huggy_agent import HuggyAgent
@@ -175,7 +174,7 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
      f"{NOT_NUMBERS} the string '\\udc00' at row 0, column 0"),
     ("surrogate-key", b'{"obs": [0.5], "\\ud800": 1}', 422, "invalid_request",
      "unknown field(s) ['\\ud800']; expected only ['obs', 'inputs', 'action_mask', 'memory', "
-     "'deterministic', 'seed', 'row_offset']"),
+     "'deterministic', 'seed', 'row_offset', 'session']"),
     # fields
     ("duplicate-obs", b'{"obs": [1], "obs": [' + ROW_TEXT.encode() + b"]}", 422, "invalid_request",
      "each field may appear once in an object, received 'obs' 2 times"),
@@ -187,7 +186,7 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
      "request body must be a JSON object with an 'obs' or 'inputs' field, received null"),
     ("unknown-field", body({"ob": ROW}), 422, "invalid_request",
      "unknown field(s) ['ob']; expected only ['obs', 'inputs', 'action_mask', 'memory', "
-     "'deterministic', 'seed', 'row_offset']"),
+     "'deterministic', 'seed', 'row_offset', 'session']"),
     ("missing-obs", body({"deterministic": True}), 422, "invalid_request",
      "give exactly one of 'obs' and 'inputs', received neither: expected 'obs' (its one input, "
      "(59,)) or 'inputs' {obs_0}"),
@@ -197,7 +196,7 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
      "'deterministic' must be true or false, received the integer 1"),
     ("seed-negative", with_field("seed", b"-1"), 422, "invalid_request",
      f"{SEED} the integer -1"),
-    ("seed-float", with_field("seed", b"1.0"), 422, "invalid_request", f"{SEED} the number 1.0"),
+    ("seed-float", with_field("seed", b"1.5"), 422, "invalid_request", f"{SEED} the number 1.5"),
     ("seed-bool", with_field("seed", b"true"), 422, "invalid_request", f"{SEED} true"),
     ("seed-string", with_field("seed", b'"7"'), 422, "invalid_request", f"{SEED} the string '7'"),
     ("seed-2**64", with_field("seed", str(2**64).encode()), 422, "invalid_request",
@@ -247,6 +246,52 @@ def test_routes() -> None:
     assert refused_route("/v2/act", "POST").status == 404
     error = refused_route("/v1/act", "GET")
     assert (error.status, error.message) == (405, "/v1/act expects POST, received GET")
+    assert error.headers == {"Allow": "POST"}
+
+
+def test_integral_numbers_count_as_integers_as_in_json_schema() -> None:
+    request = parse_act_request(with_field("seed", b"7.0")[:-1] + b', "row_offset": 3e2}', SPEC, 8)
+    assert (request.seed, request.row_offset) == (7, 300)
+    assert isinstance(request.seed, int) and isinstance(request.row_offset, int)
+
+
+def test_api_key_opens_every_route_but_healthz_only_to_the_bearer_of_the_key() -> None:
+    key = ApiKey.of("s3cret key")
+    assert "s3cret" not in repr(key)
+    key.authorize("/v1/act", "Bearer s3cret key")
+    key.authorize("/v1/act", "bearer   s3cret key ")
+    key.authorize("/v1/healthz", None)
+    key.authorize("/v1/healthz/", "Bearer wrong")
+    for path, header, problem in [
+        ("/v1/act", None, "no Authorization header"),
+        ("/v1/info", "", "no Authorization header"),
+        ("/v1/openapi.json", "Bearer wrong", "a wrong API key"),
+        ("/v1/act", "Bearer s3cret key2", "a wrong API key"),
+        ("/v1/act", "Basic czNjcmV0", "an Authorization header of scheme 'Basic'"),
+        ("/v1/act", "Bearer ", "an Authorization header of scheme 'Bearer'"),
+        ("/no/such/route", "Bearer wrong", "a wrong API key"),
+    ]:
+        with pytest.raises(ApiError) as refused:
+            key.authorize(path, header)
+        error = refused.value
+        assert (error.status, error.kind) == (401, "unauthorized")
+        assert error.message == ("this server requires its API key as 'Authorization: Bearer "
+                                 f"<key>', received {problem}")
+        assert error.headers == {"WWW-Authenticate": 'Bearer realm="huggy"'}
+        assert "s3cret" not in error.body().decode()
+
+
+def test_api_key_from_a_file_or_the_environment(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("HUGGY_API_KEY", raising=False)
+    assert load_api_key() is None
+    monkeypatch.setenv("HUGGY_API_KEY", "from-env")
+    assert load_api_key() == "from-env"
+    path = tmp_path / "key"
+    path.write_text("  from-file \nsecond line\n")
+    assert load_api_key(path) == "from-file"
+    path.write_text("\n \n")
+    with pytest.raises(ValueError, match=re.escape(f"API key file {str(path)!r} is empty")):
+        load_api_key(path)
 
 
 def refused_route(path: str, method: str) -> ApiError:
@@ -329,18 +374,16 @@ def test_serve_config_file_is_valid_and_builds() -> None:
     built = build_app(args, nodes=[HEAD, WORKER])
     deployment = built._bound_deployment
     assert deployment.ray_actor_options["resources"] == {"NPU": 1}
-    assert deployment.init_args[1] == "npu:0"
+    assert deployment.init_args[0] == "npu:0"
     with pytest.raises(ValueError, match="accelerator"):
         AppArgs.model_validate({"accelerator": "tpu"})
 
 
 def test_remote_agent_gives_up_after_retries_with_a_clear_error() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    started = time.monotonic()
     with pytest.raises(RemoteServerError, match=re.escape(f"GET {url}/v1/info failed after 3 "
                                                           "attempt(s)")):
         RemoteAgent(url, timeout=2, retries=2, backoff=0.01)
-    assert time.monotonic() - started < 5
 
 
 def test_app_builder_replicas_and_autoscaling() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -123,14 +124,98 @@ def test_refusals_name_what_was_expected(case: str, spec: ActorSpec, document: d
     assert caught.value.status == status
 
 
-def test_openapi_describes_each_kind() -> None:
-    schemas = openapi_document(VISUAL, 8, 1 << 20)["components"]["schemas"]
-    request, response = schemas["ActRequest"]["properties"], schemas["ActResponse"]["properties"]
-    assert set(request) == {"inputs", "action_mask", "deterministic", "seed", "row_offset"}
-    assert set(response) == {"continuous", "discrete", "model"}
-    image = request["inputs"]["properties"]["obs_0"]["oneOf"][0]
+def request_validator(spec: ActorSpec, max_rows: int) -> jsonschema.Draft202012Validator:
+    """A validator of `POST /v1/act` bodies by the OpenAPI document of `spec`."""
+    document = openapi_document(spec, max_rows, 1 << 20)
+    schema = {"$ref": "#/components/schemas/ActRequest", "components": document["components"]}
+    return jsonschema.Draft202012Validator(schema)
+
+
+def accepted(document: dict, spec: ActorSpec, max_rows: int) -> bool:
+    try:
+        parse_act_request(body(document), spec, max_rows)
+    except ApiError:
+        return False
+    return True
+
+
+TARGET_ONE = {"obs_0": [0.5] * 27, "obs_1": [1] * 12}
+TARGET_TWO = {"obs_0": [[0.5] * 27] * 2, "obs_1": [[1] * 12] * 2}
+MASK = [1, 0, 0, 0, 1, 0, True, False]
+# (id, spec, body): the document and the parser must agree on each, accepted or refused
+AGREEMENT = [
+    ("target-one-row", TARGET, {"inputs": TARGET_ONE, "action_mask": MASK}),
+    ("target-two-rows-one-mask", TARGET, {"inputs": TARGET_TWO, "action_mask": MASK}),
+    ("target-two-rows-two-masks", TARGET, {"inputs": TARGET_TWO, "action_mask": [MASK] * 2,
+                                           "seed": 2**64 - 1, "row_offset": 3}),
+    ("target-mask-rows-differ", TARGET, {"inputs": TARGET_TWO, "action_mask": [MASK] * 3}),
+    ("target-mask-batch-of-one-for-one-row", TARGET, {"inputs": TARGET_ONE,
+                                                      "action_mask": [MASK]}),
+    ("target-input-rows-differ", TARGET, {"inputs": {"obs_0": TARGET_TWO["obs_0"],
+                                                     "obs_1": [[1] * 12] * 3}}),
+    ("target-input-ranks-differ", TARGET, {"inputs": {"obs_0": TARGET_ONE["obs_0"],
+                                                      "obs_1": [[1] * 12]}}),
+    ("target-empty-branch", TARGET, {"inputs": TARGET_ONE, "action_mask": [1, 1, 1, 0, 0, 0,
+                                                                           1, 1]}),
+    ("target-mask-two", TARGET, {"inputs": TARGET_ONE, "action_mask": [2, 1, 1, 1, 1, 1, 1, 1]}),
+    ("target-obs", TARGET, {"obs": [0.5] * 27}),
+    ("target-too-many-rows", TARGET, {"inputs": {"obs_0": [[0] * 27] * 5,
+                                                 "obs_1": [[0] * 12] * 5}}),
+    ("target-memory", TARGET, {"inputs": TARGET_ONE, "memory": [0] * 4}),
+    ("target-null-memory", TARGET, {"inputs": TARGET_ONE, "memory": None}),
+    ("recurrent-obs", RECURRENT, {"obs": [[0.5] * 8] * 3, "memory": [[0.1] * 32] * 3}),
+    ("recurrent-inputs", RECURRENT, {"inputs": {"obs_0": [0.5] * 8}, "memory": [0.1] * 32}),
+    ("recurrent-one-memory-for-rows", RECURRENT, {"obs": [[0.5] * 8] * 3, "memory": [0] * 32}),
+    ("recurrent-memory-rows-differ", RECURRENT, {"obs": [[0.5] * 8] * 3,
+                                                 "memory": [[0.1] * 32] * 2}),
+    ("recurrent-both", RECURRENT, {"obs": [0.5] * 8, "inputs": {"obs_0": [0.5] * 8}}),
+    ("recurrent-neither", RECURRENT, {"seed": 3}),
+    ("recurrent-empty", RECURRENT, {}),
+    ("recurrent-mask", RECURRENT, {"obs": [0.5] * 8, "action_mask": [1, 1]}),
+    ("recurrent-null-mask", RECURRENT, {"obs": [0.5] * 8, "action_mask": None}),
+    ("recurrent-float32-max", RECURRENT, {"obs": [3.4028234663852886e38] * 8}),
+    ("recurrent-beyond-float32", RECURRENT, {"obs": [3.5e38] + [0] * 7}),
+    ("recurrent-seed-too-large", RECURRENT, {"obs": [0.5] * 8, "seed": 2**64}),
+    ("recurrent-negative-offset", RECURRENT, {"obs": [0.5] * 8, "row_offset": -1}),
+    ("visual-rows", VISUAL, {"inputs": {"obs_0": [[[[0.5] * 5] * 4]] * 2,
+                                        "obs_1": [[1, 2, 3]] * 2}, "action_mask": [[1, 0, 1]] * 2}),
+    ("visual-image-wrong", VISUAL, {"inputs": {"obs_0": [[[[0.5] * 5] * 3]],
+                                               "obs_1": [[1, 2, 3]]}}),
+    ("visual-boolean", VISUAL, {"inputs": {"obs_0": [[[0.5] * 5] * 4], "obs_1": [1, 2, True]}}),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "document"), AGREEMENT, ids=[c[0] for c in AGREEMENT])
+def test_openapi_document_accepts_exactly_what_the_parser_accepts(
+        case: str, spec: ActorSpec, document: dict) -> None:
+    assert request_validator(spec, 4).is_valid(document) == accepted(document, spec, 4)
+
+
+def test_openapi_document_shape_of_each_kind() -> None:
+    """Cases the agreement test needs both ways: some accepted, some refused."""
+    verdicts = [accepted(document, spec, 4) for _, spec, document in AGREEMENT]
+    assert 5 < sum(verdicts) < len(verdicts) - 5
+    document = openapi_document(VISUAL, 8, 1 << 20)
+    schemas = document["components"]["schemas"]
+    image = schemas["Row_obs_0"]
     assert (image["minItems"], image["items"]["minItems"], image["items"]["items"]["minItems"]) \
         == (1, 4, 5)
+    assert set(schemas["ActResponse"]["properties"]) == {"continuous", "discrete", "model"}
     recurrent = openapi_document(RECURRENT, 8, 1 << 20)["components"]["schemas"]
-    assert {"obs", "memory"} <= set(recurrent["ActRequest"]["properties"])
     assert {"continuous", "actions", "memory"} <= set(recurrent["ActResponse"]["properties"])
+    assert "security" not in document and "securitySchemes" not in document["components"]
+
+
+def test_openapi_document_with_an_api_key_declares_bearer_on_all_but_healthz() -> None:
+    document = openapi_document(RECURRENT, 8, 1 << 20, api_key=True)
+    assert document["components"]["securitySchemes"] == {"bearer": {
+        "type": "http", "scheme": "bearer", "description": document["components"][
+            "securitySchemes"]["bearer"]["description"]}}
+    assert document["security"] == [{"bearer": []}]
+    assert document["paths"]["/v1/healthz"]["get"]["security"] == []
+    for path in ("/v1/act", "/v1/info", "/v1/openapi.json"):
+        (operation,) = document["paths"][path].values()
+        assert "security" not in operation
+        assert operation["responses"]["401"] == {"$ref": "#/components/responses/Unauthorized"}
+    unauthorized = document["components"]["responses"]["Unauthorized"]
+    assert unauthorized["headers"]["WWW-Authenticate"]["required"] is True

@@ -37,8 +37,7 @@ IGNORING_SIGINT = ("bash", "-c", 'trap "" INT; exec "$@"', "bash")
 def huggy(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = (),
           stdout: object = subprocess.PIPE, **kwargs: object) -> subprocess.Popen:
     """`huggy ARGS` started through `wrapper`, with `env` added, stdout and stderr together."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           **(env or {})}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     return subprocess.Popen([*wrapper, sys.executable, "-m", "huggy_agent.cli", *args],
                             cwd=REPO_ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
                             text=True, **kwargs)
@@ -60,12 +59,47 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+EXPOSED = ("huggy serve: warning: no API key (--api-key-file or $HUGGY_API_KEY): anyone who "
+           "can reach 0.0.0.0:{port}{grpc} can query the policy, read /v1/info and "
+           "/v1/openapi.json, and load the replicas\n")
+
+
+def test_serve_warns_once_when_it_listens_beyond_loopback_without_a_key(tmp_path) -> None:
+    """The warning comes before anything starts (here the missing policy stops the command)."""
+    missing = str(tmp_path / "nope.onnx")
+    key_file = tmp_path / "key"
+    key_file.write_text("k\n")
+    for args, env, warned in [
+        (("--host", "0.0.0.0", "--port", "8123"), {"HUGGY_API_KEY": ""},
+         EXPOSED.format(port=8123, grpc="")),
+        (("--host", "0.0.0.0", "--port", "8123", "--grpc-port", "9123"), {"HUGGY_API_KEY": ""},
+         EXPOSED.format(port=8123, grpc=" and gRPC 0.0.0.0:9123")),
+        (("--host", "0.0.0.0"), {"HUGGY_API_KEY": "k"}, None),
+        (("--host", "0.0.0.0", "--api-key-file", str(key_file)), {"HUGGY_API_KEY": ""}, None),
+        (("--host", "127.0.0.1"), {"HUGGY_API_KEY": ""}, None),
+        (("--host", "localhost"), {"HUGGY_API_KEY": ""}, None),
+    ]:
+        process = huggy("serve", "--policy", missing, *args, env=env)
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 2, output
+        assert output.count("warning") == (1 if warned else 0), output
+        if warned:
+            assert warned in output.splitlines(keepends=True), output
+    unreadable = huggy("serve", "--api-key-file", str(tmp_path / "no-key"))
+    output, _ = unreadable.communicate(timeout=60)
+    assert unreadable.returncode == 2
+    assert f"API key file '{tmp_path / 'no-key'}' cannot be read: No such file" in output
+
+
 def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
+    """As a user runs it, with the API key from the environment."""
     import ray
+    import requests
 
     port = free_port()
     process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
-                    "--address", ray_cluster.address, start_new_session=True)
+                    "--address", ray_cluster.address, env={"HUGGY_API_KEY": "cli-key"},
+                    start_new_session=True)
     lines: list[str] = []
     ready = threading.Event()
 
@@ -81,10 +115,14 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
         assert ready.wait(150), "huggy serve did not come up:\n" + "".join(lines[-30:])
         assert f"http://127.0.0.1:{port}/v1/act (ingress haproxy)" in "".join(lines)
         obs = np.random.default_rng(5).standard_normal((4, 59)).astype(np.float32)
-        with RemoteAgent(f"http://127.0.0.1:{port}") as remote:
+        with RemoteAgent(f"http://127.0.0.1:{port}", api_key="cli-key") as remote:
             np.testing.assert_allclose(remote.compute_action(obs),
                                        HuggyAgent(device="cpu").compute_action(obs),
                                        rtol=0, atol=FP32_ACTION_ATOL)
+        url = f"http://127.0.0.1:{port}/v1"
+        assert requests.post(f"{url}/act", json={"obs": obs.tolist()}, timeout=30
+                             ).status_code == 401
+        assert requests.get(f"{url}/healthz", timeout=30).status_code == 200
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=90) == 0, "".join(lines[-30:])
     finally:
@@ -94,6 +132,7 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
     reader.join(timeout=10)
     assert "huggy serve: shutting down (SIGINT)\n" in lines
     assert sum("policy served at" in line for line in lines) == 1
+    assert not any("warning" in line or "cli-key" in line for line in lines)
     assert not port_open(port)
     with pytest.raises(ValueError):  # Serve was removed from the joined cluster
         ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
@@ -184,6 +223,7 @@ async def post_all(url: str, bodies: list[bytes],
         return list(await asyncio.gather(*(post(body) for body in bodies)))
 
 
+@pytest.mark.ray  # starts a Ray cluster of its own
 @pytest.mark.parametrize("case", ["SIGTERM", "SIGINT", "SIGINT, ignored as in a background job"])
 def test_huggy_serve_on_its_own_cluster_stops_cleanly_on_a_signal(case: str) -> None:
     """The signal arrives while 50 requests are in flight: those are answered with 200, then it

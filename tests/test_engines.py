@@ -17,13 +17,14 @@ import torch
 from torch import nn
 
 from huggy_agent import HuggyAgent
-from huggy_agent.engines import Engine, auto_engine, resolve_engine
+from huggy_agent.engines import Engine, auto_choice, auto_engine, choose_engine, resolve_engine
 from huggy_agent.engines.graphs import GRAPH_MODULE_API, GraphEngine, device_graphs, graph_backend
 from huggy_agent.engines.onnx_runtime import OnnxRuntimeEngine
 from huggy_agent.engines.torch_eager import TorchEngine
+from huggy_agent.heads import ContinuousHead
 from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.reference import canonical_observations, float64_actions
+from huggy_agent.reference import canonical_observations, float64_actions, float64_outputs
 from tests.conftest import FIXTURE_RUNS, fixtures_dir
 from tests.test_engines_graphs import CpuGraphs, cpu_graph_engine
 
@@ -69,19 +70,34 @@ def test_engine_matches_onnxruntime_at_rung_and_chunk_edges(policy: tuple, engin
         assert worst <= FP32_ACTION_ATOL, f"{rows} rows: {worst}"
 
 
+@pytest.fixture(scope="module")
+def seeded_references(policy: tuple) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per batch size: (host noise, the torch engine's actions with it, the float64 reference's
+    actions with it), computed once per policy for every engine's test."""
+    agent, obs, _ = policy
+    torch_engine = ENGINES["torch"](agent)
+    mu, log_sigma = (torch.from_numpy(a) for a in float64_outputs(agent.loaded, [obs])[:2])
+    head = ContinuousHead(agent.loaded.arch.head)  # the network runs once, on every row
+    references = {}
+    for rows in SIZES:
+        noise = gaussian_noise(11, rows, 21, row_offset=rows)
+        float64_reference = head.torch((mu[:rows], log_sigma),
+                                       torch.from_numpy(noise.astype(np.float64))).numpy()
+        references[rows] = (noise, torch_engine.act((obs[:rows],), noise), float64_reference)
+    return references
+
+
 @pytest.mark.parametrize("engine_name", ENGINES)
-def test_seeded_stochastic_actions_agree_across_engines(policy: tuple, engine_name: str) -> None:
+def test_seeded_stochastic_actions_agree_across_engines(policy: tuple, seeded_references: dict,
+                                                        engine_name: str) -> None:
     """The same host noise, bit for bit, in every engine; actions within the contract of the
     float64 reference with that noise."""
     agent, obs, _ = policy
-    engine, reference_engine = ENGINES[engine_name](agent), ENGINES["torch"](agent)
-    for rows in SIZES:
-        noise = gaussian_noise(11, rows, 21, row_offset=rows)
+    engine = ENGINES[engine_name](agent)
+    for rows, (noise, torch_actions, float64_reference) in seeded_references.items():
         actions = engine.act((obs[:rows],), noise)
-        assert np.abs(actions - reference_engine.act((obs[:rows],), noise)).max() \
-            <= FP32_ACTION_ATOL, rows
-        assert np.abs(actions - float64_actions(agent.loaded, obs[:rows], noise)).max() \
-            <= FP32_ACTION_ATOL, rows
+        assert np.abs(actions - torch_actions).max() <= FP32_ACTION_ATOL, rows
+        assert np.abs(actions - float64_reference).max() <= FP32_ACTION_ATOL, rows
 
 
 @pytest.mark.parametrize("engine_name", ENGINES)
@@ -162,6 +178,31 @@ def test_auto_is_the_default_and_resolves_the_same_way_every_time() -> None:
     assert HuggyAgent(device="cpu", precision="bf16").engine == "torch"
     info = HuggyAgent(device="cpu").describe()
     assert info["engine"] == "onnxruntime" and "onnxruntime" in info["engine_detail"]
+    assert info["engine_reason"] == "auto: onnxruntime for fp32 on the CPU"
+
+
+@pytest.mark.parametrize(("device", "precision", "onnxruntime", "graphs", "expected"), [
+    ("cpu", "fp32", True, False, ("onnxruntime", "auto: onnxruntime for fp32 on the CPU")),
+    ("cpu", "fp32", False, False,
+     ("torch", "auto: torch on the CPU (onnxruntime is not installed)")),
+    ("cpu", "bf16", True, False,
+     ("torch", "auto: torch for bf16 layers on the CPU (onnxruntime runs fp32)")),
+    ("cuda", "fp16", False, True,
+     ("cuda-graph", "auto: cuda-graph on cuda, each captured batch size checked against eager "
+                    "torch")),
+    ("npu", "fp32", False, False,
+     ("torch", "auto: torch on npu (its torch module offers no graph capture)")),
+])
+def test_auto_says_why_it_picks_an_engine(device: str, precision: str, onnxruntime: bool,
+                                          graphs: bool, expected: tuple[str, str]) -> None:
+    assert auto_choice(device, precision, onnxruntime=onnxruntime, graphs=graphs) == expected
+
+
+def test_an_engine_asked_for_by_name_says_so() -> None:
+    agent = HuggyAgent(device="cpu", engine="torch")
+    assert (agent.engine, agent.engine_reason) == ("torch", "torch, as asked")
+    assert choose_engine("onnxruntime", torch.device("cpu"), "fp32") == (
+        "onnxruntime", "onnxruntime, as asked")
 
 
 @pytest.mark.parametrize(("name", "precision", "message"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -108,7 +109,7 @@ def _agent_infos(rng: np.random.Generator, n: int, width: int) -> list:
     return infos
 
 
-def _vector_spec(obs_size: int, act_size: int):  # noqa: ANN202 - mlagents_envs imported lazily
+def _vector_spec(obs_size: int, act_size: int):  # mlagents_envs imported lazily
     """A BehaviorSpec with one vector observation and continuous actions."""
     from mlagents_envs.base_env import (
         ActionSpec,
@@ -152,6 +153,99 @@ def test_fast_steps_from_proto_rejects_nan_like_the_original() -> None:
         rpc_utils.steps_from_proto(infos, spec)
 
 
+def _set_obs(info: object, values: list[float]) -> None:
+    data = info.observations[0].float_data.data
+    data[:len(values)] = values
+
+
+NAN, INF = float("nan"), float("inf")
+# Six agents, 4 floats each; agents 0 and 3 are finished (done), 1, 2, 4, 5 are deciding. The
+# original checks observations (deciding, then finished), then rewards, then group rewards, each
+# with `np.mean` in float32.
+BAD_STEPS = {
+    "nan-obs-finished-and-inf-reward-deciding": (
+        lambda i: (_set_obs(i[0], [NAN]), setattr(i[1], "reward", INF)),
+        "The observations provided had NaN values."),
+    "inf-reward-deciding-and-nan-group-reward-finished": (
+        lambda i: (setattr(i[1], "reward", INF), setattr(i[0], "group_reward", NAN)),
+        "The rewards provided had Infinite values."),
+    "nan-reward-finished": (
+        lambda i: setattr(i[3], "reward", NAN), "The rewards provided had NaN values."),
+    "nan-group-reward-deciding": (
+        lambda i: setattr(i[2], "group_reward", NAN), "The group_rewards provided had NaN values."),
+    "inf-group-reward-finished": (
+        lambda i: setattr(i[3], "group_reward", -INF),
+        "The group_rewards provided had Infinite values."),
+    "2e38-obs-deciding": (  # finite, but their float32 mean overflows
+        lambda i: _set_obs(i[4], [2e38, 2e38, 2e38, 2e38]),
+        "The observations provided had Infinite values."),
+    "inf-and-minus-inf-obs-deciding": (  # inf - inf: the mean is NaN
+        lambda i: (_set_obs(i[1], [INF]), _set_obs(i[2], [-INF])),
+        "The observations provided had NaN values."),
+    "inf-obs-deciding-and-minus-inf-obs-finished": (  # checked apart: no cancelling
+        lambda i: (_set_obs(i[1], [INF]), _set_obs(i[0], [-INF])),
+        "The observations provided had Infinite values."),
+}
+
+
+def _three_paths() -> dict[str, object]:
+    """mlagents-envs' `steps_from_proto`, and the two fast paths that stand in for it."""
+    from mlagents_envs import rpc_utils
+
+    return {"original": compat.original_steps_from_proto, "fast": rpc_utils.steps_from_proto,
+            "lean": compat.lean_rows}
+
+
+@pytest.mark.parametrize("path", ["original", "fast", "lean"])
+@pytest.mark.parametrize("case", BAD_STEPS)
+def test_fast_paths_raise_the_original_error_on_the_same_field(case: str, path: str) -> None:
+    spec = _vector_spec(4, 2)
+    infos = _agent_infos(np.random.default_rng(4), 6, 4)
+    assert [info.done for info in infos] == [True, False, False, True, False, False]
+    spoil, message = BAD_STEPS[case]
+    spoil(infos)
+    with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
+        _three_paths()[path](infos, spec)
+
+
+def test_finite_values_whose_mean_does_not_overflow_pass_every_path() -> None:
+    """3e38 once per field: no float32 sum overflows, so nothing raises; it takes the exact
+    check (past the cheap test) in the fast paths."""
+    spec = _vector_spec(4, 2)
+    infos = _agent_infos(np.random.default_rng(5), 6, 4)
+    _set_obs(infos[1], [3e38])
+    infos[2].reward = 3e38
+    decision, terminal = compat.original_steps_from_proto(infos, spec)
+    fast_decision, fast_terminal = _three_paths()["fast"](infos, spec)
+    for mine, theirs in ((fast_decision, decision), (fast_terminal, terminal)):
+        np.testing.assert_array_equal(mine.obs[0], theirs.obs[0])
+        np.testing.assert_array_equal(mine.reward, theirs.reward)
+    assert decision.obs[0][0, 0] == np.float32(3e38) and decision.reward[1] == np.float32(3e38)
+    _assert_rows_are_the_steps(compat.lean_rows(infos, spec), infos, decision, terminal)
+
+
+def test_lean_rows_equal_the_original_steps() -> None:
+    spec = _vector_spec(59, 21)
+    infos = _agent_infos(np.random.default_rng(6), 18, 59)
+    _assert_rows_are_the_steps(compat.lean_rows(infos, spec), infos,
+                               *compat.original_steps_from_proto(infos, spec))
+
+
+def _assert_rows_are_the_steps(rows: compat.AgentRows, infos: list, decision: object,
+                               terminal: object) -> None:
+    """`rows` (Unity's order) hold the original's decision steps, then its terminal steps."""
+    done = np.array([info.done for info in infos])
+    np.testing.assert_array_equal(rows.done, done)
+    for field, d, t in ((rows.agent_id, decision.agent_id, terminal.agent_id),
+                        (rows.reward, decision.reward, terminal.reward),
+                        (rows.obs[0], decision.obs[0], terminal.obs[0])):
+        np.testing.assert_array_equal(field[~done], d)
+        np.testing.assert_array_equal(field[done], t)
+    np.testing.assert_array_equal(rows.interrupted[done], terminal.interrupted)
+    assert not rows.interrupted[~done].any() and rows.mask is None
+
+
+@pytest.mark.standin
 def test_fast_paths_change_nothing_on_the_wire(tmp_path) -> None:
     """The same seeded run with mlagents-envs' original code paths and with ours."""
     from envs import HuggyVectorEnv

@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,8 @@ from envs.vector_env import EnvironmentStartError
 from huggy_agent import HuggyAgent
 from tests.conftest import REPO_ROOT, free_port
 from tests.envs_support import KillAfter, env_kwargs, processes_mentioning, wait_until_gone
+
+pytestmark = pytest.mark.standin  # every test here starts the stand-in
 
 
 def _script(path: Path, body: str) -> str:
@@ -33,10 +34,8 @@ def test_missing_executable(tmp_path: Path) -> None:
 
 def test_executable_that_exits_at_once(tmp_path: Path) -> None:
     exe = _script(tmp_path / "Broken.x86_64", "echo crashing >&2; exit 3")
-    start = time.monotonic()
     with pytest.raises(EnvironmentStartError, match="could not be started.*return code 3"):
         HuggyVectorEnv(file_name=exe, **env_kwargs(tmp_path, timeout_wait=10))
-    assert time.monotonic() - start < 10
     assert wait_until_gone(str(tmp_path)) == []
 
 
@@ -50,10 +49,8 @@ def test_file_that_cannot_be_executed(tmp_path: Path) -> None:
 
 def test_executable_that_never_connects(tmp_path: Path) -> None:
     exe = _script(tmp_path / "Silent.x86_64", "exec sleep 300")
-    start = time.monotonic()
     with pytest.raises(EnvironmentStartError, match="did not connect on port .* within 3 s"):
         HuggyVectorEnv(file_name=exe, **env_kwargs(tmp_path, timeout_wait=3))
-    assert time.monotonic() - start < 3 + 5
     assert wait_until_gone(str(tmp_path)) == []
 
 
@@ -61,10 +58,8 @@ def test_unity_dying_mid_rollout_keeps_finished_episodes(tmp_path: Path) -> None
     env = HuggyVectorEnv(**env_kwargs(tmp_path, max_steps=10, timeout_wait=10))
     try:
         killer = KillAfter(HuggyAgent(device="cpu"), steps=15, pid=env.process_id)
-        start = time.monotonic()
         with pytest.raises(RolloutInterrupted, match="stopped after 18 of 100 episodes") as info:
             rollout(killer, env, episodes=100, seed=0)
-        assert time.monotonic() - start < 10 + 5
         result = info.value.result
         assert len(result.episodes) == 18
         assert all(e.length == 10 for e in result.episodes)

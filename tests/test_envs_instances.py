@@ -32,6 +32,8 @@ from tests.envs_support import (
     wait_until_gone,
 )
 
+pytestmark = pytest.mark.standin  # every test here starts the stand-in
+
 ECHO = {"echo_actions": 1}
 FRESH_JOINTS = [2, 3, 5, 7, 10]  # upper X, Y, strength, lower X, strength of leg 0: 0.5 at spawn
 
@@ -261,10 +263,9 @@ def test_rollout_per_instance_equals_one_instance_rollouts(tmp_path: Path, agent
         assert result.episodes == alone.episodes
         assert result.agent_steps == alone.agent_steps
     assert sum(r.seconds for r in together) > 0
-    with pytest.raises(ValueError, match=re.escape(
+    with HuggyVectorEnv(**kwargs) as one, pytest.raises(ValueError, match=re.escape(
             "need one episode count and one seed per instance (1), got 2 and 2")):
-        with HuggyVectorEnv(**kwargs) as one:
-            rollout_per_instance(agent, one, [1, 1], [0, 0])
+        rollout_per_instance(agent, one, [1, 1], [0, 0])
 
 
 def test_pinned_instances_share_a_core_with_their_worker(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ from huggy_agent import HuggyAgent
 from tests.conftest import mlagents_fixtures_dir
 from tests.envs_support import env_kwargs
 
+pytestmark = pytest.mark.standin  # every test here starts the stand-in
+
 HYBRID_VISUAL = {"behavior": "Mixed",
                  "inputs": [{"name": "obs_0", "shape": [2, 4, 5], "kind": "visual"},
                             {"name": "obs_1", "shape": [6, 3], "kind": "variable"},
@@ -46,7 +48,7 @@ def test_spaces_observations_and_masks_follow_the_behavior(tmp_path) -> None:
         obs, infos = env.reset(seed=5)
         assert [o.shape for o in obs] == [(4, 2, 4, 5), (4, 6, 3), (4, 4)]
         assert env.observation_space.contains(obs)
-        assert 0 <= obs[0].min() and obs[0].max() < 1
+        assert obs[0].min() >= 0 and obs[0].max() < 1
         empty = np.all(obs[1] == 0, axis=2)  # variable-length: padding after the entities
         assert all(np.all(np.diff(row.astype(int)) >= 0) for row in empty)
         mask = infos["action_mask"]

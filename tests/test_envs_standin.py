@@ -63,6 +63,7 @@ def unity_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return run
 
 
+@pytest.mark.standin
 def test_unity_environment_sees_huggys_behavior(unity_run: dict) -> None:
     spec = unity_run["specs"][BEHAVIOR]
     assert list(unity_run["specs"]) == [BEHAVIOR]
@@ -72,6 +73,7 @@ def test_unity_environment_sees_huggys_behavior(unity_run: dict) -> None:
     assert len(unity_run["first_ids"]) == 18
 
 
+@pytest.mark.standin
 def test_1000_steps_with_episode_ends_and_new_ids(unity_run: dict) -> None:
     start = dict.fromkeys(unity_run["first_ids"].tolist(), 0)  # agent id -> first step
     ended = interrupted_count = 0
@@ -92,6 +94,7 @@ def test_1000_steps_with_episode_ends_and_new_ids(unity_run: dict) -> None:
     assert ended >= 170 and interrupted_count >= 150
 
 
+@pytest.mark.standin
 def test_standin_exits_on_close(unity_run: dict) -> None:
     """It exits by itself (not killed by mlagents-envs after its grace period): on the status-400
     answer, or, when the server stops before that answer is delivered, on the failed call."""
@@ -102,6 +105,7 @@ def test_standin_exits_on_close(unity_run: dict) -> None:
     assert "closing: status 400" in log or "the Python side is gone" in log
 
 
+@pytest.mark.standin
 def test_observations_look_like_what_the_policies_saw(unity_run: dict) -> None:
     """Each feature's mean and spread over a random-action rollout against the running mean
     and variance in the trained policy's normalizer."""
@@ -137,6 +141,7 @@ def _stream(tmp_path, seed: int, reseed: int | None = None, steps: int = 150) ->
     return out
 
 
+@pytest.mark.standin
 def test_same_seed_same_streams(tmp_path) -> None:
     first, second = _stream(tmp_path, seed=5), _stream(tmp_path, seed=5)
     for a, b in zip(first, second, strict=True):
@@ -145,6 +150,7 @@ def test_same_seed_same_streams(tmp_path) -> None:
     assert not np.array_equal(first[0], other[0])
 
 
+@pytest.mark.standin
 def test_seed_parameter_reseeds_on_reset(tmp_path) -> None:
     """reset(seed=s) gives the same stream whatever the handshake seed and history."""
     a = _stream(tmp_path, seed=1, reseed=77, steps=50)
@@ -153,6 +159,7 @@ def test_seed_parameter_reseeds_on_reset(tmp_path) -> None:
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.standin
 def test_environment_parameters(tmp_path) -> None:
     kwargs = env_kwargs(tmp_path, num_agents=5, max_steps=10, arena_size=4.0)
     with envs.HuggyVectorEnv(**kwargs) as env:

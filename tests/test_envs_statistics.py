@@ -1,9 +1,10 @@
-"""Unbiased episode statistics: on scripted stand-in episodes whose length and return are known
-per slot, rollout() must give the exact expected mean, and the old "first N episodes to finish"
-estimator must not.
+"""Unbiased episode statistics: on scripted episodes whose length and return are known per slot,
+rollout() must give the exact expected mean, and the old "first N episodes to finish" estimator
+must not. Each test runs on a small in-process environment with those episodes and on the
+stand-in scripted the same way (`SimConfig.episode_length`), over real gRPC.
 
-Scripted episodes (`SimConfig.episode_length`): slot s's episodes last 4 + 6 s decisions and
-return exactly s; even slots end terminated, odd ones truncated. With 15 episodes over 6 slots,
+Scripted episodes: slot s's episodes last 4 + 6 s decisions and return exactly s; even slots
+end terminated, odd ones truncated. With 15 episodes over 6 slots,
 the quotas are 3, 3, 3, 2, 2, 2 (the first 15 mod 6 = 3 slots get one more), so, worked out by
 hand:
     mean return  = (3*0 + 3*1 + 3*2 + 2*3 + 2*4 + 2*5) / 15 = 33 / 15 = 2.2
@@ -13,6 +14,9 @@ hand:
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +28,42 @@ from tests.envs_support import env_kwargs
 
 SCRIPT = {"episode_length": 4, "episode_length_step": 6}
 SLOTS, EPISODES = 6, 15
-EXPECTED_RETURN, EXPECTED_LENGTH, EXPECTED_REACHED = 33 / 15, 258 / 15, 8 / 15
+EXPECTED_RETURN, EXPECTED_LENGTH, EXPECTED_TERMINATED = 33 / 15, 258 / 15, 8 / 15
+
+
+class ScriptedEpisodes:
+    """An in-process vector env of Huggy's shape with the scripted episodes above: slot s's
+    episodes last 4 + 6 s decisions and their whole return s comes on the last one; the slot
+    then starts its next episode in the same step, as the stand-in does."""
+
+    def __init__(self, slots: int) -> None:
+        self.num_envs = slots
+        self.lengths = 4 + 6 * np.arange(slots)
+        self.steps = np.zeros(slots, dtype=np.int64)
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
+        self.steps[:] = 0
+        return self._observations(), {}
+
+    def step(self, actions: np.ndarray) -> tuple:
+        assert actions.shape == (self.num_envs, 21), actions.shape
+        self.steps += 1
+        ended = self.steps == self.lengths
+        rewards = np.where(ended, np.arange(self.num_envs), 0).astype(np.float64)
+        even = np.arange(self.num_envs) % 2 == 0
+        self.steps[ended] = 0
+        return self._observations(), rewards, ended & even, ended & ~even, {}
+
+    def _observations(self) -> np.ndarray:
+        obs = np.zeros((self.num_envs, 59), dtype=np.float32)
+        obs[:, 0] = self.steps
+        return obs
+
+    def __enter__(self) -> ScriptedEpisodes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +71,17 @@ def agent() -> HuggyAgent:
     return HuggyAgent(device="cpu")
 
 
-def _scripted_env(tmp_path) -> HuggyVectorEnv:
-    return HuggyVectorEnv(**env_kwargs(tmp_path, num_agents=SLOTS, env_parameters=SCRIPT))
+@pytest.fixture(params=["in-process", pytest.param("stand-in", marks=pytest.mark.standin)])
+def scripted_env(request: pytest.FixtureRequest,
+                  tmp_path: Path) -> Callable[[], ScriptedEpisodes | HuggyVectorEnv]:
+    """A factory of fresh scripted envs: in-process, or the stand-in over real gRPC."""
+    if request.param == "in-process":
+        return lambda: ScriptedEpisodes(SLOTS)
+    return lambda: HuggyVectorEnv(**env_kwargs(tmp_path, num_agents=SLOTS, env_parameters=SCRIPT))
 
 
 def _first_to_finish(agent: HuggyAgent, env: HuggyVectorEnv, episodes: int) -> list[tuple]:
-    """The biased estimator this project used to have: the first `episodes` episodes to end."""
+    """The biased estimator: the first `episodes` episodes to end, whichever slots they come from."""
     obs, _ = env.reset(seed=0)
     returns, lengths, done = np.zeros(env.num_envs), np.zeros(env.num_envs, int), []
     while len(done) < episodes:
@@ -60,8 +104,8 @@ def test_quotas_spread_the_remainder_over_the_first_slots() -> None:
         slot_quotas(5, 0)
 
 
-def test_rollout_gives_the_exact_expected_statistics(tmp_path, agent: HuggyAgent) -> None:
-    with _scripted_env(tmp_path) as env:
+def test_rollout_gives_the_exact_expected_statistics(scripted_env, agent: HuggyAgent) -> None:
+    with scripted_env() as env:
         result = rollout(agent, env, episodes=EPISODES, seed=3)
     episodes = result.episodes
     assert len(episodes) == EPISODES
@@ -72,22 +116,22 @@ def test_rollout_gives_the_exact_expected_statistics(tmp_path, agent: HuggyAgent
     assert [e.length for e in episodes] == [4 + 6 * e.slot for e in episodes]
     assert np.mean([e.episode_return for e in episodes]) == pytest.approx(EXPECTED_RETURN)
     assert np.mean([e.length for e in episodes]) == pytest.approx(EXPECTED_LENGTH)
-    assert np.mean([e.reached_stick for e in episodes]) == pytest.approx(EXPECTED_REACHED)
+    assert np.mean([e.terminated for e in episodes]) == pytest.approx(EXPECTED_TERMINATED)
     # Slots that filled their quota kept stepping until the last one did.
     assert result.agent_steps == SLOTS * 2 * 34
 
 
-def test_first_to_finish_is_biased_on_the_same_episodes(tmp_path, agent: HuggyAgent) -> None:
+def test_first_to_finish_is_biased_on_the_same_episodes(scripted_env, agent: HuggyAgent) -> None:
     """The counterpart: the old estimator, on the same environment, misses the exact means."""
-    with _scripted_env(tmp_path) as env:
+    with scripted_env() as env:
         biased = _first_to_finish(agent, env, EPISODES)
     assert np.mean([r for r, _, _ in biased]) < EXPECTED_RETURN - 0.5
     assert np.mean([n for _, n, _ in biased]) < EXPECTED_LENGTH - 3
 
 
-def test_progress_sees_each_counted_episode_once(tmp_path, agent: HuggyAgent) -> None:
+def test_progress_sees_each_counted_episode_once(scripted_env, agent: HuggyAgent) -> None:
     seen = []
-    with _scripted_env(tmp_path) as env:
+    with scripted_env() as env:
         result = rollout(agent, env, episodes=7, seed=1, progress=seen.append)
     assert sorted(seen, key=lambda e: (e.slot, e.index)) == result.episodes
     assert [e.slot for e in result.episodes] == [0, 0, 1, 2, 3, 4, 5]

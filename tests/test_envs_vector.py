@@ -16,6 +16,8 @@ from envs import HuggyEnv, HuggyVectorEnv
 from envs.standin.sim import ACT_SIZE, OBS_SIZE
 from tests.envs_support import env_kwargs, gait_actions
 
+pytestmark = pytest.mark.standin  # every test here starts the stand-in
+
 MAX_STEPS = 60
 FRESH_JOINTS = [2, 3, 5, 7, 10]  # upper X, Y, strength, lower X, strength of leg 0: 0.5 at spawn
 

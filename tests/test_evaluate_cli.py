@@ -19,7 +19,7 @@ COMMON = ["--episodes", "36", "--max-steps", "40", "--seed", "5", "--no-progress
 
 def evaluate_on_cluster(ray_cluster: RayCluster, run: str, out: Path, *extra: str) -> str:
     """`huggy evaluate RUN ... --out OUT` as a subprocess on the session's cluster: its stdout."""
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     done = subprocess.run(
         [sys.executable, "-m", "huggy_agent.cli", "evaluate", run, *extra, "--address",
          ray_cluster.address, "--accelerator", "cpu", "--out", str(out), *COMMON],
@@ -81,3 +81,16 @@ def test_cli_instances_per_runner_equal_one_instance(ray_cluster: RayCluster, tm
     assert items["two"] == items["one"] and items["ray"] == items["one"]
     assert len(items["one"]) == 2
     assert outputs["two"]["env"]["instances"] == outputs["ray"]["env"]["instances"] == 2
+
+
+def test_select_best_arguments_are_checked_before_anything_runs(capsys) -> None:
+    policy = str(fixtures_dir() / "ppo_baseline" / "Huggy.onnx")
+    other = str(fixtures_dir() / "ppo_normalize_False" / "Huggy.onnx")
+    assert main(["evaluate", policy, other, "--select-best", "--episodes", "20"]) == 2
+    assert "--episodes 20 (the budget of all policies together) is too small for one round: " \
+           "2 policies x 1 items x 18 episodes need 36" in capsys.readouterr().err
+    assert main(["evaluate", policy, "--select-best", "--confidence", "1.5"]) == 2
+    assert "confidence must be in (0, 1), got 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["evaluate", policy, "--select-best", "--select-by", "max"])
+    assert "argument --select-by: invalid choice: 'max'" in capsys.readouterr().err

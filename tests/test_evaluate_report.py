@@ -6,6 +6,7 @@ import csv
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -70,7 +71,7 @@ def _item(policy: int, index: int, returns: list[float], node: str = "n1",
     """One item whose episode k ran in slot k % 18 as that slot's episode k // 18."""
     return ItemResult(policy_index=policy, index=index, seed=index, returns=tuple(returns),
                       lengths=tuple(10 + i for i in range(len(returns))),
-                      reached_stick=tuple(r > 1.0 for r in returns),
+                      terminated=tuple(r > 1.0 for r in returns),
                       slots=tuple(k % 18 for k in range(len(returns))),
                       episode_indices=tuple(k // 18 for k in range(len(returns))),
                       agent_steps=100, seconds=0.5, node_id=node, runner="runner-0",
@@ -102,7 +103,7 @@ def test_summary_statistics_against_numpy() -> None:
     half = 2.0301079 * returns.std(ddof=1) / 6.0  # t(0.975, 35) * s / sqrt(36)
     assert summary.ci_low == pytest.approx(returns.mean() - half, rel=1e-6)
     assert summary.ci_high == pytest.approx(returns.mean() + half, rel=1e-6)
-    assert summary.reached_stick == pytest.approx((returns > 1.0).mean())
+    assert summary.terminated_share == pytest.approx((returns > 1.0).mean())
     assert summary.mean_length == pytest.approx(np.mean(list(range(10, 28)) * 2))
     assert summary.agent_steps_per_s == pytest.approx(200 / 1.0)
     assert summary.retries == 1 and summary.nodes == ("n1", "n2")
@@ -136,6 +137,16 @@ def test_report_files(tmp_path) -> None:
     table = format_table(result)
     assert "run_a@100" in table and "retries: 1" in table and "n2 (18 episodes)" in table
     assert "failed: bad.pt: PolicyLoadError: bad.pt: truncated" in table
+
+
+def test_table_names_terminated_episodes_for_the_behavior() -> None:
+    result = _result()
+    header = format_table(result).splitlines()[0]
+    assert "terminated" in header and "reached stick" not in header
+    for policy in result.policies:
+        policy.items = [replace(item, behavior="Huggy?team=0") for item in policy.items]
+    header = format_table(result).splitlines()[0]
+    assert "reached stick" in header and "terminated" not in header
 
 
 def test_plan_items_same_seeds_for_every_policy() -> None:
@@ -290,7 +301,7 @@ def _assert_policies(axes: dict, result: EvaluationResult, labels: list[str]) ->
     assert _ticks(axes["policies reached"]) == labels
     bars = axes["policies reached"].patches
     assert [bar.get_height() for bar in bars] == pytest.approx(
-        [summaries[label].reached_stick for label in labels])
+        [summaries[label].terminated_share for label in labels])
     means = [c.lines[0].get_ydata()[0] for c in axes["policies"].containers]
     assert means == pytest.approx([summaries[label].mean_return for label in labels])
 
@@ -371,4 +382,84 @@ def test_chart_shortens_long_labels_and_rotates_them() -> None:
     assert all(len(label) <= 32 for label in shown)
     assert _marks(axes["policies"]) == shown and _ticks(axes["policies reached"]) == shown
     assert {label.get_rotation() for label in axes["policies reached"].get_xticklabels()} == {30}
+    _assert_readable(figure, axes)
+
+
+def test_json_robust_statistics_agree_with_scipy_on_its_own_episodes(tmp_path) -> None:
+    """IQM, median and their intervals in evaluation.json, recomputed from the episodes the file
+    lists: points with scipy exactly, intervals against an independent stratified bootstrap (a
+    plain loop over items, scipy's trim_mean, its own generator) within Monte Carlo error."""
+    from scipy import stats as scipy_stats
+
+    result = _evaluation([(_checkpoint("run_a", 100), 1.0), (_checkpoint("run_a", 200), 2.0),
+                          (_file("b/Huggy.onnx"), 1.2)])
+    data = json.loads(write_report(result, tmp_path)["json"].read_text())
+    rng = np.random.default_rng(123)
+    for entry in data["policies"]:
+        items = [np.array(item["returns"]) for item in entry["items"]]
+        returns = np.concatenate(items)
+        assert entry["iqm"] == pytest.approx(scipy_stats.trim_mean(returns, 0.25), abs=1e-12)
+        assert entry["median"] == pytest.approx(np.median(returns), abs=1e-12)
+        assert entry["mean"] == pytest.approx(returns.mean(), abs=1e-12)
+        assert entry["bootstrap"] == {"method": "percentile", "resamples": 10_000, "seed": 0,
+                                      "confidence": 0.95, "strata": "work items"}
+        resamples = np.concatenate([item[rng.integers(0, item.size, (4000, item.size))]
+                                    for item in items], axis=1)  # one stratified resample a row
+        draws = scipy_stats.trim_mean(resamples, 0.25, axis=1)
+        low, high = np.quantile(draws, [0.025, 0.975])
+        # 4,000 resamples: the quantiles' Monte Carlo sd is about 0.04 standard errors.
+        tolerance = 0.2 * draws.std()
+        assert entry["iqm_ci"][0] == pytest.approx(low, abs=tolerance)
+        assert entry["iqm_ci"][1] == pytest.approx(high, abs=tolerance)
+        for name in ("mean", "median", "iqm"):
+            assert entry[f"{name}_ci"][0] <= entry[name] <= entry[f"{name}_ci"][1]
+    first, second = data["policies"][0], data["policies"][1]
+    p = first["probability_of_improvement"]["run_a@200"]
+    u = scipy_stats.mannwhitneyu(np.concatenate([i["returns"] for i in first["items"]]),
+                                 np.concatenate([i["returns"] for i in second["items"]])).statistic
+    assert p["p"] == pytest.approx(u / 36 ** 2, abs=1e-12)
+    back = second["probability_of_improvement"]["run_a@100"]
+    assert back["p"] == pytest.approx(1 - p["p"], abs=1e-12)
+    assert back["ci"] == pytest.approx([1 - p["ci"][1], 1 - p["ci"][0]], abs=1e-12)
+    assert set(first["probability_of_improvement"]) == {"run_a@200", "b/Huggy.onnx"}
+    # Means 1.0, 2.0, 1.2 with sd 1 over 36 episodes: run_a@200 is best, b/Huggy.onnx second.
+    assert data["best"]["label"] == "run_a@200" and data["best"]["runner_up"] == "b/Huggy.onnx"
+    assert data["best"]["statistic"] == "mean"
+    assert data["best"]["probability_of_improvement"]["p"] == pytest.approx(
+        second["probability_of_improvement"]["b/Huggy.onnx"]["p"])
+    assert data["selection"] is None
+
+
+def test_table_shows_iqm_beside_mean_and_names_the_best(tmp_path) -> None:
+    result = _evaluation([(_file("a/Huggy.onnx"), 1.0), (_file("b/Huggy.onnx"), 3.0)])
+    table = format_table(result)
+    header = table.splitlines()[0]
+    assert header.index("mean [95% t-CI]") < header.index("IQM [95% bootstrap CI]")
+    summary = summarize_all(result)[1]
+    assert f"{summary.iqm:.3f} [{summary.iqm_ci[0]:.3f}, {summary.iqm_ci[1]:.3f}]" in table
+    assert "best: b/Huggy.onnx by mean return" in table
+    assert "P(b/Huggy.onnx > a/Huggy.onnx) = " in table
+    paths = write_report(result, tmp_path)
+    for kind in ("improvement_png", "profile_png"):
+        assert paths[kind].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    rows = list(csv.DictReader(paths["csv"].read_text().splitlines()))
+    assert float(rows[1]["iqm"]) == pytest.approx(summary.iqm)
+    assert float(rows[1]["iqm_ci_low"]) == pytest.approx(summary.iqm_ci[0])
+
+
+def test_learning_curve_draws_iqm_with_its_band() -> None:
+    steps = [500000, 1000000, 2000343]
+    result = _evaluation([(_checkpoint("ppo_baseline", step), step / 1e6) for step in steps])
+    figure, axes = _figure(result)
+    summaries = summarize_all(result)
+    lines = [line for line in axes["curves"].get_lines() if line.get_linewidth() == 2]
+    assert len(lines) == 1
+    assert list(lines[0].get_xdata()) == steps
+    assert list(lines[0].get_ydata()) == pytest.approx([s.iqm for s in summaries])
+    (band,) = axes["curves"].collections[:1]
+    vertices = band.get_paths()[0].vertices
+    for step, summary in zip(steps, summaries, strict=True):
+        at_step = vertices[vertices[:, 0] == step][:, 1]
+        assert min(at_step) == pytest.approx(summary.iqm_ci[0])
+        assert max(at_step) == pytest.approx(summary.iqm_ci[1])
     _assert_readable(figure, axes)

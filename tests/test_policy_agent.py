@@ -190,7 +190,7 @@ def test_unconvertible_input_says_what_was_expected(agent: HuggyAgent, given: li
 
 def _present_kinds() -> list[str]:
     """Device kinds present here, found without huggy_agent (torch-npu installed means an NPU
-    machine: facts.md says it must never be installed elsewhere)."""
+    machine: installed elsewhere it breaks `import torch`, as the README warns)."""
     npu = importlib.util.find_spec("torch_npu") is not None
     return [*(["npu"] if npu else []), *(["cuda"] if torch.cuda.is_available() else []), "cpu"]
 

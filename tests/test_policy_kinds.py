@@ -4,13 +4,14 @@ inputs, LSTM memory; PPO, SAC and POCA actors.
 
 The reference is onnxruntime running the fixture's ONNX graph (for a `.pt`, the run's own
 export beside it). Continuous actions agree within 1e-5 (a SAC export's deterministic output is
-the raw mean: compared with tanh of it, see facts.md); deterministic discrete actions are equal
-on >= 99.9% of rows (a row may differ only where two probabilities tie within float rounding);
-LSTM memories agree within 1e-5 over 20 chained steps.
+the raw mean, ML-Agents' TanhGaussian `deterministic_sample()`: compared with tanh of it);
+deterministic discrete actions are equal on >= 99.9% of rows (a row may differ only where two
+probabilities tie within float rounding); LSTM memories agree within 1e-5 over 20 chained steps.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from huggy_agent import Actions, HuggyAgent
+from huggy_agent import Actions, HuggyAgent, split_memory
 from huggy_agent.spec import ActorSpec
 from tests.conftest import EXTRA_FIXTURES, mlagents_fixtures_dir, mlagents_policy_files
 
@@ -111,19 +112,27 @@ def _split(agent: HuggyAgent, result: object) -> tuple[np.ndarray | None, np.nda
     return result, None, memory  # type: ignore[return-value]
 
 
-def test_deterministic_actions_match_onnxruntime(policy) -> None:
-    path, agent, session = policy
-    spec = agent.spec
+@functools.lru_cache(maxsize=2)
+def _deterministic_case(path: Path, spec: ActorSpec) -> tuple:
+    """(inputs, mask, memory, onnxruntime's outputs) of 1,000 random rows for `path`, computed
+    once for both engines' tests."""
     rng = np.random.default_rng(7)
     inputs = random_inputs(spec, 1000, rng)
     mask = random_masks(spec, 1000, rng) if spec.discrete_branches else None
     memory = ((0.5 * rng.standard_normal((1000, spec.memory_size))).astype(np.float32)
               if spec.memory_size else None)
+    session = ort.InferenceSession(str(reference_onnx(path)), providers=["CPUExecutionProvider"])
+    return inputs, mask, memory, run_onnx(session, inputs, mask, memory)
+
+
+def test_deterministic_actions_match_onnxruntime(policy) -> None:
+    path, agent, _ = policy
+    spec = agent.spec
+    inputs, mask, memory, expected = _deterministic_case(path, spec)
     obs = inputs[0] if len(inputs) == 1 else inputs
     result = agent.compute_action(obs, deterministic=True, action_mask=mask,
                                   **({"memory": memory} if spec.memory_size else {}))
     continuous, discrete, new_memory = _split(agent, result)
-    expected = run_onnx(session, inputs, mask, memory)
     if spec.continuous_size:
         reference = expected["deterministic_continuous_actions"]
         if agent.arch.head == "sac":
@@ -171,6 +180,20 @@ def test_memory_none_means_zeros() -> None:
     assert single.shape == (2,) and single_memory.shape == (32,)
 
 
+def test_split_memory_takes_every_kind_of_result_apart() -> None:
+    recurrent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "lstm", device="cpu")
+    obs = random_inputs(recurrent.spec, 4, np.random.default_rng(2))[0]
+    result = recurrent.compute_action(obs)
+    actions, memory = split_memory(result)
+    assert isinstance(result, tuple) and actions is result[0] and memory is result[1]
+    assert actions.shape == (4, 2) and memory.shape == (4, 32)
+    hybrid = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "hybrid", device="cpu")
+    inputs = random_inputs(hybrid.spec, 4, np.random.default_rng(2))
+    result = hybrid.compute_action(inputs[0] if len(inputs) == 1 else inputs)
+    actions, memory = split_memory(result)  # an `Actions` pair is not (actions, memory)
+    assert isinstance(actions, Actions) and actions is result and memory is None
+
+
 DISCRETE_FILES = [f for f in FILES if f.suffix == ".onnx" and "deterministic_discrete_actions"
                   in {o.name for o in ort.InferenceSession(
                       str(f), providers=["CPUExecutionProvider"]).get_outputs()}]
@@ -190,18 +213,21 @@ def test_masks_change_the_actions(path: Path) -> None:
     assert np.mean(np.any(unmasked != masked, axis=1)) > 0.1
 
 
+DRAWS = 8_000
+
+
 @pytest.mark.parametrize("path", DISCRETE_FILES, ids=_label)
 def test_stochastic_discrete_actions_follow_onnxruntime_sampling(path: Path) -> None:
-    """20,000 draws for one row (with a random mask): our seeded inverse-CDF draws and
+    """8,000 draws for one row (with a random mask): our seeded inverse-CDF draws and
     onnxruntime's own Multinomial sampling give frequencies within total variation 0.03 per
-    branch; the same seed gives the same draws."""
+    branch (about 0.01 expected from sampling alone); the same seed gives the same draws."""
     agent = HuggyAgent.from_checkpoint(path, device="cpu")
     spec = agent.spec
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)
-    inputs = [np.repeat(a, 20_000, axis=0) for a in random_inputs(spec, 1, rng)]
-    mask = np.repeat(random_masks(spec, 1, rng), 20_000, axis=0)
-    memory = np.zeros((20_000, spec.memory_size), np.float32) if spec.memory_size else None
+    inputs = [np.repeat(a, DRAWS, axis=0) for a in random_inputs(spec, 1, rng)]
+    mask = np.repeat(random_masks(spec, 1, rng), DRAWS, axis=0)
+    memory = np.zeros((DRAWS, spec.memory_size), np.float32) if spec.memory_size else None
     obs = inputs[0] if len(inputs) == 1 else inputs
     ours = _split(agent, agent.compute_action(obs, deterministic=False, seed=21,
                                               action_mask=mask))[1]
@@ -211,8 +237,8 @@ def test_stochastic_discrete_actions_follow_onnxruntime_sampling(path: Path) -> 
     theirs = run_onnx(session, inputs, mask, memory)["discrete_actions"]
     start = 0
     for branch, size in enumerate(spec.discrete_branches):
-        mine = np.bincount(ours[:, branch], minlength=size) / 20_000
-        reference = np.bincount(theirs[:, branch], minlength=size) / 20_000
+        mine = np.bincount(ours[:, branch], minlength=size) / DRAWS
+        reference = np.bincount(theirs[:, branch], minlength=size) / DRAWS
         assert 0.5 * np.abs(mine - reference).sum() < 0.03
         assert mine[~mask[0, start:start + size]].sum() == 0  # forbidden actions never drawn
         start += size

@@ -222,3 +222,12 @@ def test_stochastic_actions_match_float64_ppo_head(device: str, observations: np
     # The noise matters at this tolerance: the deterministic action is far from the stochastic one.
     assert np.abs(ppo_actions(mu, log_sigma) - expected).max() > 1e-2
     assert np.abs(ppo_actions(mu, log_sigma, -z) - expected).max() > 1e-2
+
+
+def test_rows_past_2_to_the_64_wrap_around_as_the_counters_do() -> None:
+    from huggy_agent.noise import gaussian_noise, uniform_noise
+
+    for noise in (gaussian_noise, uniform_noise):
+        tail = noise(3, 4, 2, row_offset=2**64 - 2)
+        np.testing.assert_array_equal(tail[2:], noise(3, 2, 2, row_offset=0))
+        np.testing.assert_array_equal(tail[:2], noise(3, 2, 2, row_offset=2**64 - 2))

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel pat
 BASELINE_PT = fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
 BASELINE_ONNX = fixtures_dir() / "ppo_baseline" / "Huggy.onnx"
 FLOAT16_MAX = 65504.0
-# The bounds for `huggy precision`: max abs error against a float64 forward.
+# The bounds `huggy precision` must meet: max abs error against a float64 forward.
 TOLERANCES = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 5e-2}
 
 

@@ -43,6 +43,14 @@ class PolicySpec:
     """The results folder (run id) the checkpoint came from, for the learning curve."""
     step: int | None = None
     """The training step of the checkpoint, when known."""
+    folder: str | None = None
+    """The results folder it was found in, when named as one (where a model card goes)."""
+    source: str | None = None
+    """What the user named when it was not a local path (`hf://owner/repo@rev/path`)."""
+    revision: str | None = None
+    """The resolved revision (commit) of a policy from the Hugging Face Hub."""
+    policy_id: str | None = None
+    """Which of the policies served at `url` (`GET /v1/models`); None: the server's default."""
 
 
 @dataclass(frozen=True)
@@ -72,12 +80,41 @@ class EnvSpec:
             raise ValueError(f"instances must be an integer >= 1, got {self.instances!r}")
 
 
+SELECT_BY = ("mean", "median", "iqm")
+"""Statistics `--select-by` may rank policies by."""
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Adaptive selection of the best policy (`huggy evaluate --select-best`): rounds of work
+    items, each remaining policy getting `round_items` more items per round, and after each
+    round the policies worse than the leader with confidence `confidence` (corrected for the
+    number of policies and rounds: `deploy.evaluation.selection`) get no more."""
+
+    statistic: str = "mean"
+    """What ranks the policies: mean, median or iqm of the return."""
+    confidence: float = 0.95
+    """Probability that the best policy is never dropped."""
+    round_items: int = 1
+    """Work items per remaining policy per round."""
+
+    def __post_init__(self) -> None:
+        if self.statistic not in SELECT_BY:
+            raise ValueError(f"statistic must be one of {', '.join(SELECT_BY)}, got "
+                             f"{self.statistic!r}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence!r}")
+        if isinstance(self.round_items, bool) or not isinstance(self.round_items, int) \
+                or self.round_items < 1:
+            raise ValueError(f"round_items must be an integer >= 1, got {self.round_items!r}")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """What to run and how."""
 
     episodes: int = 36
-    """Episodes per policy."""
+    """Episodes per policy; with `selection`, the budget of all policies together."""
     episodes_per_item: int = 18
     """Episodes per work item: one reset, spread over the agent slots by per-slot quotas (the
     stand-in runs 18 agents at once, so 18 gives each slot one episode)."""
@@ -102,6 +139,8 @@ class EvalConfig:
     spread them."""
     progress: bool = True
     """Show a tqdm progress bar on stderr."""
+    selection: SelectionConfig | None = None
+    """Select the best policy adaptively instead of giving every policy `episodes` episodes."""
 
     def __post_init__(self) -> None:
         from deploy.placement import ACCELERATORS
@@ -147,7 +186,7 @@ def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
             if spec.url is not None:
                 from deploy.client import RemoteAgent
 
-                with RemoteAgent(spec.url) as remote:
+                with RemoteAgent(spec.url, policy=spec.policy_id) as remote:
                     interface = remote.spec
             else:
                 interface = load_policy(spec.path).spec  # type: ignore[arg-type]
@@ -166,6 +205,19 @@ def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
     return standin_behavior(interface.as_dict(), label.split("/")[0].split("@")[0])
 
 
+def served_policy_specs(url: str, policy_id: str | None = None) -> list[PolicySpec]:
+    """One spec per policy served at `url` (`huggy serve`), labelled with its id, or only the
+    one `policy_id`: every policy of a live A/B split, evaluated as deployed. Raises
+    ValueError (listing the served ids) for an id the server does not serve."""
+    from deploy.client import RemoteAgent
+
+    with RemoteAgent(url, policy=policy_id) as remote:
+        served = remote.policies()["models"]
+    return [PolicySpec(label=model["id"], url=url, policy_id=model["id"], step=model["step"],
+                       run=model["id"].rsplit("@", 1)[0] if "@" in model["id"] else None)
+            for model in served if policy_id in (None, model["id"])]
+
+
 def short_label(path: Path) -> str:
     """`parent/file`, such as `ppo_gamma_0.8/Huggy.onnx`: enough to tell files apart in a
     table or a chart, never a whole absolute path."""
@@ -176,41 +228,51 @@ def short_label(path: Path) -> str:
 
 def expand_policies(sources: Sequence[str | os.PathLike[str]]) -> list[PolicySpec]:
     """One spec per policy: a file stays one policy; a results folder gives every checkpoint
-    in it that is on disk, by step (`huggy_agent.formats.results.list_checkpoints`).
+    in it that is on disk, by step (`huggy_agent.formats.results.list_checkpoints`). Sources on
+    the Hugging Face Hub (`hf://owner/repo[@revision][/path]`) are fetched through its cache
+    first; their specs keep the source and the commit it resolved to.
 
     Raises FileNotFoundError for a path that does not exist and ValueError for an empty list or a
     folder without checkpoint files. Files that exist but cannot be loaded are not checked here.
     """
     from huggy_agent.formats.loaded import step_from_filename
     from huggy_agent.formats.results import list_checkpoints
+    from huggy_agent.formats.sources import resolve_policy_source
 
     if not sources:
         raise ValueError("expected at least one policy (a .pt, an .onnx or a results folder)")
     specs: list[PolicySpec] = []
     for source in sources:
-        path = Path(source)
+        resolved = resolve_policy_source(source)
+        path = resolved.path
+        start = len(specs)
         if path.is_dir():
-            run = path.resolve().name
+            run = (resolved.repo_id.split("/")[1] if resolved.from_hub and not resolved.repo_path
+                   else path.resolve().name)
             entries = [entry for entry in list_checkpoints(path) if entry.path is not None]
             if not entries:  # a folder with only its final export (such as a shared policy)
                 finals = sorted(path.glob("*.onnx"))
                 if not finals:
                     raise ValueError(f"no checkpoint or export files found in results folder "
                                      f"{path}")
-                specs += [PolicySpec(label=short_label(final), path=str(final))
-                          for final in finals]
-                continue
+                specs += [PolicySpec(label=f"{run}/{final.name}", path=str(final),
+                                     folder=str(path)) for final in finals]
             behaviors = {entry.behavior for entry in entries}
             for entry in entries:
                 name = run if len(behaviors) == 1 else f"{run}/{entry.behavior}"
                 specs.append(PolicySpec(label=f"{name}@{entry.step}", path=str(entry.path),
-                                        run=name, step=entry.step))
+                                        run=name, step=entry.step, folder=str(path)))
         elif path.is_file():
-            specs.append(PolicySpec(label=short_label(path), path=str(path),
-                                    step=step_from_filename(path)))
+            label = short_label(path)
+            if resolved.from_hub:  # the repository's name, not the commit, as the parent
+                label = "/".join(f"{resolved.repo_id}/{resolved.repo_path}".split("/")[-2:])
+            specs.append(PolicySpec(label=label, path=str(path), step=step_from_filename(path)))
         else:
             raise FileNotFoundError(f"policy not found: {path} (expected a .pt, an .onnx or a "
                                     "results folder)")
+        if resolved.from_hub:
+            specs[start:] = [replace(spec, source=resolved.describe(), revision=resolved.revision)
+                             for spec in specs[start:]]
     return _unique_labels(specs)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
 
@@ -10,14 +11,16 @@ from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
 @dataclass(frozen=True)
 class ItemResult:
     """The counted episodes of one work item, in (slot, episode index) order, and where they
-    ran. `slots[k]` and `episode_indices[k]` name episode k's agent slot and its index there."""
+    ran. `slots[k]` and `episode_indices[k]` name episode k's agent slot and its index there;
+    `terminated[k]` whether the environment ended it (Huggy: at the stick) rather than the step
+    limit; `behavior` is the ML-Agents behavior the environment ran."""
 
     policy_index: int
     index: int
     seed: int
     returns: tuple[float, ...]
     lengths: tuple[int, ...]
-    reached_stick: tuple[bool, ...]
+    terminated: tuple[bool, ...]
     slots: tuple[int, ...]
     episode_indices: tuple[int, ...]
     agent_steps: int
@@ -25,6 +28,7 @@ class ItemResult:
     node_id: str
     runner: str
     attempts: int = 1
+    behavior: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,19 @@ class EvaluationResult:
     """Wall time of the whole evaluation."""
     startup_seconds: float | None = None
     """Wall time until the first runner was ready for items (None if none ever was)."""
+    planned_episodes: list[int] = field(default_factory=list)
+    """Episodes scheduled for each policy (empty: `config.episodes` each)."""
+    selection: dict[str, Any] | None = None
+    """The adaptive selection's outcome (`deploy.evaluation.selection.Selection.outcome`)."""
 
     @property
     def retries(self) -> int:
         """Item runs beyond the first: one per crashed environment or lost runner."""
         return sum(item.attempts - 1 for policy in self.policies for item in policy.items)
+
+    def behaviors(self) -> list[str | None]:
+        """The ML-Agents behavior each work item's environment ran, one per item."""
+        return [item.behavior for policy in self.policies for item in policy.items]
 
     def node_episodes(self) -> dict[str, int]:
         """Episodes run on each node id."""

@@ -96,11 +96,11 @@ class Runner:
             policy_index=item.policy_index, index=item.index, seed=item.seed,
             returns=tuple(float(e.episode_return) for e in result.episodes),
             lengths=tuple(int(e.length) for e in result.episodes),
-            reached_stick=tuple(bool(e.reached_stick) for e in result.episodes),
+            terminated=tuple(bool(e.terminated) for e in result.episodes),
             slots=tuple(e.slot for e in result.episodes),
             episode_indices=tuple(e.index for e in result.episodes),
             agent_steps=int(result.agent_steps), seconds=float(result.seconds),
-            node_id=node, runner=self._name, attempts=attempt)
+            node_id=node, runner=self._name, attempts=attempt, behavior=self._env.behavior_name)
             for item, result in zip(items, results, strict=False)]
 
     def close(self) -> None:
@@ -109,14 +109,14 @@ class Runner:
             self._env.close()
 
     def _agent(self, spec: PolicySpec, payload: list[Any] | bytes | None) -> Any:
-        key = spec.url or spec.label
+        key = f"{spec.url}#{spec.policy_id}" if spec.url else spec.label
         if key in self._agents:
             self._agents.move_to_end(key)
             return self._agents[key]
         if spec.url is not None:
             from deploy.client import RemoteAgent
 
-            agent = RemoteAgent(spec.url)
+            agent = RemoteAgent(spec.url, policy=spec.policy_id)
         else:
             agent = _load_agent(spec, payload, self._device, self._precision)
         self._agents[key] = agent
@@ -136,6 +136,7 @@ def _load_agent(spec: PolicySpec, payload: list[Any] | bytes | None, device: str
         import ray
 
         payload = ray.get(payload[0])
+    assert isinstance(payload, bytes)
     # The file travels as bytes so runners on other machines need no shared file system.
     with tempfile.TemporaryDirectory(prefix="huggy-eval-") as folder:
         local = Path(folder) / Path(spec.path).name

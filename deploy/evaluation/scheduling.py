@@ -19,7 +19,6 @@ that can no longer start, and Ctrl-C, which keeps what finished.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections import deque
@@ -31,6 +30,7 @@ from typing import Any
 from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, WorkItem, next_batch, plan_items
 from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult, RunnerInfo
 from deploy.evaluation.runner import EnvironmentCrashed, Runner
+from deploy.evaluation.selection import Selection
 
 
 class EvaluationError(RuntimeError):
@@ -63,7 +63,7 @@ def _load_check(policies: list[PolicyResult]) -> None:
                 from deploy.client import RemoteAgent, RemoteRequestError, RemoteServerError
 
                 try:
-                    with RemoteAgent(policy.spec.url) as remote:
+                    with RemoteAgent(policy.spec.url, policy=policy.spec.policy_id) as remote:
                         policy.fingerprint = remote.fingerprint
                 except (RemoteServerError, RemoteRequestError) as error:
                     raise PolicyLoadError(str(error)) from error
@@ -72,6 +72,56 @@ def _load_check(policies: list[PolicyResult]) -> None:
                                                                 device="cpu").fingerprint
         except (PolicyLoadError, FileNotFoundError) as error:
             policy.error = f"{type(error).__name__}: {error}"
+
+
+class Schedule:
+    """Which items run: the uniform plan (every item up front), or rounds of the adaptive
+    selection (`config.selection`), the next round asked for when the last one is done."""
+
+    def __init__(self, outcome: EvaluationResult) -> None:
+        self._outcome = outcome
+        count = len(outcome.policies)
+        self.selection = (None if outcome.config.selection is None
+                          else Selection(count, outcome.config))
+
+    def first(self) -> list[WorkItem]:
+        """The items to start with (those of policies that failed their load check left out)."""
+        policies = self._outcome.policies
+        if self.selection is None:
+            items = plan_items(len(policies), self._outcome.config)
+        else:
+            items = self.selection.next_round({}, self._failed())
+        return [item for item in items if not policies[item.policy_index].failed]
+
+    def next(self) -> list[WorkItem]:
+        """Items to run once every started item is done: the selection's next round, or []."""
+        if self.selection is None:
+            return []
+        return self.selection.next_round(self._strata(), self._failed())
+
+    def budget_episodes(self) -> int:
+        """Episodes the progress bar counts toward."""
+        config = self._outcome.config
+        if self.selection is None:
+            return config.episodes * len(self._outcome.policies)
+        return self.selection.budget_items * config.episodes_per_item
+
+    def finish(self) -> None:
+        """Record the planned episodes per policy and the selection's outcome."""
+        outcome = self._outcome
+        if self.selection is None:
+            outcome.planned_episodes = [outcome.config.episodes] * len(outcome.policies)
+            return
+        outcome.planned_episodes = self.selection.scheduled_episodes()
+        outcome.selection = self.selection.outcome(
+            [policy.spec.label for policy in outcome.policies], self._strata())
+
+    def _failed(self) -> list[int]:
+        return [index for index, policy in enumerate(self._outcome.policies) if policy.failed]
+
+    def _strata(self) -> dict[int, list[tuple[float, ...]]]:
+        return {index: [item.returns for item in policy.ordered_items()]
+                for index, policy in enumerate(self._outcome.policies)}
 
 
 def _progress_bar(config: EvalConfig, total_episodes: int) -> Any:
@@ -89,8 +139,7 @@ def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec
     The reference for `evaluate_on_ray` (same items, same seeds, same numbers) and the baseline of
     the benchmark. Policies always run on the CPU here (`config.accelerator` is ignored), with
     one torch thread while it runs, as in a one-CPU Ray runner: an 18-row forward pass gains
-    nothing from more, and extra threads spin against the environment process (2.5x slower on
-    2 cores).
+    nothing from more, and extra threads spin against the environment process, slowing both.
     """
     import torch
 
@@ -98,17 +147,18 @@ def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec
 
     started = time.perf_counter()
     outcome = EvaluationResult(_policy_results(specs), config, env)
+    schedule = Schedule(outcome)
     _load_check(outcome.policies)
-    items = deque(item for item in plan_items(len(specs), config)
-                  if not outcome.policies[item.policy_index].failed)
-    bar = _progress_bar(config, sum(item.episodes for item in items))
+    items = deque(schedule.first())
+    bar = _progress_bar(config, sum(item.episodes for item in items) if schedule.selection is None
+                        else schedule.budget_episodes())
     runner = Runner("plain", env, device="cpu", precision=config.precision)
     outcome.startup_seconds = time.perf_counter() - started
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         outcome.runners.append(runner.info())
-        while items:
+        while items or _refill(items, schedule):
             batch = next_batch(items, env.instances)
             policy = outcome.policies[batch[0].policy_index]
             if policy.failed:
@@ -129,6 +179,7 @@ def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec
         torch.set_num_threads(threads)
         bar.close()
         runner.close()
+    schedule.finish()
     outcome.seconds = time.perf_counter() - started
     return outcome
 
@@ -140,20 +191,21 @@ def ray_session(address: str | None = None) -> Iterator[None]:
     Already connected (a test, a notebook): use that connection and leave it open. `address`
     given ("auto", "HOST:PORT" or "ray://HOST:PORT"): connect to that cluster and disconnect at
     the end. None: Ray's own default (`$RAY_ADDRESS`, else the latest cluster started with
-    `ray start` on this machine, else a new local Ray, which is stopped at the end); token auth
-    and usage stats are off unless the environment says otherwise.
+    `ray start` on this machine, else a new local Ray for this machine alone, which is stopped
+    at the end). Either way with token authentication, unless `$RAY_AUTH_MODE` says otherwise
+    (`deploy.cluster.init_ray`).
     """
     import ray
+
+    from deploy.cluster import init_ray
 
     if ray.is_initialized():
         yield
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is None:
-        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        init_ray(None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     else:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        init_ray(address, logging_level="ERROR", log_to_driver=False)
     try:
         yield
     finally:
@@ -275,20 +327,23 @@ def evaluate_on_ray(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpe
             raise EvaluationError(f"cannot start {config.runners} runners of "
                                   f"{config.runner_cpus:g} CPU each: {error}") from error
         pool = RunnerPool(config, env, placement)
+        schedule = Schedule(outcome)
         try:
-            _drive(pool, outcome, on_result, started)
+            _drive(pool, outcome, schedule, on_result, started)
         except KeyboardInterrupt:
             outcome.interrupted = True
         finally:
             pool.shutdown()
+    schedule.finish()
     outcome.seconds = time.perf_counter() - started
     return outcome
 
 
-def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallback | None,
-           started: float) -> None:
+def _drive(pool: RunnerPool, outcome: EvaluationResult, schedule: Schedule,
+           on_result: ProgressCallback | None, started: float) -> None:
     """The scheduling loop: start the runners, check the policies while they boot, then hand
-    items to idle runners and collect results."""
+    items to idle runners and collect results; when every item is done, ask `schedule` for
+    more (the selection's next round)."""
     import ray
     from ray.exceptions import RayActorError, RayError, RayTaskError
 
@@ -296,7 +351,11 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallb
 
     config, policies = outcome.config, outcome.policies
     specs = [policy.spec for policy in policies]
-    batches, planned = 0, deque(plan_items(len(policies), config))
+    if schedule.selection is None:
+        first = plan_items(len(policies), config)
+    else:  # what the first round would be were every policy loadable, for the runner count
+        first = Selection(len(policies), config).next_round({})
+    batches, planned = 0, deque(first)
     while planned:
         next_batch(planned, outcome.env.instances)
         batches += 1
@@ -304,9 +363,9 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallb
     _load_check(policies)
     payloads = {i: [ray.put(Path(spec.path).read_bytes())] for i, spec in enumerate(specs)
                 if spec.path is not None and not policies[i].failed}
-    pending: deque[WorkItem] = deque(item for item in plan_items(len(policies), config)
-                                     if not policies[item.policy_index].failed)
-    bar = _progress_bar(config, sum(item.episodes for item in pending))
+    pending: deque[WorkItem] = deque(schedule.first())
+    bar = _progress_bar(config, sum(item.episodes for item in pending)
+                        if schedule.selection is None else schedule.budget_episodes())
     running: dict[Any, tuple[str, list[WorkItem]]] = {}
 
     def fail_policy(index: int, message: str) -> None:
@@ -318,7 +377,7 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallb
         bar.refresh()
 
     try:
-        while pending or running:
+        while pending or running or _refill(pending, schedule):
             for name in pool.idle():
                 if not pending:
                     break
@@ -377,6 +436,13 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, on_result: ProgressCallb
                     on_result(result, pool)
     finally:
         bar.close()
+
+
+def _refill(pending: deque[WorkItem], schedule: Schedule) -> bool:
+    """Queue the schedule's next items (called when every started item is done); whether
+    there are any."""
+    pending.extend(schedule.next())
+    return bool(pending)
 
 
 def _items_text(batch: list[WorkItem]) -> str:

@@ -214,7 +214,8 @@ class StandIn:
         actions = np.zeros((n, ACT_SIZE), dtype=np.float32)
         if listing is None or len(listing.value) == 0:
             return actions
-        rows = continuous_actions(listing.SerializeToString(), len(listing.value), ACT_SIZE)
+        rows: np.ndarray | list[list[float]] | None = continuous_actions(
+            listing.SerializeToString(), len(listing.value), ACT_SIZE)
         if rows is None:  # another layout: field by field
             rows = [list(a.continuous_actions) for a in listing.value]
         if len(rows) != n or any(len(row) != ACT_SIZE for row in rows):

@@ -55,7 +55,7 @@ def spec_arguments(behavior_spec: Any) -> tuple[str, ...]:
     if isinstance(behavior_spec, (str, os.PathLike)):
         from huggy_agent.formats import load_policy
 
-        loaded = load_policy(behavior_spec)
+        loaded = load_policy(Path(behavior_spec))
         name = loaded.origin.stem.split("-")[0] if loaded.origin.suffix == ".onnx" \
             else loaded.origin.parent.name
         data = {**loaded.spec.as_dict(), "behavior": name}

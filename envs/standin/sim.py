@@ -9,7 +9,7 @@ the ground when its leg reaches down far enough at that pitch, feet on the groun
 backward push the body along its heading (slipping beyond a top speed), and
 a turning force rotates it toward the stick. The trained policies hold their pitch with their
 legs' swing, which makes this body bound forward. What matters is
-the interface, which follows Huggy (facts.md): 59 observations in the trained models' order and
+the interface, which follows the Huggy build's: 59 observations in the trained models' order and
 scales, 21 actions with Huggy's meaning, Huggy's reward, and an episode that ends at the stick.
 
 Observation layout (59): body ground contact; then for each leg (upper, lower) part: contact,
@@ -68,7 +68,7 @@ def _columns(*columns: np.ndarray) -> np.ndarray:
 
 def _norms(x: np.ndarray, keepdims: bool = False) -> np.ndarray:
     """Row norms, exactly as `np.linalg.norm(x, axis=1)` computes them."""
-    return np.sqrt(np.add.reduce(x * x, axis=1, keepdims=keepdims))
+    return np.sqrt(np.add.reduce(x * x, axis=1, keepdims=keepdims))  # type: ignore[call-overload]
 
 
 @dataclass
@@ -140,6 +140,10 @@ class SeededSim:
         self.rng = np.random.default_rng(seed)
         self._next_id = 0
         self.reset()
+
+    def reset(self) -> Any:
+        """Start a new episode for every slot (new ids)."""
+        raise NotImplementedError
 
     def reseed(self, seed: int) -> None:
         """Restart the random stream: everything after the next reset depends only on `seed`."""
@@ -220,8 +224,8 @@ class HuggySim(SeededSim):
         rest = _LEVEL_PITCH + 2.0 * pose[:, 1] + _SWING_PITCH * (swing @ _FRONT) / 2
         rest = _clip(rest, _LEVEL_PITCH - _MAX_REST, _LEVEL_PITCH + _MAX_REST)
         roll = 2.0 * pose[:, 2]
+        rows: np.ndarray | slice = slice(None) if mask is None else mask
         if mask is None:
-            mask = slice(None)
             self.pitch_rate += DT * (_PITCH_FREQ**2 * (rest - self.pitch)
                                      - _PITCH_DAMPING * self.pitch_rate)
             pitch = self.pitch + DT * self.pitch_rate
@@ -230,9 +234,9 @@ class HuggySim(SeededSim):
             pitch = _clip(pitch, _LEVEL_PITCH - _MAX_TILT, _LEVEL_PITCH + _MAX_TILT)
         else:
             pitch = rest
-        self.pos[mask, 1] = height[mask]
-        self.pitch[mask] = pitch[mask]
-        self.roll[mask] = roll[mask]
+        self.pos[rows, 1] = height[rows]
+        self.pitch[rows] = pitch[rows]
+        self.roll[rows] = roll[rows]
 
     def _frame(self) -> tuple[np.ndarray, np.ndarray]:
         """Forward and up unit vectors (N, 3) from yaw, pitch and roll."""

@@ -81,7 +81,8 @@ class SpecStandIn:
         # first decision in the same message.
         fresh = np.flatnonzero(r.done)
         self.order = np.concatenate([np.flatnonzero(~r.done), fresh])
-        masks = None if r.masks is None else np.concatenate([r.masks, r.new_masks[fresh]])
+        masks = (None if r.masks is None or r.new_masks is None
+                 else np.concatenate([r.masks, r.new_masks[fresh]]))
         return self._message(
             np.concatenate([r.agent_id, r.new_agent_id[fresh]]),
             np.concatenate([r.reward, np.zeros(len(fresh), np.float32)]),

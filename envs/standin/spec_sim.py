@@ -147,7 +147,8 @@ class SpecSim(SeededSim):
         new_observations, new_masks = self._draw(n)
         self.observations = [np.where(_rows(done, o), new, o)
                              for o, new in zip(observations, new_observations, strict=True)]
-        self.masks = None if masks is None else np.where(done[:, None], new_masks, masks)
+        self.masks = (None if masks is None or new_masks is None
+                      else np.where(done[:, None], new_masks, masks))
         return SpecStep(observations, masks, reward.astype(np.float32), done, agent_id,
                         new_agent_id, new_observations, new_masks)
 

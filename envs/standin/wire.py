@@ -1,6 +1,6 @@
 """Protobuf wire encoding of the stand-in's observation messages, straight from numpy arrays.
 
-Building one `AgentInfoProto` per agent through the protobuf API costs ~10 µs per field access;
+Building one `AgentInfoProto` per agent through the protobuf API costs a Python call per field;
 the stand-in instead writes the bytes of a `UnityMessageProto` directly (field numbers from the
 mlagents-envs descriptors, checked against the parsed message in tests) and hands them to gRPC.
 """

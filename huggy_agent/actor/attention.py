@@ -40,7 +40,8 @@ class EntityEmbedding(nn.Module):
             assert x_self is not None
             expanded = x_self.reshape(-1, 1, self.self_size).expand(-1, self.max_entities, -1)
             entities = torch.cat([expanded, entities], dim=2)
-        return self.self_ent_encoder(entities)
+        encoded: torch.Tensor = self.self_ent_encoder(entities)
+        return encoded
 
 
 class ResidualSelfAttention(nn.Module):

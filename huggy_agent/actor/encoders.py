@@ -7,6 +7,7 @@ Each encoder checks its input shape in its constructor. Visual encoders take cha
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,15 +24,18 @@ class Normalizer(nn.Module):
     ML-Agents' running variance and step count overflow float16. `std` is
     `sqrt(running_variance / normalization_steps)`, derived once by the loader."""
 
+    running_mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, size: int) -> None:
         super().__init__()
         self.register_buffer("running_mean", torch.zeros(size))
         self.register_buffer("std", torch.ones(size))
 
-    def _apply(self, fn, recurse=True):  # noqa: ANN001 - torch's own signature
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Normalizer:
         # Keep the buffers float32 whatever `.to(dtype)` / `.half()` asks; device moves apply.
         mean, std = self.running_mean, self.std
-        super()._apply(fn, recurse)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # torch leaves it untyped
         self.running_mean = mean.to(self.running_mean.device)
         self.std = std.to(self.std.device)
         return self
@@ -77,7 +81,8 @@ class FullyConnectedVisualEncoder(nn.Module):
         self.dense = _dense(self.input_size, output_size)
 
     def forward(self, visual_obs: torch.Tensor) -> torch.Tensor:
-        return self.dense(visual_obs.reshape(-1, self.input_size))
+        encoding: torch.Tensor = self.dense(visual_obs.reshape(-1, self.input_size))
+        return encoding
 
 
 class _ConvEncoder(nn.Module):
@@ -90,7 +95,7 @@ class _ConvEncoder(nn.Module):
         layers: list[nn.Module] = []
         channels, h_w = initial_channels, (height, width)
         for out_channels, kernel, stride in self.SPECS:
-            layers += [nn.Conv2d(channels, out_channels, [kernel, kernel], [stride, stride]),
+            layers += [nn.Conv2d(channels, out_channels, (kernel, kernel), (stride, stride)),
                        nn.LeakyReLU()]
             channels, h_w = out_channels, conv_output_shape(h_w, kernel, stride)
         self.final_flat = h_w[0] * h_w[1] * channels
@@ -99,7 +104,8 @@ class _ConvEncoder(nn.Module):
 
     def forward(self, visual_obs: torch.Tensor) -> torch.Tensor:
         hidden = self.conv_layers(visual_obs)
-        return self.dense(hidden.reshape(-1, self.final_flat))
+        encoding: torch.Tensor = self.dense(hidden.reshape(-1, self.final_flat))
+        return encoding
 
 
 class SimpleVisualEncoder(_ConvEncoder):
@@ -125,11 +131,12 @@ class ResNetBlock(nn.Module):
 
     def __init__(self, channel: int) -> None:
         super().__init__()
-        self.layers = nn.Sequential(Swish(), nn.Conv2d(channel, channel, [3, 3], [1, 1], padding=1),
-                                    Swish(), nn.Conv2d(channel, channel, [3, 3], [1, 1], padding=1))
+        self.layers = nn.Sequential(Swish(), nn.Conv2d(channel, channel, (3, 3), (1, 1), padding=1),
+                                    Swish(), nn.Conv2d(channel, channel, (3, 3), (1, 1), padding=1))
 
     def forward(self, input_tensor: torch.Tensor) -> torch.Tensor:
-        return input_tensor + self.layers(input_tensor)
+        residual: torch.Tensor = self.layers(input_tensor)
+        return input_tensor + residual
 
 
 class ResNetVisualEncoder(nn.Module):
@@ -141,8 +148,8 @@ class ResNetVisualEncoder(nn.Module):
         layers: list[nn.Module] = []
         last = initial_channels
         for channel in (16, 32, 32):
-            layers += [nn.Conv2d(last, channel, [3, 3], [1, 1], padding=1),
-                       nn.MaxPool2d([3, 3], [2, 2])]
+            layers += [nn.Conv2d(last, channel, (3, 3), (1, 1), padding=1),
+                       nn.MaxPool2d((3, 3), (2, 2))]
             height, width = pool_out_shape((height, width), 3)
             layers += [ResNetBlock(channel), ResNetBlock(channel)]
             last = channel

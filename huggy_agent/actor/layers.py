@@ -38,7 +38,8 @@ class LinearEncoder(nn.Module):
         self.seq_layers = nn.Sequential(*layers)
 
     def forward(self, input_tensor: torch.Tensor) -> torch.Tensor:
-        return self.seq_layers(input_tensor)
+        encoding: torch.Tensor = self.seq_layers(input_tensor)
+        return encoding
 
 
 class LSTM(nn.Module):

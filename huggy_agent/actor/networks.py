@@ -15,7 +15,7 @@ new memory (N, memory_size). Masks, sampling and squashing are the agent's (`hug
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -67,7 +67,7 @@ class ActorArchitecture:
     def has_attention(self) -> bool:
         return any(i.input.kind == "variable" for i in self.inputs)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready, stable (the weights fingerprint hashes it)."""
         data = asdict(self)
         data["inputs"] = [{"input": i.input.as_dict(), "normalize": i.normalize,
@@ -110,7 +110,7 @@ class ObservationEncoder(nn.Module):
                                                  architecture.hidden_units))
                 embedding_sizes.append(architecture.hidden_units)
             else:
-                processors.append(None)  # type: ignore[arg-type] - filled below
+                processors.append(nn.Identity())  # the entity embedding, made below
                 embedding_sizes.append(0)
         self_size = sum(embedding_sizes)
         self.variable = [i for i, arch in enumerate(architecture.inputs)
@@ -160,7 +160,8 @@ class NetworkBody(nn.Module):
         if self.lstm is None:
             return encoding, None
         assert memories is not None
-        return self.lstm(encoding, memories.to(dtype))
+        output, memories_out = self.lstm(encoding, memories.to(dtype))
+        return output, memories_out
 
 
 class GaussianDistribution(nn.Module):
@@ -175,9 +176,10 @@ class GaussianDistribution(nn.Module):
             else nn.Parameter(torch.zeros(1, num_outputs)))
 
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(self.log_sigma, nn.Linear):
-            return self.mu(inputs), torch.clamp(self.log_sigma(inputs), *SAC_LOG_SIGMA_RANGE)
-        return self.mu(inputs), self.log_sigma
+        mu: torch.Tensor = self.mu(inputs)
+        if isinstance(self.log_sigma, nn.Parameter):
+            return mu, self.log_sigma
+        return mu, torch.clamp(self.log_sigma(inputs), *SAC_LOG_SIGMA_RANGE)
 
 
 class MultiCategoricalDistribution(nn.Module):
@@ -223,7 +225,9 @@ class Actor(nn.Module):
     @property
     def layer_dtype(self) -> torch.dtype:
         """The dtype of the layers (the precision the actor runs in)."""
-        return self.network_body._body_endoder.seq_layers[0].weight.dtype
+        first = self.network_body._body_endoder.seq_layers[0]
+        assert isinstance(first, nn.Linear)
+        return first.weight.dtype
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         inputs = list(tensors[: self._inputs])

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint, entry_points
 
+from huggy_agent import __version__
 from huggy_agent.cli import policy_commands
 
 ENTRY_POINT_GROUP = "huggy_agent.commands"
@@ -33,20 +34,22 @@ def _command_word(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The `huggy` parser: every core subcommand, the plugin subcommand named in `argv` (or
     every plugin subcommand when `argv` names none, for `huggy --help`), and a placeholder for
-    the other plugin subcommands."""
+    the other plugin subcommands (all of them for `huggy --version`)."""
     parser = argparse.ArgumentParser(
         prog="huggy",
         description="Run a trained Unity ML-Agents policy (Huggy the Dog first) outside Unity.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     policy_commands.add_parsers(subparsers)
     core = set(subparsers.choices)
     wanted = _command_word(argv)
+    load_all = wanted is None and "--version" not in argv
     for name, entry in sorted(plugin_commands().items()):
         if name in core:
             raise RuntimeError(f"entry point {entry.value!r} of group {ENTRY_POINT_GROUP!r} "
                                f"redefines the core command {name!r}")
-        if wanted is None or wanted == name:
+        if load_all or wanted == name:
             entry.load()(subparsers)
         else:
             subparsers.add_parser(name, help=f"(from {entry.value.split(':')[0]})")

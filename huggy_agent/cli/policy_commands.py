@@ -7,16 +7,24 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from huggy_agent.engines import ENGINE_NAMES
+from huggy_agent.formats.sources import policy_path
+
+if TYPE_CHECKING:
+    from huggy_agent.agent import ActionResult, HuggyAgent
+    from huggy_agent.diagnostics import Agreement
 
 
 def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
-    parser.add_argument("--policy", type=Path, default=None,
-                        help="a .onnx, a .pt or a results folder (default: the bundled Huggy policy)")
+    parser.add_argument("--policy", type=policy_path, default=None,
+                        help="a .onnx, a .pt or a results folder, local or "
+                             "hf://owner/repo[@revision][/path] (default: the bundled Huggy policy)")
     if device:
         parser.add_argument("--device", default="auto",
                             help="auto (NPU, then CUDA, then CPU), cpu, cuda[:N] or npu[:N]")
@@ -31,7 +39,7 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _agent(args: argparse.Namespace, seed: int | None = None):  # noqa: ANN202 - lazy import
+def _agent(args: argparse.Namespace, seed: int | None = None) -> HuggyAgent:
     from huggy_agent import HuggyAgent
 
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=seed,
@@ -42,7 +50,7 @@ def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def _observation(args: argparse.Namespace, agent) -> list[np.ndarray]:  # noqa: ANN001
+def _observation(args: argparse.Namespace, agent: HuggyAgent) -> list[np.ndarray]:
     """One observation row per input: from --obs (JSON: the row of a single-input policy, or a
     list of rows, one per input), else canonical row 1 (drawn from the normalizers' statistics)."""
     if args.obs is not None:
@@ -70,8 +78,8 @@ def _add_observation_options(parser: argparse.ArgumentParser) -> None:
                              "action of every branch, 1 = allowed (default: all allowed)")
 
 
-def _policy_args(agent, observation: list[np.ndarray], args: argparse.Namespace,  # noqa: ANN001
-                 rows: int | None = None) -> dict:
+def _policy_args(agent: HuggyAgent, observation: list[np.ndarray], args: argparse.Namespace,
+                 rows: int | None = None) -> dict[str, Any]:
     """compute_action's obs and action_mask, one row or `rows` copies of it."""
     inputs = observation if rows is None else [np.repeat(o[None], rows, axis=0)
                                                for o in observation]
@@ -79,42 +87,46 @@ def _policy_args(agent, observation: list[np.ndarray], args: argparse.Namespace,
     return {"obs": inputs[0] if len(inputs) == 1 else inputs, "action_mask": mask}
 
 
-def _as_lists(result: object, agent) -> dict:  # noqa: ANN001
+def _as_lists(result: ActionResult, agent: HuggyAgent) -> dict[str, list[Any]]:
     """A compute_action result as JSON-ready lists by kind."""
-    from huggy_agent import Actions
+    from huggy_agent import Actions, split_memory
 
-    out = {}
-    if agent.spec.memory_size:
-        result, memory = result  # type: ignore[misc]
+    out: dict[str, list[Any]] = {}
+    actions, memory = split_memory(result)
+    if memory is not None:
         out["memory"] = memory.tolist()
-    if isinstance(result, Actions):
-        out.update(continuous=result.continuous.tolist(), discrete=result.discrete.tolist())
+    if isinstance(actions, Actions):
+        out.update(continuous=actions.continuous.tolist(), discrete=actions.discrete.tolist())
     else:
-        out["discrete" if agent.spec.discrete_branches else "continuous"] = result.tolist()
+        out["discrete" if agent.spec.discrete_branches else "continuous"] = actions.tolist()
     return out
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     from huggy_agent.tables import format_table
 
-    info = _agent(args).describe()
+    agent = _agent(args)
+    agent.warmup([1])  # a graph engine captures and checks its first graphs: say what really runs
+    info = agent.describe()
     if args.json:
         _print_json(info)
         return 0
     params = info["parameters"]
-    rows = [("source", info["source"]), ("format", info["format"]), ("step", info["step"]),
+    rows = [("source", info["hub_source"] or info["source"]), ("format", info["format"]),
+            ("step", info["step"]),
             ("interface", _agent_spec_line(info)), ("network", info["summary"]),
             ("linear parameters (body + heads)", params["body"] + params["heads"]),
             ("encoder parameters", params["encoders"]), ("LSTM parameters", params["lstm"]),
             ("log-sigma parameters", params["log_sigma"]),
             ("normalizer values", params["normalizer"]), ("fingerprint", info["fingerprint"]),
             ("device", info["device"]), ("precision", info["precision"]),
-            ("engine", info["engine"]), ("engine detail", info["engine_detail"])]
+            ("engine", info["engine"]), ("engine reason", info["engine_reason"]),
+            ("engine detail", info["engine_detail"])]
     print(format_table(["field", "value"], rows))
     return 0
 
 
-def _agent_spec_line(info: dict) -> str:
+def _agent_spec_line(info: dict[str, Any]) -> str:
     from huggy_agent.spec import ActorSpec
 
     return ActorSpec.from_dict(info["spec"]).describe()
@@ -139,22 +151,20 @@ def cmd_act(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from huggy_agent import Actions
+    from huggy_agent import Actions, split_memory
     from huggy_agent.tables import format_table
 
     agent = _agent(args, seed=args.seed)
     observation = _observation(args, agent)
-    samples = agent.compute_action(deterministic=False, seed=args.seed,
-                                   **_policy_args(agent, observation, args, args.samples))
-    mean_action = agent.compute_action(**_policy_args(agent, observation, args))
-    if agent.spec.memory_size:
-        samples, mean_action = samples[0], mean_action[0]
+    samples, _ = split_memory(agent.compute_action(
+        deterministic=False, seed=args.seed, **_policy_args(agent, observation, args, args.samples)))
+    mean_action, _ = split_memory(agent.compute_action(**_policy_args(agent, observation, args)))
     continuous = samples.continuous if isinstance(samples, Actions) else (
         None if agent.spec.discrete_branches else samples)
     discrete = samples.discrete if isinstance(samples, Actions) else (
         samples if agent.spec.discrete_branches else None)
-    summary: dict = {"deterministic": _as_lists(mean_action, agent), "samples": args.samples,
-                     "seed": args.seed}
+    summary: dict[str, Any] = {"deterministic": _as_lists(mean_action, agent),
+                               "samples": args.samples, "seed": args.seed}
     rows = []
     if continuous is not None:
         summary.update(mean=continuous.mean(0).tolist(), std=continuous.std(0).tolist())
@@ -177,7 +187,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _batch_inputs(args: argparse.Namespace, agent) -> list[np.ndarray]:  # noqa: ANN001
+def _batch_inputs(args: argparse.Namespace, agent: HuggyAgent) -> list[np.ndarray]:
     if args.input is None:
         from huggy_agent.reference import canonical_inputs
 
@@ -205,7 +215,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if len(arrays) == 1:
             np.save(args.output, next(iter(arrays.values())))
         else:
-            np.savez(args.output, **arrays)
+            np.savez(args.output, **arrays)  # type: ignore[arg-type]  # numpy stubs: allow_pickle
     summary = {"rows": rows, "seconds": seconds, "obs_per_s": rows / seconds,
                **{f"{k}_mean": float(v.mean()) for k, v in arrays.items()},
                "output": str(args.output) if args.output else None}
@@ -218,7 +228,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agreement_table(rows: list) -> str:
+def _agreement_table(rows: list[Agreement]) -> str:
     from huggy_agent.tables import format_table
 
     return format_table(
@@ -346,10 +356,12 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the policy subcommands."""
-    def command(name: str, handler, help_text: str, device: bool = True,  # noqa: ANN001
-                json_flag: bool = True) -> argparse.ArgumentParser:
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str,
+                device: bool | None = True, json_flag: bool = True) -> argparse.ArgumentParser:
+        """`device`: with --device, --precision and --engine; False: --policy only; None:
+        no policy options."""
         parser = subparsers.add_parser(name, help=help_text, description=help_text)
         if device is not None:
             _add_policy_options(parser, device)

@@ -4,6 +4,9 @@
 An engine knows nothing of the network's shape, only "float32 inputs of these feature shapes in,
 a tuple of outputs out" (see `base`). Heavy imports (onnxruntime, torch.onnx) happen in the engine
 that needs them.
+
+Graph engines check every graph they capture against eager torch; one that fails its check or
+raises in capture or replay raises `EngineFailure`, and the agent runs `torch` from then on.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from huggy_agent.engines.base import ActionHead, Engine, InputShapes
+from huggy_agent.engines.base import ActionHead, Engine, EngineFailure, InputShapes
 from huggy_agent.engines.graphs import CudaGraphEngine, NpuGraphEngine, device_graphs
 from huggy_agent.engines.onnx_runtime import OnnxRuntimeEngine, onnxruntime_available
 from huggy_agent.engines.torch_eager import TorchEngine
@@ -23,10 +26,15 @@ ENGINES: dict[str, type[Engine]] = {
     "npu-graph": NpuGraphEngine,
 }
 ENGINE_NAMES = ("auto", *ENGINES)
+GRAPH_ENGINES: dict[str, type[CudaGraphEngine] | type[NpuGraphEngine]] = {
+    "cuda-graph": CudaGraphEngine,
+    "npu-graph": NpuGraphEngine,
+}
 
 
-def auto_engine(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool) -> str:
-    """The engine `auto` runs for a device kind and precision; a fixed rule, never a timing.
+def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool
+                ) -> tuple[str, str]:
+    """(engine, why) for `auto` on a device kind and precision; a fixed rule, never a timing.
 
     - cpu: `onnxruntime` for fp32 where it is installed, else `torch` (onnxruntime's CPU kernels
       are not used for fp16/bf16 layers);
@@ -37,10 +45,20 @@ def auto_engine(device_type: str, precision: str, *, onnxruntime: bool, graphs: 
     in the README ("Engines").
     """
     if device_type == "cpu":
-        return "onnxruntime" if onnxruntime and precision == "fp32" else "torch"
+        if precision != "fp32":
+            return "torch", f"auto: torch for {precision} layers on the CPU (onnxruntime runs fp32)"
+        if onnxruntime:
+            return "onnxruntime", "auto: onnxruntime for fp32 on the CPU"
+        return "torch", "auto: torch on the CPU (onnxruntime is not installed)"
     if device_type in ("cuda", "npu") and graphs:
-        return f"{device_type}-graph"
-    return "torch"
+        return (f"{device_type}-graph", f"auto: {device_type}-graph on {device_type}, each "
+                "captured batch size checked against eager torch")
+    return "torch", f"auto: torch on {device_type} (its torch module offers no graph capture)"
+
+
+def auto_engine(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool) -> str:
+    """The engine of `auto_choice`."""
+    return auto_choice(device_type, precision, onnxruntime=onnxruntime, graphs=graphs)[0]
 
 
 def resolve_engine(name: str, device: torch.device, precision: str) -> str:
@@ -48,10 +66,16 @@ def resolve_engine(name: str, device: torch.device, precision: str) -> str:
 
     Raises ValueError for an unknown name and for an engine that cannot run there.
     """
+    return choose_engine(name, device, precision)[0]
+
+
+def choose_engine(name: str, device: torch.device, precision: str) -> tuple[str, str]:
+    """(the concrete engine, why) for `name` on `device` in `precision`; raises as
+    `resolve_engine` does."""
     if name not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINE_NAMES)}")
     if name == "auto":
-        return auto_engine(device.type, precision,
+        return auto_choice(device.type, precision,
                            onnxruntime=device.type == "cpu" and onnxruntime_available(),
                            graphs=device.type != "cpu" and device_graphs(device) is not None)
     if name == "onnxruntime":
@@ -65,14 +89,20 @@ def resolve_engine(name: str, device: torch.device, precision: str) -> str:
     if graph_device is not None and (device.type != graph_device or device_graphs(device) is None):
         raise ValueError(f"the {name} engine needs a {graph_device} device with graph capture, "
                          f"not {device}; use engine='torch' or 'auto'")
-    return name
+    checked = ", each captured batch size checked against eager torch" if graph_device else ""
+    return name, f"{name}, as asked{checked}"
 
 
 def create_engine(name: str, net: nn.Module, input_shapes: InputShapes, device: torch.device,
                   precision: str, head: ActionHead) -> Engine:
-    """The engine `name` (`auto` resolved by `resolve_engine`) running `net` on `device`."""
-    return ENGINES[resolve_engine(name, device, precision)](net, input_shapes, device, head)
+    """The engine `name` (`auto` resolved by `resolve_engine`) running `net` on `device`; graph
+    engines check their graphs within the tolerance of `precision`."""
+    resolved = resolve_engine(name, device, precision)
+    if resolved in GRAPH_ENGINES:
+        return GRAPH_ENGINES[resolved](net, input_shapes, device, head, precision=precision)
+    return ENGINES[resolved](net, input_shapes, device, head)
 
 
-__all__ = ["ENGINES", "ENGINE_NAMES", "ActionHead", "Engine", "InputShapes", "auto_engine",
-           "create_engine", "resolve_engine"]
+__all__ = ["ENGINES", "ENGINE_NAMES", "ActionHead", "Engine", "EngineFailure", "InputShapes",
+           "TorchEngine", "auto_choice", "auto_engine", "choose_engine", "create_engine",
+           "resolve_engine"]

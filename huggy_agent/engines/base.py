@@ -35,6 +35,17 @@ class ActionHead(Protocol):
         ...
 
 
+class EngineFailure(RuntimeError):
+    """An engine that cannot be trusted to serve: a graph that failed its check against eager
+    torch, or raised in capture or replay. The agent runs the `torch` engine instead."""
+
+    def __init__(self, engine: str, rows: int, cause: str) -> None:
+        super().__init__(f"the {engine} engine failed at batch size {rows}: {cause}")
+        self.engine = engine
+        self.rows = rows
+        self.cause = cause
+
+
 class Engine(ABC):
     """Runs `net` on `device`. Inputs are validated, C-contiguous float32 numpy arrays with the
     same number of rows N >= 1; outputs keep their row order.

@@ -1,8 +1,8 @@
 """`cuda-graph` and `npu-graph`: the network, and for actions the head too, captured as device
 graphs, one per batch-size rung, replayed with one host-to-device and one device-to-host copy.
 
-Small batches on an accelerator are launch-bound: one Huggy observation took 217 us in eager ops
-and 46 us replayed as a CUDA graph with pinned buffers on an H200 (see the README).
+Small batches on an accelerator are launch-bound: a replayed graph launches once where eager ops
+launch every layer (the README has the figures).
 
 - Rungs: powers of two up to `max_rung`. A batch of N <= max_rung rows is padded to the smallest
   rung >= N; a larger one runs in chunks of max_rung rows and a padded remainder.
@@ -17,6 +17,10 @@ and 46 us replayed as a CUDA graph with pinned buffers on an H200 (see the READM
   compute of the previous one. Graphs of one slot share its pool and never run concurrently.
 - Capture is lazy (the first call that needs a rung) or ahead of time (`HuggyAgent.warmup`), and
   each is timed and logged.
+- Check: every captured graph is replayed once on a fixed probe batch (seeded Gaussian inputs,
+  and seeded noise for `act+noise`) and its outputs are compared with the same program run
+  eagerly on the same device, within the precision's tolerance (`CHECK_ATOL`). A mismatch, or an
+  error in capture or replay, raises `EngineFailure`, and the agent runs `torch` instead.
 
 The graph API comes from the device's torch module: `torch.cuda.CUDAGraph` (torch 2.11 and 2.13
 alike), `torch.npu.NPUGraph` from torch-npu. Everything device-specific sits behind
@@ -29,11 +33,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -42,11 +46,13 @@ from torch import nn
 from huggy_agent.engines.base import (
     ActionHead,
     Engine,
+    EngineFailure,
     InputShapes,
     as_float32,
     merge_parts,
     per_row_flags,
 )
+from huggy_agent.numerics import PRECISION_ACTION_ATOL
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,15 @@ DEFAULT_MAX_RUNG = 16384
 """The largest captured batch; larger batches are chunked."""
 CAPTURE_WARMUP_RUNS = 2
 """Eager runs on a side stream before a capture (library handles, workspaces, allocator)."""
+CHECK_ATOL = PRECISION_ACTION_ATOL
+"""How far a graph's outputs may be from eager torch's on the probe batch, by precision: max abs
+difference for actions; for raw network outputs (`forward`), relative to max(1, |eager|). A graph
+and eager torch run the same layers in the same precision, so they agree within what any two
+correct paths of that precision do."""
+CHECK_SEED = 20261201
+"""Seeds the probe batch (inputs and noise alike)."""
+CHECK_PROBE_ROWS = 64
+"""Distinct rows in the probe batch; a larger rung repeats them (every row is compared)."""
 GRAPH_CLASSES = {"cuda": "CUDAGraph", "npu": "NPUGraph"}
 GRAPH_MODULE_API = ("graph", "graph_pool_handle", "Stream", "stream", "current_stream", "Event",
                     "device")
@@ -173,7 +188,7 @@ class DeviceGraphs:
         return self._module.current_stream(self.device)
 
     def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
-        return self._module.stream(stream)
+        return cast(AbstractContextManager[Any], self._module.stream(stream))
 
     def wait(self, stream: Any, other: Any) -> None:
         stream.wait_stream(other)
@@ -199,7 +214,7 @@ class DeviceGraphs:
     def record(self, stream: Any) -> Event:
         event = self._module.Event()
         event.record(stream)
-        return event
+        return cast(Event, event)
 
 
 def graph_backend(device_type: str, module: ModuleType | None) -> tuple[ModuleType, type] | None:
@@ -217,6 +232,39 @@ def device_graphs(device: torch.device) -> DeviceGraphs | None:
     """The graph backend for `device`, or None where its torch module has no graph capture."""
     found = graph_backend(device.type, getattr(torch, device.type, None))
     return None if found is None else DeviceGraphs(device, *found)
+
+
+def probe_rows(width: int) -> np.ndarray:
+    """The probe batch's `CHECK_PROBE_ROWS` distinct packed rows, (rows, width) float32: seeded
+    standard-normal values, on the scale of normalized observations and of the noise."""
+    return np.random.default_rng(CHECK_SEED).standard_normal((CHECK_PROBE_ROWS, width),
+                                                             dtype=np.float32)
+
+
+def output_mismatch(graph: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
+                    tolerance: float, relative: bool) -> str | None:
+    """None when every output of `graph` is within `tolerance` of `eager`'s (max abs difference,
+    or relative to max(1, |eager|) when `relative`; equal infinities and NaN where eager has NaN
+    agree), else what differs, naming the first output that does."""
+    graph_shapes = [tuple(output.shape) for output in graph]
+    eager_shapes = [tuple(output.shape) for output in eager]
+    if graph_shapes != eager_shapes:
+        return f"outputs of shapes {graph_shapes}, eager torch {eager_shapes}"
+    worst = []
+    for got, want in zip(graph, eager, strict=True):
+        got, want = got.float(), want.float()
+        difference = (got - want).abs()
+        if relative:
+            difference = difference / want.abs().clamp(min=1.0)
+        agree = (got == want) | (got.isnan() & want.isnan())
+        difference = torch.where(agree, 0.0, difference.nan_to_num(nan=math.inf, posinf=math.inf))
+        worst.append(difference.max() if difference.numel() else difference.new_zeros(()))
+    for index, value in enumerate(torch.stack(worst).tolist() if worst else []):
+        if not value <= tolerance:
+            kind = "relative difference" if relative else "max abs difference"
+            return (f"output {index} differs from eager torch by {value:.3g} ({kind}; "
+                    f"tolerance {tolerance:g})")
+    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,26 +319,38 @@ class _Pending:
 
 class GraphEngine(Engine):
     """Replays captured graphs of the network (see the module docstring). `ladder` holds the
-    batch sizes it captures; `capture_seconds` how long each (program kind, rung) took."""
+    batch sizes it captures; `capture_seconds` how long each (program kind, rung) took to
+    capture, `check_seconds` to check against eager torch. `precision` (the layers') picks the
+    check's tolerance.
+
+    `forward` and `act` raise `EngineFailure` when a graph fails its check or raises in capture
+    or replay; the engine is not to be used after that.
+    """
 
     name = "graph"
 
     def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
                  head: ActionHead, backend: GraphBackend,
-                 max_rung: int = DEFAULT_MAX_RUNG) -> None:
+                 max_rung: int = DEFAULT_MAX_RUNG, precision: str = "fp32") -> None:
         super().__init__(net, input_shapes, device, head)
+        if precision not in CHECK_ATOL:
+            raise ValueError(f"unknown precision {precision!r}; expected one of "
+                             f"{', '.join(CHECK_ATOL)}")
         self.ladder = rung_ladder(max_rung)
         self.max_rung = max_rung
         self.backend = backend
+        self.precision = precision
         self.capture_seconds: dict[tuple[str, int], float] = {}
+        self.check_seconds: dict[tuple[str, int], float] = {}
         self._programs: dict[tuple[str, tuple[int, ...] | None], _Program] = {}
         self._slots: list[_Slot] = []
+        self._probes: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
 
     def describe(self) -> str:
         return (f"{self.name} on {self.device}, {len(self.ladder)} rungs of 1-{self.max_rung} rows "
-                f"({len(self.capture_seconds)} graphs captured), larger batches chunked over 2 "
-                "streams")
+                f"({len(self.capture_seconds)} graphs captured, each checked against eager "
+                "torch), larger batches chunked over 2 streams")
 
     # --- programs, slots, capture -----------------------------------------------------------
 
@@ -328,7 +388,8 @@ class GraphEngine(Engine):
             slot.host_inputs[program] = (host, host.numpy())
         views = program.layout.unpack(slot.device_inputs[program][:rung])
         start = time.perf_counter()
-        replay, outputs = self.backend.capture(lambda: program.fn(views), slot.pool)
+        with self._failures(rung, f"capturing its {program.kind} graph"):
+            replay, outputs = self.backend.capture(lambda: program.fn(views), slot.pool)
         seconds = time.perf_counter() - start
         per_row = per_row_flags(outputs, rung)
         if program.to_host:
@@ -340,10 +401,48 @@ class GraphEngine(Engine):
                                                 outputs[0].dtype)
                 slot.host_outputs[program] = (host, host.numpy())
         self.capture_seconds[(program.kind, rung)] = seconds
-        logger.info("captured %s for %d rows on %s in %.1f ms", program.kind, rung, self.device,
-                    1e3 * seconds)
-        captured = slot.graphs[(program, rung)] = _Captured(replay, outputs, per_row)
+        captured = _Captured(replay, outputs, per_row)
+        start = time.perf_counter()
+        self._check(slot, program, captured, rung)
+        self.check_seconds[(program.kind, rung)] = time.perf_counter() - start
+        logger.info("captured %s for %d rows on %s in %.1f ms, checked in %.1f ms", program.kind,
+                    rung, self.device, 1e3 * seconds, 1e3 * self.check_seconds[(program.kind, rung)])
+        slot.graphs[(program, rung)] = captured
         return captured
+
+    @contextmanager
+    def _failures(self, rows: int, doing: str) -> Iterator[None]:
+        """Any error raised inside, other than an `EngineFailure`, as an `EngineFailure` of
+        batch size `rows` whose cause says what was being done."""
+        try:
+            yield
+        except EngineFailure:
+            raise
+        except Exception as error:
+            raise EngineFailure(self.name, rows, f"{doing} raised {type(error).__name__}: "
+                                f"{error}") from error
+
+    def _check(self, slot: _Slot, program: _Program, captured: _Captured, rung: int) -> None:
+        """Replay the new graph on the probe batch and compare it with the program run eagerly
+        on the same inputs and device; raises `EngineFailure` on a mismatch or an error."""
+        width = program.layout.width
+        if width not in self._probes:
+            self._probes[width] = probe_rows(width)
+        host, host_array = slot.host_inputs[program]
+        host_array[:rung] = np.resize(self._probes[width], (rung, width))
+        device_input, caller = slot.device_inputs[program], self.backend.current_stream()
+        with self.backend.use_stream(slot.stream):
+            self.backend.wait(slot.stream, caller)
+            device_input[:rung].copy_(host[:rung], non_blocking=True)
+            with self._failures(rung, f"replaying its {program.kind} graph"):
+                captured.replay()
+            with self._failures(rung, f"checking its {program.kind} graph"):
+                eager = program.fn(program.layout.unpack(device_input[:rung]))
+                mismatch = output_mismatch(captured.outputs, eager, CHECK_ATOL[self.precision],
+                                           relative=not program.to_host)
+        if mismatch is not None:
+            raise EngineFailure(self.name, rung, f"its {program.kind} graph failed the check "
+                                f"against eager torch ({self.precision}): {mismatch}")
 
     # --- calls --------------------------------------------------------------------------------
 
@@ -365,7 +464,8 @@ class GraphEngine(Engine):
             slot.device_inputs[program][:chunk.rows].copy_(host[:chunk.rows], non_blocking=True)
             if not program.to_host:
                 slot.reading[program] = self.backend.record(slot.stream)
-            captured.replay()
+            with self._failures(chunk.rung, f"replaying its {program.kind} graph"):
+                captured.replay()
 
     def _copy_out(self, slot: _Slot, program: _Program, captured: _Captured,
                   chunk: Chunk) -> _Pending:
@@ -379,9 +479,10 @@ class GraphEngine(Engine):
         """Outputs on the device (copies: the graphs' own outputs are overwritten next call)."""
         program = self._program("forward")
         rows = len(inputs[0])
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), self._failures(rows, "running its forward graphs"):
             slot, caller = self._slot(0), self.backend.current_stream()
-            parts, per_row = [], ()
+            parts: list[tuple[torch.Tensor, ...]] = []
+            per_row: tuple[bool, ...] = ()
             for chunk in chunk_plan(rows, self.max_rung):
                 captured = self._captured(slot, program, chunk.rung)
                 per_row = per_row or captured.per_row
@@ -397,7 +498,8 @@ class GraphEngine(Engine):
                    else self._program("act+noise", tuple(noise.shape[1:])))
         arrays = tuple(inputs) if noise is None else (*inputs, noise)
         rows = len(arrays[0])
-        with self._lock, torch.inference_mode():
+        with (self._lock, torch.inference_mode(),
+              self._failures(rows, f"running its {program.kind} graphs")):
             caller = self.backend.current_stream()
             pending: dict[int, _Pending] = {}
             result = np.empty(0)
@@ -424,11 +526,12 @@ class _DeviceGraphEngine(GraphEngine):
     """What the engine needs, for the error when it cannot run."""
 
     def __init__(self, net: nn.Module, input_shapes: InputShapes, device: torch.device,
-                 head: ActionHead, max_rung: int = DEFAULT_MAX_RUNG) -> None:
+                 head: ActionHead, max_rung: int = DEFAULT_MAX_RUNG,
+                 precision: str = "fp32") -> None:
         backend = device_graphs(device) if device.type == self.device_type else None
         if backend is None:
             raise ValueError(f"the {self.name} engine needs {self.requirement}, not {device}")
-        super().__init__(net, input_shapes, device, head, backend, max_rung)
+        super().__init__(net, input_shapes, device, head, backend, max_rung, precision)
 
 
 class CudaGraphEngine(_DeviceGraphEngine):
@@ -440,7 +543,7 @@ class CudaGraphEngine(_DeviceGraphEngine):
 
 
 class NpuGraphEngine(_DeviceGraphEngine):
-    """`npu-graph`: graphs captured with torch-npu's NPUGraph (untested on hardware here)."""
+    """`npu-graph`: graphs captured with torch-npu's NPUGraph (untested on Ascend hardware)."""
 
     name = "npu-graph"
     device_type = "npu"

@@ -76,7 +76,8 @@ def export_network(net: nn.Module, input_shapes: InputShapes) -> ExportedNetwork
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(net, probe, buffer, input_names=input_names, output_names=output_names,
+        torch.onnx.export(net, probe, buffer,  # type: ignore[arg-type]  # a file object works
+                          input_names=input_names, output_names=output_names,
                           dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
     shapes = tuple(tuple(o.shape[1:]) if row else tuple(o.shape)
                    for o, row in zip(outputs, per_row, strict=True))
@@ -178,4 +179,4 @@ class OnnxRuntimeEngine(Engine):
     def _version() -> str:
         import onnxruntime as ort
 
-        return ort.__version__
+        return str(ort.__version__)

@@ -8,14 +8,16 @@ from huggy_agent.formats.loaded import LoadedPolicy
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:
-    """Load an ML-Agents `.onnx` export, `.pt` checkpoint or `results/<run>/` folder.
+    """Load an ML-Agents `.onnx` export, `.pt` checkpoint or `results/<run>/` folder, local or
+    on the Hugging Face Hub (`hf://owner/repo[@revision][/path]`, see `formats.sources`).
 
     A folder resolves to its final `<Behavior>.onnx`, else its newest checkpoint.
     Raises FileNotFoundError for a missing path and PolicyLoadError for anything unusable.
     """
     from huggy_agent.errors import PolicyLoadError
+    from huggy_agent.formats.sources import resolve_policy_source
 
-    path = Path(path)
+    path = resolve_policy_source(path).path
     if not path.exists():
         raise FileNotFoundError(f"policy not found: {path} (expected a .onnx, a .pt or a results folder)")
     if path.is_dir():

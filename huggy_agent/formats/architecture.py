@@ -103,7 +103,7 @@ def infer_architecture(tensors: dict[str, torch.Tensor], inputs: tuple[Observati
         memory = 2 * int(tensors[f"{LSTM}weight_hh_l0"].shape[1])
     continuous = int(tensors[f"{CONTINUOUS}mu.weight"].shape[0]) \
         if f"{CONTINUOUS}mu.weight" in tensors else 0
-    branches = []
+    branches: list[int] = []
     while f"{DISCRETE}{len(branches)}.weight" in tensors:
         branches.append(int(tensors[f"{DISCRETE}{len(branches)}.weight"].shape[0]))
     if not continuous and not branches:

@@ -50,6 +50,11 @@ def input_names(actor: Actor) -> list[str]:
 class MLAgentsExportModule(nn.Module):
     """An Actor's modules under ML-Agents' top-level names, computing ML-Agents' outputs."""
 
+    version_number: torch.Tensor
+    memory_size_vector: torch.Tensor
+    continuous_act_size_vector: torch.Tensor
+    discrete_act_size_vector: torch.Tensor
+
     def __init__(self, actor: Actor) -> None:
         super().__init__()
         spec = actor.architecture.spec
@@ -72,8 +77,10 @@ class MLAgentsExportModule(nn.Module):
         memories = rest.pop(0)[:, 0, :] if spec.memory_size else None
         encoding, memories_out = self.network_body(inputs, memories, torch.float32)
         outputs = [self.version_number, self.memory_size_vector]
-        if spec.continuous_size:
-            mu, log_sigma = self.action_model._continuous_distribution(encoding)
+        continuous = self.action_model._continuous_distribution
+        discrete = self.action_model._discrete_distribution
+        if continuous is not None:
+            mu, log_sigma = continuous(encoding)
             log_sigma = mu * 0 + log_sigma  # ML-Agents' export broadcasts it this way
             sampled = mu + torch.randn_like(mu) * torch.exp(log_sigma)
             if self.head == "sac":
@@ -83,9 +90,9 @@ class MLAgentsExportModule(nn.Module):
                 sampled = torch.clamp(sampled, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
                 deterministic = torch.clamp(mu, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
             outputs += [sampled, self.continuous_act_size_vector, deterministic]
-        if spec.discrete_branches:
+        if discrete is not None:
             assert masks is not None
-            logits = self.action_model._discrete_distribution(encoding)
+            logits = discrete(encoding)
             sampled, deterministic = [], []
             start = 0
             for size in spec.discrete_branches:

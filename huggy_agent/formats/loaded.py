@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from huggy_agent.actor import Actor, ActorArchitecture, build_actor
 from huggy_agent.errors import PolicyLoadError
+from huggy_agent.spec import ActorSpec
 
 _STEP_IN_NAME = re.compile(r"-(\d+)\.(?:pt|onnx)$")
 
@@ -23,10 +25,10 @@ class LoadedPolicy:
     origin: Path
     file_format: str
     step: int | None = None
-    extras: dict = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def spec(self):  # noqa: ANN201 - ActorSpec; see huggy_agent.spec
+    def spec(self) -> ActorSpec:
         return self.arch.spec
 
     def build(self) -> Actor:

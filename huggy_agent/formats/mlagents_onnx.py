@@ -10,6 +10,7 @@ attention path's Linear weights, exported as `MatMul` with a transposed, anonymo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -47,14 +48,14 @@ ONNX_TO_TORCH_GATES = [0, 2, 3, 1]  # blocks i, o, f, c -> i, f, g (= c), o
 def _read_model(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path))
-    except Exception as error:  # noqa: BLE001 - protobuf raises several unrelated types here
+    except Exception as error:  # protobuf raises several unrelated types here
         raise PolicyLoadError(f"{path}: truncated or corrupt ONNX file ({error})") from error
     if not model.graph.node:  # an empty file parses as an empty model
         raise PolicyLoadError(f"{path}: truncated or corrupt ONNX file (it holds no graph)")
     return model
 
 
-def read_spec(model: onnx.ModelProto, initializers: dict, path: Path
+def read_spec(model: onnx.ModelProto, initializers: Mapping[str, object], path: Path
               ) -> tuple[tuple[ObservationInput, ...], int]:
     """The observation inputs (`obs_0, obs_1, ...`) and the memory size that the graph declares;
     refuses graphs that are not an ML-Agents policy interface."""

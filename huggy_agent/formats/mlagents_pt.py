@@ -13,6 +13,7 @@ from __future__ import annotations
 import pickle
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ def _check_archive(path: Path) -> None:
         raise PolicyLoadError(f"{path}: corrupt checkpoint: CRC-32 mismatch in member {damaged}")
 
 
-def _read_checkpoint(path: Path) -> dict:
+def _read_checkpoint(path: Path) -> dict[str, Any]:
     _check_archive(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -59,7 +60,8 @@ def _read_checkpoint(path: Path) -> dict:
         keys = list(checkpoint)[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise PolicyLoadError(f"{path}: not an ML-Agents checkpoint: expected a dict with a 'Policy' "
                               f"entry, got {keys}")
-    return checkpoint["Policy"]
+    policy: dict[str, Any] = checkpoint["Policy"]
+    return policy
 
 
 def normalizer_std(running_variance: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -71,7 +73,7 @@ def normalizer_std(running_variance: torch.Tensor, steps: torch.Tensor) -> torch
     return torch.from_numpy(std)
 
 
-def _actor_tensors(policy: dict) -> dict[str, torch.Tensor]:
+def _actor_tensors(policy: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The actor's weights under its keys: ML-Agents' own, with each normalizer's running
     statistics turned into its std, and the `network_body.processors.*` aliases, critic heads
     and bookkeeping scalars left out."""
@@ -115,7 +117,7 @@ def _inputs(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[tuple[Observa
 
     try:
         model = onnx.load(str(export), load_external_data=False)
-    except Exception as error:  # noqa: BLE001 - protobuf raises several unrelated types here
+    except Exception as error:  # protobuf raises several unrelated types here
         raise PolicyLoadError(f"{path}: its run's export {export} is unreadable ({error})") from error
     initializers = {i.name: None for i in model.graph.initializer}
     inputs, _ = read_spec(model, initializers, export)

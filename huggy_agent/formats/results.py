@@ -57,9 +57,8 @@ def list_checkpoints(folder: str | Path) -> list[CheckpointEntry]:
                     item.get("reward"))
     for file in sorted(folder.glob("*/*-*.onnx")) + sorted(folder.glob("*/*-*.pt")):
         step = step_from_filename(file)
-        key = (file.parent.name, step)
-        if step is not None and key not in entries:
-            entries[key] = CheckpointEntry(file.parent.name, step, file, None)
+        if step is not None and (file.parent.name, step) not in entries:
+            entries[(file.parent.name, step)] = CheckpointEntry(file.parent.name, step, file, None)
     return sorted(entries.values(), key=lambda e: (e.behavior, e.step))
 
 

@@ -1,0 +1,205 @@
+"""Result sinks beyond the report's files: TensorBoard scalars and Hugging Face model cards.
+Each reads the finished evaluation and its summaries (`deploy.report.summarize_all`).
+
+TensorBoard (`write_tensorboard`): for every policy with a training step, scalars at that step in
+`DIR/<run>/` under the "Evaluation/" tags (TAGS): ML-Agents writes training to
+`results/<run>/<behavior>/`, so `tensorboard --logdir results` shows both side by side.
+
+Model cards (`write_model_cards`): one README.md per evaluated run folder, with `model-index`
+metadata (huggingface_hub's ModelCardData and EvalResult): task reinforcement-learning, the
+environment as the dataset, `mean_reward` as "mean +/- std" and the IQM with its interval, of
+the run's last checkpoint (highest step); the body lists every evaluated checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from deploy.evaluation.results import EvaluationResult
+from deploy.report import PolicySummary, checkpoint_step
+from envs.rollout import terminated_label
+
+TAGS = {
+    "Evaluation/Mean Return": "mean_return",
+    "Evaluation/Mean Return CI Low": "ci_low",
+    "Evaluation/Mean Return CI High": "ci_high",
+    "Evaluation/IQM Return": "iqm",
+    "Evaluation/IQM Return CI Low": "iqm_low",
+    "Evaluation/IQM Return CI High": "iqm_high",
+    "Evaluation/Median Return": "median",
+    "Evaluation/Success Rate": "terminated_share",
+    "Evaluation/Episode Length": "mean_length",
+}
+"""TensorBoard tag -> summary value (the mean's interval is its t interval, the IQM's the
+stratified-bootstrap one; success: the share of episodes that terminated, for Huggy those that
+reached the stick)."""
+
+
+def run_name(summary: PolicySummary) -> str:
+    """The run a policy belongs to: its results folder's run id, else its file's folder name."""
+    if summary.run is not None:
+        return summary.run
+    return Path(summary.path).parent.name if summary.path else summary.label
+
+
+def _values(summary: PolicySummary) -> dict[str, float | None]:
+    iqm_low, iqm_high = summary.iqm_ci or (None, None)
+    return {"mean_return": summary.mean_return, "ci_low": summary.ci_low,
+            "ci_high": summary.ci_high, "iqm": summary.iqm, "iqm_low": iqm_low,
+            "iqm_high": iqm_high, "median": summary.median,
+            "terminated_share": summary.terminated_share, "mean_length": summary.mean_length}
+
+
+def write_tensorboard(summaries: Sequence[PolicySummary], log_dir: str | Path
+                      ) -> tuple[list[Path], list[str]]:
+    """Scalars for every policy with a step and episodes, in `log_dir/<run>/`; returns the
+    folders written and the labels skipped (no training step, or no episode)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    by_run: dict[str, list[PolicySummary]] = {}
+    skipped = []
+    for summary in summaries:
+        if summary.step is None or summary.mean_return is None:
+            skipped.append(summary.label)
+            continue
+        by_run.setdefault(run_name(summary), []).append(summary)
+    folders = []
+    for run, points in by_run.items():
+        folder = Path(log_dir) / run
+        writer = SummaryWriter(log_dir=str(folder))
+        try:
+            for summary in sorted(points, key=checkpoint_step):
+                for tag, name in TAGS.items():
+                    value = _values(summary)[name]
+                    if value is not None:
+                        writer.add_scalar(tag, value, global_step=summary.step)
+        finally:
+            writer.close()
+        folders.append(folder)
+    return folders, skipped
+
+
+def _env_id(result: EvaluationResult) -> str:
+    """The environment as a model card's dataset: the Unity build's file stem, else Huggy on
+    the built-in stand-in."""
+    if result.env.file_name:
+        return Path(result.env.file_name).stem
+    return "huggy-standin"
+
+
+def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummary],
+               date: datetime.date | None = None) -> Any:
+    """The huggingface_hub ModelCard of one run: model-index results of its last checkpoint
+    (highest step; the last given when none has a step) and a table of every checkpoint."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    done = [s for s in points if s.mean_return is not None]
+    if not done:
+        raise ValueError(f"run {run}: no policy with finished episodes to describe")
+    final = max(done, key=checkpoint_step)
+    env = _env_id(result)
+    day = (date or datetime.date.today()).isoformat()
+    seeds = _seeds_text(result, final.label)
+    std = final.std_return if final.std_return is not None else 0.0
+    common: dict[str, Any] = {"task_type": "reinforcement-learning", "task_name": "reinforcement-learning",
+              "dataset_type": env, "dataset_name": env}
+    results = [EvalResult(**common, metric_type="mean_reward", metric_name="mean_reward",
+                          metric_value=f"{final.mean_return:.2f} +/- {std:.2f}",
+                          metric_args={"episodes": final.episodes, "seeds": seeds,
+                                       "date": day})]
+    if final.iqm is not None and final.iqm_ci is not None:
+        results.append(EvalResult(
+            **common, metric_type="iqm_reward", metric_name="IQM reward (95% CI)",
+            metric_value=round(final.iqm, 4),
+            metric_args={"ci_low": round(final.iqm_ci[0], 4),
+                         "ci_high": round(final.iqm_ci[1], 4),
+                         "bootstrap": "stratified by work item, percentile, "
+                                      f"seed {result.config.seed}",
+                         "episodes": final.episodes, "seeds": seeds, "date": day}))
+    data = ModelCardData(library_name="ml-agents", model_name=run, eval_results=results,
+                         tags=[env, "deep-reinforcement-learning", "reinforcement-learning",
+                               "ML-Agents", "huggy-agent"])
+    rows = "\n".join(
+        f"| {s.label} | {'-' if s.step is None else s.step} | {s.episodes} | "
+        f"{s.mean_return:.3f} +/- {s.std_return or 0.0:.3f} | "
+        + (f"{s.iqm:.3f} [{s.iqm_ci[0]:.3f}, {s.iqm_ci[1]:.3f}]" if s.iqm_ci else "-")
+        + f" | {100 * (s.terminated_share or 0.0):.1f}% |"
+        for s in sorted(done, key=lambda s: -1 if s.step is None else s.step))
+    body = (f"# {run}\n\nA Unity ML-Agents policy, evaluated with `huggy evaluate` on {env} on "
+            f"{day}: {final.episodes} episodes of `{final.label}` with environment seeds {seeds}"
+            f" ({'stochastic' if result.config.stochastic else 'deterministic'} actions).\n\n"
+            "| policy | step | episodes | mean return +/- std | IQM [95% CI] | "
+            f"{terminated_label(result.behaviors())} |\n"
+            "|---|---|---|---|---|---|\n" + rows + "\n\nIntervals: stratified bootstrap over "
+            "work items (percentile). Scores on the built-in stand-in are not Unity scores.\n")
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+
+
+def _seeds_text(result: EvaluationResult, label: str) -> str:
+    """The environment seeds of a policy's items: "3..7", or a list when not contiguous."""
+    seeds = sorted(item.seed for policy in result.policies if policy.spec.label == label
+                   for item in policy.items)
+    if not seeds:
+        return "-"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}..{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+SECTION_START = "<!-- huggy evaluate: start -->"
+SECTION_END = "<!-- huggy evaluate: end -->"
+
+
+def merge_card(existing: Any, ours: Any) -> Any:
+    """`existing` card (such as one from mlagents-push-to-hf) with our model-index results and our
+    evaluation section (between SECTION_START and SECTION_END, replaced when present)."""
+    from huggingface_hub import ModelCard
+
+    data = existing.data
+    data.eval_results = ours.data.eval_results
+    data.model_name = ours.data.model_name
+    section = f"{SECTION_START}\n{ours.text.strip()}\n{SECTION_END}"
+    text = existing.text
+    if SECTION_START in text and SECTION_END in text:
+        head, rest = text.split(SECTION_START, 1)
+        text = head + section + rest.split(SECTION_END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{text}")
+
+
+def write_model_cards(result: EvaluationResult, summaries: Sequence[PolicySummary],
+                      fallback_dir: str | Path) -> list[Path]:
+    """One README.md per run: in the run's folder when it is a local, writable folder, else in
+    `fallback_dir/<run>/` (a policy from the Hub cache is never written into the cache). A card
+    already there keeps its text and metadata; its results and our section are replaced
+    (`merge_card`). Returns the cards written."""
+    folders: dict[str, tuple[Path | None, list[PolicySummary]]] = {}
+    for summary, policy in zip(summaries, result.policies, strict=True):
+        if summary.mean_return is None:
+            continue
+        folder = None
+        if policy.spec.source is None:  # never into the Hub cache
+            folder = Path(policy.spec.folder or policy.spec.path or ".")
+            folder = folder if policy.spec.folder else folder.parent
+        name = run_name(summary) if policy.spec.source is None or summary.run \
+            else summary.label.split("/")[0]
+        folders.setdefault(name, (folder, []))[1].append(summary)
+    written = []
+    for run, (folder, points) in folders.items():
+        target = folder if folder is not None and os.access(folder, os.W_OK) \
+            else Path(fallback_dir) / run
+        target.mkdir(parents=True, exist_ok=True)
+        path = target / "README.md"
+        card = model_card(result, run, points)
+        if path.exists():
+            from huggingface_hub import ModelCard
+
+            card = merge_card(ModelCard.load(path), card)
+        card.save(path)
+        written.append(path)
+    return written

@@ -1,0 +1,157 @@
+"""Policy sources: what a user names, turned into local files plus where they came from.
+
+    Huggy.onnx, results/Huggy/Huggy-2000343.pt, results/Huggy     local paths, as they are
+    hf://owner/repo                                               a repository on the Hub
+    hf://owner/repo@revision/path/in/repo                         a file or a folder in it
+
+Hub sources go through huggingface_hub's cache (`hf_hub_download` for a file, whose name ends in
+a policy suffix; `snapshot_download` for a folder or the whole repository), so a second use
+downloads nothing. `HF_HUB_OFFLINE=1` resolves from the cache alone and `HF_HUB_CACHE` names the
+cache; both are read when a source is resolved. huggingface_hub is imported only then.
+
+The provenance of a resolved file (repository and commit) can be read back from its cache path
+(`hub_provenance`), so whoever holds the path can record the revision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeGuard
+
+HUB_SCHEME = "hf://"
+POLICY_SUFFIXES = (".onnx", ".pt")
+"""A Hub path ending in one of these is a file; anything else is a folder."""
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_CACHE_REPO = re.compile(r"^models--(?P<owner>.+?)--(?P<name>.+)$")
+
+
+@dataclass(frozen=True)
+class HubReference:
+    """`hf://owner/repo[@revision][/path]`, parsed."""
+
+    repo_id: str
+    revision: str | None
+    path: str
+
+    def __str__(self) -> str:
+        revision = f"@{self.revision}" if self.revision else ""
+        return f"{HUB_SCHEME}{self.repo_id}{revision}" + (f"/{self.path}" if self.path else "")
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """A policy source resolved to local files: `path` (a file or a folder); for a Hub source
+    also the repository, the commit it resolved to and the path inside it."""
+
+    name: str
+    path: Path
+    repo_id: str | None = None
+    revision: str | None = None
+    repo_path: str | None = None
+
+    @property
+    def from_hub(self) -> bool:
+        return self.repo_id is not None
+
+    def describe(self) -> str:
+        """The source as a user names it, with the commit for a Hub source."""
+        if self.repo_id is None:
+            return str(self.path)
+        inner = f"/{self.repo_path}" if self.repo_path else ""
+        return f"{HUB_SCHEME}{self.repo_id}@{self.revision}{inner}"
+
+
+def is_hub_source(source: str | os.PathLike[str]) -> TypeGuard[str]:
+    """Whether `source` names a policy on the Hugging Face Hub (`hf://...`)."""
+    return isinstance(source, str) and source.startswith(HUB_SCHEME)
+
+
+def parse_hub_source(source: str) -> HubReference:
+    """Split `hf://owner/repo[@revision][/path]`. Raises ValueError naming the expected form."""
+    if not is_hub_source(source):
+        raise ValueError(f"expected hf://owner/repo[@revision][/path], got {source!r}")
+    parts = source[len(HUB_SCHEME):].strip("/").split("/")
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise ValueError(f"expected hf://owner/repo[@revision][/path], got {source!r}")
+    name, _, revision = parts[1].partition("@")
+    repo_id = f"{parts[0]}/{name}"
+    if not _REPO_ID.match(repo_id) or (parts[1].endswith("@") and not revision):
+        raise ValueError(f"expected hf://owner/repo[@revision][/path] with a repository id "
+                         f"such as Owner/Name, got {source!r}")
+    inner = "/".join(parts[2:])
+    if ".." in inner.split("/"):
+        raise ValueError(f"expected a path inside the repository, got {inner!r} in {source!r}")
+    return HubReference(repo_id, revision or None, inner)
+
+
+def hub_provenance(path: str | os.PathLike[str]) -> PolicySource | None:
+    """For a path inside huggingface_hub's cache (`.../models--OWNER--NAME/snapshots/COMMIT/
+    ...`), the repository, commit and path inside it; None for any other path."""
+    parts = Path(path).parts
+    for k in range(len(parts) - 2):
+        match = _CACHE_REPO.match(parts[k])
+        if match and parts[k + 1] == "snapshots":
+            repo_id = f"{match['owner']}/{match['name']}"
+            inner = "/".join(parts[k + 3:])
+            return PolicySource(name=f"{HUB_SCHEME}{repo_id}@{parts[k + 2]}"
+                                + (f"/{inner}" if inner else ""), path=Path(path),
+                                repo_id=repo_id, revision=parts[k + 2], repo_path=inner)
+    return None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def resolve_policy_source(source: str | os.PathLike[str]) -> PolicySource:
+    """Local files for `source`: a local path as it is (not checked here); a Hub source through
+    huggingface_hub's cache. Raises ValueError for a malformed Hub source and FileNotFoundError
+    when the repository, revision or path cannot be found (offline: is not in the cache)."""
+    if not is_hub_source(source):
+        return PolicySource(name=os.fspath(source), path=Path(source))
+    reference = parse_hub_source(source)
+    try:
+        from huggingface_hub import hf_hub_download, snapshot_download
+    except ImportError as error:
+        raise FileNotFoundError(f"policy {source}: hf:// sources need huggingface_hub "
+                                "(pip install 'huggy-agent[hub]')") from error
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = _offline()
+    cache_dir = os.environ.get("HF_HUB_CACHE") or None
+    where = (f"in the cache {cache_dir or 'of huggingface_hub'} (HF_HUB_OFFLINE is set)" if offline
+             else "on the Hub")
+    try:
+        if reference.path.endswith(POLICY_SUFFIXES):
+            local = Path(hf_hub_download(reference.repo_id, reference.path,
+                                         revision=reference.revision, cache_dir=cache_dir,
+                                         local_files_only=offline))
+        else:
+            patterns = [f"{reference.path}/**"] if reference.path else None
+            snapshot = Path(snapshot_download(reference.repo_id, revision=reference.revision,
+                                              cache_dir=cache_dir, local_files_only=offline,
+                                              allow_patterns=patterns))
+            local = snapshot / reference.path if reference.path else snapshot
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
+        raise FileNotFoundError(f"policy not found: {source}: no such repository, revision or "
+                                f"file {where} ({type(error).__name__}: {error})") from error
+    if not local.exists():
+        raise FileNotFoundError(f"policy not found: {source}: the repository has no "
+                                f"{reference.path!r} {where}")
+    found = hub_provenance(local)
+    revision = found.revision if found is not None else reference.revision
+    return PolicySource(name=source, path=local, repo_id=reference.repo_id, revision=revision,
+                        repo_path=reference.path)
+
+
+def policy_path(text: str) -> Path:
+    """An argparse `type` for policy options: the local path of `text`, Hub sources resolved
+    (their provenance stays readable from the path: `hub_provenance`)."""
+    try:
+        return resolve_policy_source(text).path
+    except (ValueError, FileNotFoundError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
