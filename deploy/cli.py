@@ -281,6 +281,7 @@ def _serve(args: argparse.Namespace) -> int:
         num_cpus=args.num_cpus, max_batch_size=args.max_batch_size,
         batch_wait_timeout_s=args.batch_wait_ms / 1000, max_rows=args.max_rows,
         max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file)
+    app_args.policy_set()  # a missing file, an unknown --default or a bad --split: before Ray
     return serve_forever(app_args, host=args.host, port=args.port, ingress=args.ingress,
                          address=args.address, start_timeout_s=args.start_timeout,
                          grpc_port=args.grpc_port)

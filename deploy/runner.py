@@ -294,8 +294,8 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
             deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s)
             grpc = f", gRPC {ACT_METHOD} on {host}:{grpc_port}" if grpc_port else ""
             policies = f"{len(served.entries)} policies" if several else "policy"
-            print(f"huggy serve: {policies} served at http://{host}:{port}/v1/act (default "
-                  f"{served.default}, all: GET /v1/models; ingress {ingress}{grpc}); Ctrl-C or "
+            print(f"huggy serve: {policies} served at http://{host}:{port}/v1/act (ingress "
+                  f"{ingress}{grpc}); default {served.default}, all at /v1/models; Ctrl-C or "
                   "SIGTERM to stop", flush=True)
             while True:
                 signal.pause()

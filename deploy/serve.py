@@ -221,7 +221,7 @@ class HuggyPolicyDeployment:
     """
 
     def __init__(self, device: str, precision: str = "fp32", ingress: str = "",
-                 api_key: ApiKey | None = None, models_per_replica: int | None = None) -> None:
+                 models_per_replica: int | None = None, api_key: ApiKey | None = None) -> None:
         self.device = _pinned_device(device)
         self.precision = precision
         self.models_per_replica = models_per_replica
@@ -464,8 +464,12 @@ class HuggyPolicyDeployment:
                  batch_size_fn=_total_rows)
     async def _act_batch(self, calls: list[PolicyCall]
                          ) -> list[dict[str, np.ndarray] | Exception]:
-        """The batch `@serve.batch` gathered: one `_forward` per policy in it, so a forward pass
-        never mixes policies."""
+        """The batch `@serve.batch` gathered, through `_forward_calls`."""
+        return self._forward_calls(calls)
+
+    def _forward_calls(self, calls: list[PolicyCall]) -> list[dict[str, np.ndarray] | Exception]:
+        """One `_forward` per policy among `calls`, so a forward pass never mixes policies;
+        the answers in the order of `calls`."""
         by_policy: dict[str, list[int]] = {}
         for index, call in enumerate(calls):
             by_policy.setdefault(call.policy.id, []).append(index)
@@ -732,8 +736,8 @@ def build_app(args: AppArgs, nodes: list[dict[str, float]] | None = None) -> App
     else:
         options["num_replicas"] = args.replicas
     key = load_api_key(args.api_key_file)
-    init_args = (placement.device, args.precision, args.ingress,
-                 None if key is None else ApiKey.of(key), args.models_per_replica)
+    init_args = (placement.device, args.precision, args.ingress, args.models_per_replica,
+                 None if key is None else ApiKey.of(key))
     deployment = HuggyPolicyDeployment.options(**options)
     # Serve's Python API gives every deploy a new random version, which restarts the replicas;
     # a version of what the replicas are built from lets a redeploy that changes only the

@@ -27,6 +27,7 @@ import pytest
 
 from deploy.client import RemoteAgent
 from huggy_agent import HuggyAgent
+from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.conftest import REPO_ROOT, RayCluster, _kill_processes_mentioning, _mentions, free_port
 
@@ -43,14 +44,23 @@ def huggy(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...
                             text=True, **kwargs)
 
 
-def test_serve_arguments_are_checked_before_anything_starts(tmp_path) -> None:
-    both = huggy("serve", "--replicas", "2", "--autoscale")
-    output, _ = both.communicate(timeout=60)
-    assert both.returncode == 2
+def serve_in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                     *args: str, key: str = "") -> tuple[int, str]:
+    """`huggy serve ARGS` in this process, with `$HUGGY_API_KEY` = `key`: (exit code, stderr)."""
+    monkeypatch.setenv("HUGGY_API_KEY", key)
+    try:
+        code = main(["serve", *args])
+    except SystemExit as exit_info:  # argparse's refusals
+        code = int(exit_info.code or 0)
+    return code, capsys.readouterr().err
+
+
+def test_serve_arguments_are_checked_before_anything_starts(tmp_path, capsys, monkeypatch) -> None:
+    code, output = serve_in_process(capsys, monkeypatch, "--replicas", "2", "--autoscale")
+    assert code == 2
     assert "argument --autoscale: not allowed with argument --replicas" in output
-    missing = huggy("serve", "--policy", str(tmp_path / "nope.onnx"))
-    output, _ = missing.communicate(timeout=60)
-    assert missing.returncode == 2
+    code, output = serve_in_process(capsys, monkeypatch, "--policy", str(tmp_path / "nope.onnx"))
+    assert code == 2
     assert f"policy '{tmp_path / 'nope.onnx'}' not found" in output
 
 
@@ -64,30 +74,28 @@ EXPOSED = ("huggy serve: warning: no API key (--api-key-file or $HUGGY_API_KEY):
            "/v1/openapi.json, and load the replicas\n")
 
 
-def test_serve_warns_once_when_it_listens_beyond_loopback_without_a_key(tmp_path) -> None:
+def test_serve_warns_once_when_it_listens_beyond_loopback_without_a_key(tmp_path, capsys,
+                                                                         monkeypatch) -> None:
     """The warning comes before anything starts (here the missing policy stops the command)."""
     missing = str(tmp_path / "nope.onnx")
     key_file = tmp_path / "key"
     key_file.write_text("k\n")
-    for args, env, warned in [
-        (("--host", "0.0.0.0", "--port", "8123"), {"HUGGY_API_KEY": ""},
-         EXPOSED.format(port=8123, grpc="")),
-        (("--host", "0.0.0.0", "--port", "8123", "--grpc-port", "9123"), {"HUGGY_API_KEY": ""},
+    for args, key, warned in [
+        (("--host", "0.0.0.0", "--port", "8123"), "", EXPOSED.format(port=8123, grpc="")),
+        (("--host", "0.0.0.0", "--port", "8123", "--grpc-port", "9123"), "",
          EXPOSED.format(port=8123, grpc=" and gRPC 0.0.0.0:9123")),
-        (("--host", "0.0.0.0"), {"HUGGY_API_KEY": "k"}, None),
-        (("--host", "0.0.0.0", "--api-key-file", str(key_file)), {"HUGGY_API_KEY": ""}, None),
-        (("--host", "127.0.0.1"), {"HUGGY_API_KEY": ""}, None),
-        (("--host", "localhost"), {"HUGGY_API_KEY": ""}, None),
+        (("--host", "0.0.0.0"), "k", None),
+        (("--host", "0.0.0.0", "--api-key-file", str(key_file)), "", None),
+        (("--host", "127.0.0.1"), "", None),
+        (("--host", "localhost"), "", None),
     ]:
-        process = huggy("serve", "--policy", missing, *args, env=env)
-        output, _ = process.communicate(timeout=60)
-        assert process.returncode == 2, output
+        code, output = serve_in_process(capsys, monkeypatch, "--policy", missing, *args, key=key)
+        assert code == 2, output
         assert output.count("warning") == (1 if warned else 0), output
         if warned:
             assert warned in output.splitlines(keepends=True), output
-    unreadable = huggy("serve", "--api-key-file", str(tmp_path / "no-key"))
-    output, _ = unreadable.communicate(timeout=60)
-    assert unreadable.returncode == 2
+    code, output = serve_in_process(capsys, monkeypatch, "--api-key-file", str(tmp_path / "no-key"))
+    assert code == 2
     assert f"API key file '{tmp_path / 'no-key'}' cannot be read: No such file" in output
 
 

@@ -208,6 +208,27 @@ def test_session_keys_are_short_strings() -> None:
             check_session_key(bad)
 
 
+def test_huggy_serve_refuses_bad_policy_arguments_before_starting_ray(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from huggy_agent.cli import main
+
+    run = str(checkpoint_run(tmp_path / "r", [10, 20]))
+    for args, message in [
+        ([run, "--split", "r@10=1,r@30=1"], "split names policies that are not served: "
+                                            "['r@30']; known policies: r@10, r@20"),
+        ([run, "--default", "r@30"], "default policy 'r@30' is not served; known policies: "
+                                     "r@10, r@20"),
+        ([run, "--split", "r@10"], "--split expects ID=WEIGHT,ID=WEIGHT,..., received 'r@10'"),
+        ([run, "--policy", run], "give either POLICY... or --policy, not both"),
+        ([str(tmp_path / "none.pt")], "policy not found"),
+    ]:
+        assert main(["serve", *args]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["evaluate", "--policy-id", "r@10", run]) == 2
+    assert "names a policy served at --policy-url, which was not given" in (
+        capsys.readouterr().err)
+
+
 # -- the set a server serves -----------------------------------------------------------------------
 
 def entries(*ids: str) -> list[PolicyEntry]:
@@ -252,6 +273,7 @@ RUN = "ckpt_run"
 IDS = [f"{RUN}@{step}" for step in STEPS]
 DISCRETE = "discrete_multibranch/Target.onnx"
 BATCH_WAIT_S = 0.05
+KEY = "models-key-0123456789"
 
 
 def file_id(step: int) -> str:
@@ -279,7 +301,8 @@ def app_args(policies: list[str], **options: Any) -> AppArgs:
 def served(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One Serve instance: `models` (the 15 checkpoints of a run and a discrete policy, all
     held, default the 4th, batches that wait 50 ms), `ab` (a 70/30 split of two checkpoints),
-    `lru` (four checkpoints, two held per replica) and `live` (for adding and removing)."""
+    `lru` (four checkpoints, two held per replica), `mixed` (two checkpoints split 50/50 and a
+    discrete policy, behind an API key) and `live` (for adding and removing)."""
     folder = tmp_path_factory.mktemp("models")
     run = checkpoint_run(folder / RUN, STEPS)
     discrete = mlagents_fixtures_dir() / DISCRETE
@@ -295,6 +318,12 @@ def served(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) ->
                name="ab", route_prefix="/ab", timeout_s=180)
         deploy(app_args([str(run / "Huggy" / f"Huggy-{s}.pt") for s in STEPS[:4]],
                         models_per_replica=2), name="lru", route_prefix="/lru", timeout_s=180)
+        key_file = folder / "api-key"
+        key_file.write_text(KEY + "\n")
+        deploy(app_args([str(run / "Huggy" / f"Huggy-{s}.pt") for s in STEPS[:2]]
+                        + [str(discrete)], split=f"{file_id(STEPS[0])}=1,{file_id(STEPS[1])}=1",
+                        api_key_file=str(key_file), max_rows=4),
+               name="mixed", route_prefix="/mixed", timeout_s=180)
         yield Served(f"http://127.0.0.1:{port}", run, discrete, port)
     finally:
         stop_serve(port)
@@ -527,3 +556,29 @@ def test_remote_agent_and_evaluate_specs_name_a_served_policy(
     assert [(s.label, s.url, s.policy_id) for s in specs] == [
         (policy_id, base, policy_id) for policy_id in [*IDS, DISCRETE]]
     assert [s.policy_id for s in served_policy_specs(base, IDS[5])] == [IDS[5]]
+
+
+def test_openapi_describes_every_policy_route_and_the_key_guards_them(served: Served) -> None:
+    """Schemathesis, every check on, against the server's own document (two interfaces, a
+    split, an API key): it finds nothing. Without the key every new route answers 401."""
+    base = served.url("mixed")
+    ids = [file_id(STEPS[0]), file_id(STEPS[1]), DISCRETE]
+    for path, method in [("/v1/models", "GET"), (f"/v1/models/{ids[2]}/act", "POST"),
+                         ("/v1/models/nope/act", "POST")]:
+        refused = requests.request(method, f"{base}{path}", data=b"{}", timeout=60)
+        assert refused.status_code == 401, (path, refused.text)
+    document = requests.get(f"{base}/v1/openapi.json", headers={"Authorization": f"Bearer {KEY}"},
+                            timeout=60).json()
+    assert {f"/v1/models/{i}/act" for i in ids} <= set(document["paths"])
+    header = document["paths"]["/v1/act"]["post"]["parameters"][0]
+    assert (header["name"], header["schema"]["enum"]) == (POLICY_ID_HEADER, ids[:2])
+    st = str(Path(sys.executable).with_name("st"))
+    config = Path(__file__).with_name("schemathesis.toml")
+    result = subprocess.run(
+        [st, "--config-file", str(config), "run", f"{base}/v1/openapi.json", "--url", base,
+         "--checks", "all", "--max-examples", "25", "--generation-deterministic", "--no-color",
+         "--request-timeout", "60", "--header", f"Authorization: Bearer {KEY}"],
+        capture_output=True, text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "No issues found" in output, output[-6000:]
+    assert "Tested: 7" in output, output[-3000:]  # act, 3 policy routes, models, info, healthz

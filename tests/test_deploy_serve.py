@@ -362,7 +362,13 @@ class GatedPolicy(HuggyPolicyDeployment.func_or_class):
         super().__init__(*args)
         self.batches: list[list[int | None]] = []
         self.gates: list[asyncio.Event] = []
-        heads = self.agent.actions_from
+        self._batch_requests = _Recorded(self._batch_requests)
+        self._batch_rows = _Recorded(self._batch_rows)
+        self._forward_passes = _Recorded(self._forward_passes)
+
+    def _build(self, entry: object) -> object:
+        served = super()._build(entry)
+        heads = served.agent.actions_from
 
         def failing_heads(rows: object, deterministic: bool, seed: int | None, *rest: object
                           ) -> object:
@@ -370,18 +376,16 @@ class GatedPolicy(HuggyPolicyDeployment.func_or_class):
                 raise RuntimeError("injected failure of one request's heads")
             return heads(rows, deterministic, seed, *rest)
 
-        self.agent.actions_from = failing_heads
-        self._batch_requests = _Recorded(self._batch_requests)
-        self._batch_rows = _Recorded(self._batch_rows)
-        self._forward_passes = _Recorded(self._forward_passes)
+        served.agent.actions_from = failing_heads
+        return served
 
     @serve.batch(max_batch_size=BatchSettings.max_batch_size, batch_size_fn=_total_rows)
-    async def _act_batch(self, requests: list) -> list:
-        self.batches.append([request.seed for request in requests])
+    async def _act_batch(self, calls: list) -> list:
+        self.batches.append([call.act.seed for call in calls])
         gate = asyncio.Event()
         self.gates.append(gate)
         await gate.wait()
-        return self._forward(requests)
+        return self._forward_calls(calls)
 
     async def batches_once(self, requests: int, batches: int) -> list[list[int | None]]:
         """The batches, once `requests` requests were accepted and `batches` gathered."""
@@ -407,8 +411,9 @@ def gated(server: Server) -> str:
     application = HuggyPolicyDeployment.options(
         func_or_class=GatedPolicy, num_replicas=1, ray_actor_options={"num_cpus": 0.25},
         user_config={"max_batch_size": GATED_BATCH_ROWS, "max_rows": GATED_BATCH_ROWS,
-                     "batch_wait_timeout_s": 10},
-    ).bind(None, "cpu", "fp32", DEFAULT_INGRESS)
+                     "batch_wait_timeout_s": 10,
+                     **AppArgs(accelerator="cpu").policy_set().as_config()},
+    ).bind("cpu", "fp32", DEFAULT_INGRESS)
     serve.run(application, name="gated", route_prefix="/gated")
     return f"{server.url}/gated"
 

@@ -207,12 +207,16 @@ def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
 
 def served_policy_specs(url: str, policy_id: str | None = None) -> list[PolicySpec]:
     """One spec per policy served at `url` (`huggy serve`), labelled with its id, or only the
-    one `policy_id`: every policy of a live A/B split, evaluated as deployed. Raises
-    ValueError (listing the served ids) for an id the server does not serve."""
+    one `policy_id`: every policy of a live A/B split, evaluated as deployed. A server of one
+    policy, asked without an id, gives one spec labelled with the URL. Raises ValueError
+    (listing the served ids) for an id the server does not serve."""
     from deploy.client import RemoteAgent
 
     with RemoteAgent(url, policy=policy_id) as remote:
         served = remote.policies()["models"]
+    if len(served) == 1 and policy_id is None:
+        return [PolicySpec(label=url, url=url, policy_id=served[0]["id"],
+                           step=served[0]["step"])]
     return [PolicySpec(label=model["id"], url=url, policy_id=model["id"], step=model["step"],
                        run=model["id"].rsplit("@", 1)[0] if "@" in model["id"] else None)
             for model in served if policy_id in (None, model["id"])]
