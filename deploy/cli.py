@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,8 +71,7 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
                              "GET /v1/models)")
     parser.add_argument("--api-key-file", metavar="PATH", type=Path, default=None,
                         help="file whose first line is the API key of --policy-url (default: "
-                             "$HUGGY_API_KEY); runners of a cluster joined with --address read "
-                             "$HUGGY_API_KEY from their node's environment")
+                             "$HUGGY_API_KEY); the runners get it with each served policy")
     parser.add_argument("--num-agents", metavar="N", type=positive_int, default=None,
                         help="agents per environment (stand-in parameter; default the scene's 18)")
     parser.add_argument("--max-steps", metavar="N", type=positive_int, default=None,
@@ -126,17 +124,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.policy_id is not None and not args.policy_url:
         raise ValueError(f"--policy-id {args.policy_id!r} names a policy served at --policy-url, "
                          "which was not given")
-    if args.api_key_file is not None:
-        from deploy.api import API_KEY_ENV, load_api_key
-
-        # the runners' RemoteAgent reads it; a local cluster started below inherits it
-        os.environ[API_KEY_ENV] = load_api_key(args.api_key_file) or ""
     if args.policies:
         specs = expand_policies(args.policies)
     else:
+        from deploy.api import load_api_key
         from deploy.evaluation.plan import served_policy_specs
 
-        specs = served_policy_specs(args.policy_url, args.policy_id)
+        specs = served_policy_specs(args.policy_url, args.policy_id,
+                                    load_api_key(args.api_key_file))
     if args.env != "builtin" and not Path(args.env).exists():
         raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
     env = EnvSpec(file_name=None if args.env == "builtin" else args.env,

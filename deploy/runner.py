@@ -100,11 +100,24 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
     """
     env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
     _refuse_running_serve()
+    if ingress == "haproxy":
+        private_folder(haproxy_dir(port))
     grpc_options = None if grpc_port is None else {
         "port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
     serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options,
                 proxy_location="HeadOnly",
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
+
+
+def private_folder(folder: Path) -> None:
+    """Make `folder` a directory that only this user can enter: HAProxy opens its admin socket
+    there with mode 666, so the folder is what keeps other users of the machine out of it.
+    Raises RuntimeError if another user owns it."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_uid != os.getuid():
+        raise RuntimeError(f"{folder} belongs to another user; HAProxy's admin socket would be "
+                           "theirs to control. Remove it or serve on another port.")
+    folder.chmod(0o700)
 
 
 def _refuse_running_serve() -> None:

@@ -188,3 +188,20 @@ def test_rollout_and_evaluate_send_the_key_from_a_file(fuzzed: dict[str, str],
     assert evaluate.returncode == 0, evaluate.stdout + evaluate.stderr
     assert url in evaluate.stdout
     assert KEY not in rollout.stdout + rollout.stderr + evaluate.stdout + evaluate.stderr
+
+
+def test_evaluate_hands_the_key_to_runners_on_a_joined_cluster(fuzzed: dict[str, str],
+                                                               ray_cluster: RayCluster,
+                                                               tmp_path: Path) -> None:
+    """The session cluster's nodes were started without $HUGGY_API_KEY: its runners can only
+    query the server with the key that `huggy evaluate` hands them, and it stays out of the
+    report."""
+    url, key_file = fuzzed["huggy"], fuzzed["key_file"]
+    evaluate = huggy_command("evaluate", "--policy-url", url, "--api-key-file", key_file,
+                             "--address", ray_cluster.address, "--runners", "1",
+                             "--episodes", "2", "--episodes-per-item", "2", "--num-agents", "2",
+                             "--no-progress", "--out", str(tmp_path))
+    assert evaluate.returncode == 0, evaluate.stdout + evaluate.stderr
+    report = (tmp_path / "evaluation.json").read_text()
+    assert '"episodes": 2' in report
+    assert KEY not in report + evaluate.stdout + evaluate.stderr

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import ensure_private_token, use_token_auth
-from deploy.runner import haproxy_dir
+from deploy.runner import haproxy_dir, private_folder
 from tests.conftest import REPO_ROOT, _kill_processes_mentioning, _mentions, fixtures_dir, free_port
 
 # --- unit level: no cluster ------------------------------------------------------------------
@@ -285,3 +285,15 @@ def test_huggy_evaluate_cluster_refuses_processes_without_the_token(tmp_path: Pa
     # loopback.
     off_loopback = _off_loopback(listening)
     assert all(name.startswith("ray::Runner") for name, _, _ in off_loopback), off_loopback
+
+
+def test_haproxy_folder_is_private(tmp_path: Path) -> None:
+    """HAProxy's admin socket (mode 666) is reachable only through a folder of mode 700."""
+    fresh = tmp_path / "fresh"
+    private_folder(fresh)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    private_folder(loose)
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o700

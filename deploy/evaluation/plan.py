@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from deploy.client import RemoteAgent
     from huggy_agent.spec import ActorSpec
 
 ENV_SEED_LIMIT = 2**24
@@ -51,6 +52,17 @@ class PolicySpec:
     """The resolved revision (commit) of a policy from the Hugging Face Hub."""
     policy_id: str | None = None
     """Which of the policies served at `url` (`GET /v1/models`); None: the server's default."""
+    api_key: str | None = field(default=None, repr=False, compare=False)
+    """The key `url` asks for (`huggy serve --api-key-file`); None: `$HUGGY_API_KEY` of the
+    process that queries it. Travels with the spec to the runners, never into a report."""
+
+    def remote_agent(self) -> RemoteAgent:
+        """A client of the served policy (`url`, `policy_id`, `api_key`)."""
+        from deploy.client import RemoteAgent
+
+        if self.url is None:
+            raise ValueError(f"policy {self.label!r} is a file, not a served policy")
+        return RemoteAgent(self.url, policy=self.policy_id, api_key=self.api_key)
 
 
 @dataclass(frozen=True)
@@ -184,9 +196,7 @@ def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
     for spec in specs:
         try:
             if spec.url is not None:
-                from deploy.client import RemoteAgent
-
-                with RemoteAgent(spec.url, policy=spec.policy_id) as remote:
+                with spec.remote_agent() as remote:
                     interface = remote.spec
             else:
                 interface = load_policy(spec.path).spec  # type: ignore[arg-type]
@@ -205,20 +215,21 @@ def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
     return standin_behavior(interface.as_dict(), label.split("/")[0].split("@")[0])
 
 
-def served_policy_specs(url: str, policy_id: str | None = None) -> list[PolicySpec]:
+def served_policy_specs(url: str, policy_id: str | None = None,
+                        api_key: str | None = None) -> list[PolicySpec]:
     """One spec per policy served at `url` (`huggy serve`), labelled with its id, or only the
     one `policy_id`: every policy of a live A/B split, evaluated as deployed. A server of one
-    policy, asked without an id, gives one spec labelled with the URL. Raises ValueError
-    (listing the served ids) for an id the server does not serve."""
-    from deploy.client import RemoteAgent
-
-    with RemoteAgent(url, policy=policy_id) as remote:
+    policy, asked without an id, gives one spec labelled with the URL. `api_key` is sent with
+    every request, by this process and by the runners. Raises ValueError (listing the served
+    ids) for an id the server does not serve."""
+    with PolicySpec(label=url, url=url, policy_id=policy_id, api_key=api_key).remote_agent() as remote:
         served = remote.policies()["models"]
     if len(served) == 1 and policy_id is None:
         return [PolicySpec(label=url, url=url, policy_id=served[0]["id"],
-                           step=served[0]["step"])]
+                           step=served[0]["step"], api_key=api_key)]
     return [PolicySpec(label=model["id"], url=url, policy_id=model["id"], step=model["step"],
-                       run=model["id"].rsplit("@", 1)[0] if "@" in model["id"] else None)
+                       run=model["id"].rsplit("@", 1)[0] if "@" in model["id"] else None,
+                       api_key=api_key)
             for model in served if policy_id in (None, model["id"])]
 
 

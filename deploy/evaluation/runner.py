@@ -114,9 +114,7 @@ class Runner:
             self._agents.move_to_end(key)
             return self._agents[key]
         if spec.url is not None:
-            from deploy.client import RemoteAgent
-
-            agent = RemoteAgent(spec.url, policy=spec.policy_id)
+            agent = spec.remote_agent()
         else:
             agent = _load_agent(spec, payload, self._device, self._precision)
         self._agents[key] = agent

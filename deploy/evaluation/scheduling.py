@@ -60,10 +60,10 @@ def _load_check(policies: list[PolicyResult]) -> None:
     for policy in policies:
         try:
             if policy.spec.url is not None:
-                from deploy.client import RemoteAgent, RemoteRequestError, RemoteServerError
+                from deploy.client import RemoteRequestError, RemoteServerError
 
                 try:
-                    with RemoteAgent(policy.spec.url, policy=policy.spec.policy_id) as remote:
+                    with policy.spec.remote_agent() as remote:
                         policy.fingerprint = remote.fingerprint
                 except (RemoteServerError, RemoteRequestError) as error:
                     raise PolicyLoadError(str(error)) from error
