@@ -19,7 +19,7 @@ import hashlib
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def catalogue(sources: Sequence[str | Path]) -> list[PolicyEntry]:
     for a missing path, ValueError for an empty list or a folder without policies, and
     `huggy_agent.PolicyLoadError` for a file that cannot be loaded (naming the file).
     """
-    from deploy.evaluation.plan import expand_policies
+    from deploy.evaluation.plan import expand_policies, unique_labels
     from huggy_agent.agent import weights_fingerprint
     from huggy_agent.formats import load_policy
 
@@ -89,20 +89,8 @@ def catalogue(sources: Sequence[str | Path]) -> list[PolicyEntry]:
                 id=spec.label, path=path, source=str(source), interface=interface.describe(),
                 spec=interface.as_dict(), fingerprint=weights_fingerprint(loaded),
                 step=spec.step if spec.step is not None else loaded.step))
-    return unique_ids(entries)
-
-
-def unique_ids(entries: Iterable[PolicyEntry]) -> list[PolicyEntry]:
-    """`entries` with a repeated id made unique by `#2`, `#3`, ... (as evaluation does)."""
-    seen: dict[str, int] = {}
-    unique = []
-    for entry in entries:
-        count = seen.get(entry.id, 0)
-        seen[entry.id] = count + 1
-        if count:
-            entry = PolicyEntry(**{**entry.as_dict(), "id": f"{entry.id}#{count + 1}"})
-        unique.append(entry)
-    return unique
+    ids = unique_labels([entry.id for entry in entries])  # as evaluation labels repeats
+    return [replace(entry, id=entry_id) for entry, entry_id in zip(entries, ids, strict=True)]
 
 
 def unknown_policy_message(policy_id: str, known: Iterable[str]) -> str:

@@ -416,8 +416,10 @@ def test_each_request_is_validated_against_its_own_policy(
 
 
 def test_a_batch_never_mixes_policies(served: Served, agents: dict[str, HuggyAgent]) -> None:
-    """48 requests over 16 policies at once, gathered by a 50 ms batch wait: each answer is its
-    own policy's, and the passes were shared within a policy."""
+    """45 requests over 15 policies at once, gathered by a 50 ms batch wait: each answer is its
+    own policy's (a batch that mixed policies would answer some with another's weights), and
+    every policy had a pass of its own. How many requests share a pass depends on arrival
+    times, so it is not asserted."""
     base = served.url("models")
     before = requests.get(f"{base}/v1/info", timeout=10).json()["counters"]
     targets = [IDS[i % 15] for i in range(45)]
@@ -441,7 +443,6 @@ def test_a_batch_never_mixes_policies(served: Served, agents: dict[str, HuggyAge
     requests_made = after["requests"] - before["requests"]
     passes = after["forward_passes"] - before["forward_passes"]
     assert requests_made == 45
-    assert passes < 45  # requests of one policy shared passes
     assert passes >= 15  # never fewer passes than policies in the burst
 
 

@@ -288,16 +288,18 @@ def expand_policies(sources: Sequence[str | os.PathLike[str]]) -> list[PolicySpe
         if resolved.from_hub:
             specs[start:] = [replace(spec, source=resolved.describe(), revision=resolved.revision)
                              for spec in specs[start:]]
-    return _unique_labels(specs)
+    labels = unique_labels([spec.label for spec in specs])
+    return [replace(spec, label=label) for spec, label in zip(specs, labels, strict=True)]
 
 
-def _unique_labels(specs: list[PolicySpec]) -> list[PolicySpec]:
+def unique_labels(labels: Sequence[str]) -> list[str]:
+    """`labels` in order, each repeat made unique by `#2`, `#3`, ..."""
     seen: dict[str, int] = {}
     unique = []
-    for spec in specs:
-        count = seen.get(spec.label, 0)
-        seen[spec.label] = count + 1
-        unique.append(spec if count == 0 else replace(spec, label=f"{spec.label}#{count + 1}"))
+    for label in labels:
+        count = seen.get(label, 0)
+        seen[label] = count + 1
+        unique.append(label if count == 0 else f"{label}#{count + 1}")
     return unique
 
 
