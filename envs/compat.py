@@ -51,6 +51,7 @@ def apply(own_distutils: bool = False) -> None:
         _install_distutils_shim(own_distutils)
         _install_protobuf_modules()
         _install_fast_paths()
+        _install_close_guard()
         _applied = True
 
 
@@ -280,6 +281,21 @@ def _action_table(n: int, width: int, deprecated: bool) -> tuple[np.ndarray, tup
 _ORIGINALS: dict[str, Any] = {}
 _FAST: dict[str, Any] = {}
 _lean_enabled = True
+
+
+def _install_close_guard() -> None:
+    """`UnityEnvironment.__init__` registers its `_close` with atexit before it binds its port;
+    when the port is taken it raises, and at exit `_close` fails on the missing communicator
+    with a traceback. The guard closes only an environment that got that far."""
+    from mlagents_envs.environment import UnityEnvironment
+
+    close = UnityEnvironment._close
+
+    def close_if_built(self: Any) -> None:
+        if hasattr(self, "_communicator"):
+            close(self)
+
+    UnityEnvironment._close = close_if_built
 
 
 def _install_fast_paths() -> None:

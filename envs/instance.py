@@ -231,12 +231,12 @@ class UnityInstance:
         tried: list[int] = []
         for candidate in config.worker_ids:
             port = config.base_port + candidate
-            if not _port_is_free(port):
-                tried.append(port)
-                continue
-            self.worker_id, self.port = candidate, port
-            self._unity = self._start(candidate)
-            break
+            if _port_is_free(port):
+                self._unity = self._start(candidate)
+            if self._unity is not None:
+                self.worker_id, self.port = candidate, port
+                break
+            tried.append(port)
         if self._unity is None:
             raise RuntimeError(_ports_in_use(tried, config.worker_ids))
         try:
@@ -260,6 +260,8 @@ class UnityInstance:
     # -- start-up -------------------------------------------------------------------------------
 
     def _start(self, worker_id: int) -> Any:
+        """The `UnityEnvironment` on `worker_id`'s port, or None when another process took that
+        port between the check and the bind (programs on one machine race for free ports)."""
         from mlagents_envs.environment import UnityEnvironment
         from mlagents_envs.exception import (
             UnityEnvironmentException,
@@ -276,11 +278,8 @@ class UnityInstance:
                 side_channels=[self._engine, self._parameters],
                 additional_args=list(config.additional_args),
             )
-        except UnityWorkerInUseException as error:
-            raise RuntimeError(
-                f"port {config.base_port + worker_id} is in use; pass another worker_id or "
-                "base_port"
-            ) from error
+        except UnityWorkerInUseException:
+            return None
         except UnityTimeOutException as error:
             raise EnvironmentStartError(
                 f"{config.file_name} did not connect on port {config.base_port + worker_id} "

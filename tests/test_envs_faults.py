@@ -82,6 +82,23 @@ def test_busy_port_moves_to_the_next_worker_id(tmp_path: Path) -> None:
     assert wait_until_gone(str(tmp_path)) == []
 
 
+def test_port_taken_after_the_check_moves_to_the_next_worker_id(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Another program may bind a port between our check and mlagents-envs' bind: the
+    environment then moves on as for a port that was busy all along."""
+    import envs.instance
+
+    port = free_port()
+    monkeypatch.setattr(envs.instance, "_port_is_free", lambda candidate: True)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        with HuggyVectorEnv(**env_kwargs(tmp_path, base_port=port)) as env:
+            assert env.worker_id >= 1 and env.port == port + env.worker_id
+            env.reset()
+    assert wait_until_gone(str(tmp_path)) == []
+
+
 def test_standin_exits_when_the_python_side_is_killed(tmp_path: Path) -> None:
     code = (
         "import sys, time, envs\n"
