@@ -291,9 +291,9 @@ def _install_close_guard() -> None:
 
     close = UnityEnvironment._close
 
-    def close_if_built(self: Any) -> None:
+    def close_if_built(self: Any, timeout: int | None = None) -> None:
         if hasattr(self, "_communicator"):
-            close(self)
+            close(self, timeout)
 
     UnityEnvironment._close = close_if_built
 
