@@ -68,8 +68,15 @@ def test_unity_dying_mid_rollout_keeps_finished_episodes(tmp_path: Path) -> None
     assert wait_until_gone(str(tmp_path)) == []
 
 
-def test_busy_port_moves_to_the_next_worker_id(tmp_path: Path) -> None:
+@pytest.mark.parametrize("taken", ["before the check", "after the check"])
+def test_busy_port_moves_to_the_next_worker_id(tmp_path: Path, monkeypatch, taken: str) -> None:
+    """A busy port moves the environment on to the next worker id, also when another program
+    takes it between our free-port check and mlagents-envs' bind."""
+    import envs.instance
+
     port = free_port()
+    if taken == "after the check":
+        monkeypatch.setattr(envs.instance, "_port_is_free", lambda candidate: True)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", port))
         busy.listen()
@@ -77,25 +84,9 @@ def test_busy_port_moves_to_the_next_worker_id(tmp_path: Path) -> None:
             assert env.worker_id >= 1 and env.port == port + env.worker_id
             env.reset()
             env.step(np.zeros((18, 21)))
-        with pytest.raises(RuntimeError, match=f"ports {port}-{port} are all in use"):
-            HuggyVectorEnv(**env_kwargs(tmp_path, base_port=port, port_attempts=1))
-    assert wait_until_gone(str(tmp_path)) == []
-
-
-def test_port_taken_after_the_check_moves_to_the_next_worker_id(tmp_path: Path,
-                                                                 monkeypatch) -> None:
-    """Another program may bind a port between our check and mlagents-envs' bind: the
-    environment then moves on as for a port that was busy all along."""
-    import envs.instance
-
-    port = free_port()
-    monkeypatch.setattr(envs.instance, "_port_is_free", lambda candidate: True)
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", port))
-        busy.listen()
-        with HuggyVectorEnv(**env_kwargs(tmp_path, base_port=port)) as env:
-            assert env.worker_id >= 1 and env.port == port + env.worker_id
-            env.reset()
+        if taken == "before the check":
+            with pytest.raises(RuntimeError, match=f"ports {port}-{port} are all in use"):
+                HuggyVectorEnv(**env_kwargs(tmp_path, base_port=port, port_attempts=1))
     assert wait_until_gone(str(tmp_path)) == []
 
 
