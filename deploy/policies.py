@@ -19,7 +19,7 @@ import hashlib
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,11 @@ class PolicyEntry:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PolicyEntry:
         """The inverse of `as_dict`; ValueError naming a missing or unknown field."""
-        names = {"id", "path", "source", "interface", "spec", "fingerprint", "step"}
+        names = {field.name for field in fields(cls)}
+        required = {field.name for field in fields(cls) if field.default is MISSING}
         if not isinstance(data, Mapping):
             raise ValueError(f"a policy entry must be an object, received {type(data).__name__}")
-        missing = sorted(names - {"step"} - set(data))
+        missing = sorted(required - set(data))
         unknown = sorted(set(data) - names)
         if missing or unknown:
             raise ValueError(f"policy entry {data.get('id', '?')!r}: missing field(s) {missing}, "
