@@ -6,7 +6,7 @@ Every loop phase runs in a fresh child process, its rounds interleaved with the 
 (the fastest round is reported: other processes on the machine only ever slow a phase down):
 - "K instances" for each K of `--instances`, with the bundled policy, and for K > 1 also
   "K instances, pinned" (`pin_cores=True`: instance i's worker and Unity process on core i);
-- "1 instance, mlagents-envs' own paths" (`compat.set_fast_paths(False)`);
+- "1 instance, mlagents-envs' own paths" (`fast_step.set_fast_paths(False)`);
 - with `--baseline DIR` (a folder holding an older copy of `envs/`, e.g. made with
   `cp -r envs /tmp/old/`), "baseline, 1 instance": that code, with this checkout's policy.
 
@@ -63,7 +63,7 @@ def _standin_work(steps: int) -> float:
     actions from the input message, the simulation, encoding the observations."""
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 
-    from envs import compat
+    from envs import fast_step
     from envs.standin.client import BEHAVIOR, StandIn
 
     standin = StandIn(io.StringIO())
@@ -73,7 +73,7 @@ def _standin_work(steps: int) -> float:
     for _ in range(min(steps, 500)):
         message = UnityMessageProto()
         message.unity_input.rl_input.agent_actions[BEHAVIOR].MergeFromString(
-            compat.encode_agent_actions(rng.uniform(-1, 1, (18, 21)).astype(np.float32)))
+            fast_step.encode_agent_actions(rng.uniform(-1, 1, (18, 21)).astype(np.float32)))
         inputs.append(UnityMessageProto.FromString(message.SerializeToString()))
     start = time.perf_counter()
     for k in range(steps):
@@ -102,10 +102,9 @@ def _instrument(env: Any, totals: dict[str, float]) -> None:
     connection = unity._communicator.unity_to_external.parent_conn
     connection.poll = _timed(totals, "wait", connection.poll)
     connection.recv = _timed(totals, "wait", connection.recv)
-    from envs import compat
+    from envs import fast_step
 
-    if hasattr(compat, "lean_step"):
-        compat.lean_step = _timed(totals, "mlagents", compat.lean_step)
+    fast_step.lean_step = _timed(totals, "mlagents", fast_step.lean_step)
     for name in ("set_actions", "step", "get_steps"):
         setattr(unity, name, _timed(totals, "mlagents", getattr(unity, name)))
 
@@ -116,12 +115,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     import envs
-    from envs import compat
+    from envs import fast_step
     from huggy_agent import HuggyAgent
 
     torch.set_num_threads(spec["torch_threads"])
     agent = HuggyAgent(device=spec["device"])
-    compat.set_fast_paths(spec["fast_paths"])
+    fast_step.set_fast_paths(spec["fast_paths"])
     kwargs = ({"instances": spec["instances"], "pin_cores": spec.get("pin_cores", False)}
               if spec["instances"] > 1 else {})
     env = envs.HuggyVectorEnv(base_port=_free_port(), seed=0, **kwargs)
@@ -195,7 +194,7 @@ def bench_mlagents_paths(repeats: int) -> dict[str, tuple[float, float]]:
     from mlagents_envs.rpc_utils import behavior_spec_from_proto
     from mlagents_envs.side_channel.side_channel_manager import SideChannelManager
 
-    from envs import compat
+    from envs import fast_step
     from envs.standin.client import BEHAVIOR, StandIn
 
     standin = StandIn(io.StringIO())
@@ -204,16 +203,16 @@ def bench_mlagents_paths(repeats: int) -> dict[str, tuple[float, float]]:
     spec = behavior_spec_from_proto(
         message.unity_output.rl_initialization_output.brain_parameters[0], infos[0])
     env = UnityEnvironment.__new__(UnityEnvironment)  # just enough state for the method
-    env._env_state = {BEHAVIOR: compat._steps_from_proto(infos, spec)}
+    env._env_state = {BEHAVIOR: fast_step._steps_from_proto(infos, spec)}
     env._side_channel_manager = SideChannelManager([])
     actions = {BEHAVIOR: ActionTuple(continuous=np.random.default_rng(0).uniform(
         -1, 1, (18, 21)).astype(np.float32))}
     cases = {
-        "steps_from_proto": (lambda: compat.original_steps_from_proto(infos, spec),
-                             lambda: compat._steps_from_proto(infos, spec)),
+        "steps_from_proto": (lambda: fast_step.original_steps_from_proto(infos, spec),
+                             lambda: fast_step._steps_from_proto(infos, spec)),
         "_generate_step_input": (
-            lambda: compat._ORIGINALS["generate_step_input"](env, actions),
-            lambda: compat._generate_step_input(env, actions)),
+            lambda: fast_step._ORIGINALS["generate_step_input"](env, actions),
+            lambda: fast_step._generate_step_input(env, actions)),
     }
     out = {}
     for name, pair in cases.items():
@@ -241,7 +240,7 @@ def run_phase(spec: dict[str, Any]) -> dict[str, Any]:
 def _split_row(name: str, r: dict[str, Any]) -> tuple:
     """(name, step, policy, vector env, mlagents-envs + protobuf, waiting, stand-in's work,
     gRPC + transport) in ms: the vector env's own time is env.step outside mlagents-envs (and
-    outside `compat.lean_step`, which stands in for it), waiting is inside mlagents-envs."""
+    outside `fast_step.lean_step`, which stands in for it), waiting is inside mlagents-envs."""
     return (name, r["step_ms"], r["policy_ms"], r["env_ms"] - r["mlagents_ms"],
             r["mlagents_ms"] - r["wait_ms"], r["wait_ms"], r["standin_ms"],
             r["wait_ms"] - r["standin_ms"])

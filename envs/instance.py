@@ -8,7 +8,7 @@ mlagents-envs only (no Gymnasium, no torch), and writes each step into caller-ow
 
 Any behavior: its observations (vectors, images, variable-length buffers), continuous and
 discrete actions and action masks are laid out per slot by a `SlotLayout`. A behavior of one
-vector observation and continuous actions (Huggy's) takes `compat.lean_step`, one exchange
+vector observation and continuous actions (Huggy's) takes `fast_step.lean_step`, one exchange
 straight into arrays; others go through mlagents-envs' own calls.
 
 Slots: slot s is the agent at row s of the first decision after a reset. Unity gives an agent a
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from envs import fast_step
 
 MAX_SEED = 2**24  # seeds travel as float32 on the EnvironmentParameters channel
 INSTANCE_SEED_STRIDE = 10_368_889
@@ -405,10 +407,8 @@ class UnityInstance:
 
     def _exchange(self, continuous: np.ndarray, discrete: np.ndarray) -> Any:
         """One step of the Unity process with the actions (one row per deciding agent, in
-        Unity's order): `compat.lean_step` where it applies, else mlagents-envs' own calls."""
-        from envs import compat
-
-        rows = (compat.lean_step(self._unity, self.behavior_name, continuous)
+        Unity's order): `fast_step.lean_step` where it applies, else mlagents-envs' own calls."""
+        rows = (fast_step.lean_step(self._unity, self.behavior_name, continuous)
                 if self.layout.lean else None)
         if rows is None:
             from mlagents_envs.base_env import ActionTuple
@@ -417,7 +417,7 @@ class UnityInstance:
                 continuous=continuous if self.layout.continuous_size else None,
                 discrete=discrete if self.layout.discrete_branches else None))
             self._unity.step()
-            rows = compat.agent_rows(*self._unity.get_steps(self.behavior_name))
+            rows = fast_step.agent_rows(*self._unity.get_steps(self.behavior_name))
         return rows
 
     def close(self) -> None:

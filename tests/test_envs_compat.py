@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401  (applies the compatibility layer)
-from envs import compat
+from envs import compat, fast_step
 
 
 def test_protobuf_is_current_and_messages_round_trip() -> None:
@@ -82,7 +82,7 @@ def test_encode_agent_actions_matches_the_protobuf_api() -> None:
 
     actions = np.random.default_rng(0).standard_normal((18, 21)).astype(np.float32)
     fast = UnityRLInputProto()
-    fast.agent_actions["Huggy?team=0"].MergeFromString(compat.encode_agent_actions(actions))
+    fast.agent_actions["Huggy?team=0"].MergeFromString(fast_step.encode_agent_actions(actions))
     slow = UnityRLInputProto()
     for row in actions:
         action = AgentActionProto()
@@ -90,7 +90,7 @@ def test_encode_agent_actions_matches_the_protobuf_api() -> None:
         action.continuous_actions.extend(row)
         slow.agent_actions["Huggy?team=0"].value.extend([action])
     assert fast == slow
-    assert compat.encode_agent_actions(np.zeros((0, 21), np.float32)) == b""
+    assert fast_step.encode_agent_actions(np.zeros((0, 21), np.float32)) == b""
 
 
 def _agent_infos(rng: np.random.Generator, n: int, width: int) -> list:
@@ -131,7 +131,7 @@ def test_fast_steps_from_proto_equals_the_original() -> None:
     spec = _vector_spec(59, 21)
     infos = _agent_infos(np.random.default_rng(1), 18, 59)
     fast = rpc_utils.steps_from_proto(infos, spec)
-    slow = compat.original_steps_from_proto(infos, spec)
+    slow = fast_step.original_steps_from_proto(infos, spec)
     for mine, theirs in zip(fast, slow, strict=True):
         np.testing.assert_array_equal(mine.obs[0], theirs.obs[0])
         np.testing.assert_array_equal(mine.reward, theirs.reward)
@@ -192,8 +192,8 @@ def _three_paths() -> dict[str, object]:
     """mlagents-envs' `steps_from_proto`, and the two fast paths that stand in for it."""
     from mlagents_envs import rpc_utils
 
-    return {"original": compat.original_steps_from_proto, "fast": rpc_utils.steps_from_proto,
-            "lean": compat.lean_rows}
+    return {"original": fast_step.original_steps_from_proto, "fast": rpc_utils.steps_from_proto,
+            "lean": fast_step.lean_rows}
 
 
 # mlagents-envs finds infinities through a float32 mean, which overflows (or meets inf - inf) on
@@ -219,23 +219,23 @@ def test_finite_values_whose_mean_does_not_overflow_pass_every_path() -> None:
     infos = _agent_infos(np.random.default_rng(5), 6, 4)
     _set_obs(infos[1], [3e38])
     infos[2].reward = 3e38
-    decision, terminal = compat.original_steps_from_proto(infos, spec)
+    decision, terminal = fast_step.original_steps_from_proto(infos, spec)
     fast_decision, fast_terminal = _three_paths()["fast"](infos, spec)
     for mine, theirs in ((fast_decision, decision), (fast_terminal, terminal)):
         np.testing.assert_array_equal(mine.obs[0], theirs.obs[0])
         np.testing.assert_array_equal(mine.reward, theirs.reward)
     assert decision.obs[0][0, 0] == np.float32(3e38) and decision.reward[1] == np.float32(3e38)
-    _assert_rows_are_the_steps(compat.lean_rows(infos, spec), infos, decision, terminal)
+    _assert_rows_are_the_steps(fast_step.lean_rows(infos, spec), infos, decision, terminal)
 
 
 def test_lean_rows_equal_the_original_steps() -> None:
     spec = _vector_spec(59, 21)
     infos = _agent_infos(np.random.default_rng(6), 18, 59)
-    _assert_rows_are_the_steps(compat.lean_rows(infos, spec), infos,
-                               *compat.original_steps_from_proto(infos, spec))
+    _assert_rows_are_the_steps(fast_step.lean_rows(infos, spec), infos,
+                               *fast_step.original_steps_from_proto(infos, spec))
 
 
-def _assert_rows_are_the_steps(rows: compat.AgentRows, infos: list, decision: object,
+def _assert_rows_are_the_steps(rows: fast_step.AgentRows, infos: list, decision: object,
                                terminal: object) -> None:
     """`rows` (Unity's order) hold the original's decision steps, then its terminal steps."""
     done = np.array([info.done for info in infos])
@@ -257,7 +257,7 @@ def test_fast_paths_change_nothing_on_the_wire(tmp_path) -> None:
 
     streams = []
     for fast in (False, True):
-        compat.set_fast_paths(fast)
+        fast_step.set_fast_paths(fast)
         try:
             with HuggyVectorEnv(**env_kwargs(tmp_path, max_steps=20, seed=8)) as env:
                 stream = [env.reset(seed=8)[0]]
@@ -267,7 +267,7 @@ def test_fast_paths_change_nothing_on_the_wire(tmp_path) -> None:
                         rng.uniform(-1, 1, (18, 21)))
                     stream += [obs, reward, terminated, truncated]
         finally:
-            compat.set_fast_paths(True)
+            fast_step.set_fast_paths(True)
         streams.append(stream)
     for slow, fast in zip(*streams, strict=True):
         np.testing.assert_array_equal(slow, fast)

@@ -233,7 +233,8 @@ def test_environment_parameters_channel_messages() -> None:
     )
     from mlagents_envs.side_channel.side_channel_manager import SideChannelManager
 
-    from envs.standin.client import StandIn, parse_environment_parameters
+    from envs.standin.client import StandIn
+    from envs.standin.protocol import parse_environment_parameters
 
     channel = EnvironmentParametersChannel()
     for key, value in (("num_agents", 4), ("max_steps", -2), ("seed", 9), ("gravity", 1)):
@@ -289,7 +290,7 @@ def test_actions_in_bulk_equal_the_protobuf_fields() -> None:
     from mlagents_envs.communicator_objects.agent_action_pb2 import AgentActionProto
     from mlagents_envs.communicator_objects.unity_rl_input_pb2 import UnityRLInputProto
 
-    from envs.compat import encode_agent_actions
+    from envs.fast_step import encode_agent_actions
     from envs.standin.wire import continuous_actions
 
     actions = np.random.default_rng(2).uniform(-1, 1, (18, ACT_SIZE)).astype(np.float32)

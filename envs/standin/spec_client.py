@@ -15,6 +15,12 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from envs.standin.protocol import (
+    apply_parameters,
+    handshake_message,
+    initialization_output,
+    reset_seed,
+)
 from envs.standin.spec_sim import BehaviorSpecDescription, SpecSim, SpecSimConfig
 
 PARAMETERS = {"num_agents", "episode_length", "episode_length_step", "seed"}
@@ -45,18 +51,12 @@ class SpecStandIn:
         self.order = np.zeros(0, dtype=np.int64)  # slot of each decision row, in message order
 
     def handshake_message(self) -> bytes:
-        from envs.standin.client import handshake_message
-
         return handshake_message(self.name)
 
     def apply_parameters(self, side_channel: bytes) -> None:
-        from envs.standin.client import apply_parameters
-
         apply_parameters(self, side_channel, PARAMETERS)
 
     def reset(self, seed: int) -> bytes:
-        from envs.standin.client import reset_seed
-
         seed = reset_seed(self, seed)
         if self.sim is None:
             self.sim = SpecSim(self.spec, self.config, seed)
@@ -111,8 +111,6 @@ class SpecStandIn:
             if masks is not None and not done[row]:
                 info.action_mask.extend((~masks[row]).tolist())
         if not self.announced:
-            from envs.standin.client import initialization_output
-
             output.rl_initialization_output.CopyFrom(initialization_output(
                 self.name, self.behavior, self.spec.continuous_size, self.spec.discrete_branches))
             self.announced = True

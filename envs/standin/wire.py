@@ -9,24 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from envs.protobuf_wire import length_delimited, read_varint, varint, varint_size
+
 HEADER_OK = bytes([0x0A, 0x03, 0x08, 0xC8, 0x01])  # UnityMessageProto.header = {status: 200}
-
-
-def varint(value: int) -> bytes:
-    """Base-128 varint of a non-negative integer."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if not value:
-            out.append(byte)
-            return bytes(out)
-        out.append(byte | 0x80)
-
-
-def length_delimited(field: int, payload: bytes) -> bytes:
-    """Tag, length and payload of a message/bytes/string field."""
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
 
 
 class ObservationEncoder:
@@ -59,8 +44,8 @@ class ObservationEncoder:
         ids = np.asarray(agent_id, dtype=np.int64)
         if len(ids) and not (done.any() or max_step.any()):
             low, high = int(ids.min()), int(ids.max())
-            if low >= 0 and _varint_size(low) == _varint_size(high):
-                return self._table(ids, _varint_size(high), reward, obs)
+            if low >= 0 and varint_size(low) == varint_size(high):
+                return self._table(ids, varint_size(high), reward, obs)
         width = 4 * self.obs_size
         floats = np.ascontiguousarray(obs, dtype="<f4").tobytes()
         rewards = np.ascontiguousarray(reward, dtype="<f4").tobytes()
@@ -123,22 +108,6 @@ class ObservationEncoder:
         return HEADER_OK + length_delimited(2, output)
 
 
-def _varint_size(value: int) -> int:
-    return max(1, -(-value.bit_length() // 7))
-
-
-def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
-    """(value, offset after it) of the varint at `offset`."""
-    value = shift = 0
-    while True:
-        byte = data[offset]
-        value |= (byte & 0x7F) << shift
-        offset += 1
-        if byte < 0x80:
-            return value, offset
-        shift += 7
-
-
 def continuous_actions(listing: bytes, count: int, width: int) -> np.ndarray | None:
     """The `continuous_actions` of a serialized `ListAgentActionProto` of `count` agents, as a
     (count, width) float32 table, read in bulk when every agent's entry has the layout of the
@@ -150,15 +119,15 @@ def continuous_actions(listing: bytes, count: int, width: int) -> np.ndarray | N
     try:
         if listing[0] != 0x0A:  # ListAgentActionProto.value = 1
             return None
-        size, offset = _read_varint(listing, 1)
+        size, offset = read_varint(listing, 1)
         if offset + size != stride:
             return None
         fixed, start = list(range(offset)), None
         while offset < stride:  # the fields of the first AgentActionProto
-            tag, after_tag = _read_varint(listing, offset)
+            tag, after_tag = read_varint(listing, offset)
             if tag & 7 != 2:  # only length-delimited (packed) fields are expected
                 return None
-            size, after_size = _read_varint(listing, after_tag)
+            size, after_size = read_varint(listing, after_tag)
             fixed.extend(range(offset, after_size))
             if tag >> 3 == 6:  # continuous_actions
                 if size != 4 * width:

@@ -1,0 +1,159 @@
+"""The Unity side of the ML-Agents protocol (communication 1.5.0), shared by every stand-in mode:
+the handshake, environment parameters, seeds, and the exchange loop that drives a stand-in.
+
+Started like a Unity player: `FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]`
+(unknown arguments are ignored, as Unity does). Exchange sequence: initialization output ->
+initialization input (seed); empty message -> first command; then one observation message per
+command (RESET or STEP) until Python answers with status 400 or QUIT. The process exits by itself
+when the Python side disappears: a failed call, or its parent process gone.
+
+A stand-in (`client.StandIn` for Huggy, `spec_client.SpecStandIn` for any behavior) has
+`handshake_message()`, `apply_parameters(side_channel)`, `reset(seed)`, `step(actions)`,
+`actions_from(rl_input)` and a `sim` that is None until the first reset.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+import uuid
+from typing import Any, TextIO
+
+from envs.standin.wire import empty_message
+
+COMMUNICATION_VERSION = "1.5.0"
+PACKAGE_VERSION = "2.2.1-exp.1"
+ENVIRONMENT_PARAMETERS_CHANNEL = uuid.UUID("534c891e-810f-11ea-a9d0-822485860400")
+EXCHANGE = "/communicator_objects.UnityToExternalProto/Exchange"
+CONNECT_TIMEOUT_S = 60.0
+
+
+def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
+    """Float parameters sent on the EnvironmentParameters channel; other channels are skipped."""
+    values: dict[str, float] = {}
+    offset = 0
+    while offset + 20 <= len(side_channel):
+        channel = uuid.UUID(bytes_le=side_channel[offset : offset + 16])
+        (length,) = struct.unpack_from("<i", side_channel, offset + 16)
+        payload = side_channel[offset + 20 : offset + 20 + length]
+        offset += 20 + length
+        if channel != ENVIRONMENT_PARAMETERS_CHANNEL:
+            continue
+        (key_len,) = struct.unpack_from("<i", payload, 0)
+        key = payload[4 : 4 + key_len].decode("ascii")
+        (kind,) = struct.unpack_from("<i", payload, 4 + key_len)
+        if kind == 0:  # FLOAT; samplers are not supported by the stand-in
+            (values[key],) = struct.unpack_from("<f", payload, 8 + key_len)
+    return values
+
+
+def apply_parameters(stand_in: Any, side_channel: bytes, allowed: set[str]) -> None:
+    """Apply the EnvironmentParameters in `side_channel` to `stand_in` (a `StandIn` or a
+    `spec_client.SpecStandIn`): `seed` is kept for the next reset, the others replace fields of
+    its `config` (a dataclass with `validated()`), effective at the next reset; unknown keys and
+    invalid values are logged and ignored, as Unity would."""
+    for key, value in parse_environment_parameters(side_channel).items():
+        if key not in allowed:
+            stand_in.log.write(f"ignoring unknown environment parameter {key}={value}\n")
+        elif key == "seed":
+            stand_in.pending_seed = int(value)
+        else:
+            candidate = type(stand_in.config)(**{**vars(stand_in.config), key: value})
+            try:
+                stand_in.config = candidate.validated()
+            except ValueError as error:  # keep the previous value, as Unity would
+                stand_in.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
+
+
+def initialization_output(name: str, behavior: str | None, continuous: int,
+                          branches: tuple[int, ...] = ()) -> Any:
+    """The `UnityRLInitializationOutputProto` a Unity player named `name` sends, with the
+    behavior's brain parameters (its action spec) when `behavior` is given."""
+    from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
+        UnityRLInitializationOutputProto,
+    )
+
+    out = UnityRLInitializationOutputProto(
+        name=name, communication_version=COMMUNICATION_VERSION, package_version=PACKAGE_VERSION)
+    caps = out.capabilities
+    caps.baseRLCapabilities = caps.concatenatedPngObservations = True
+    caps.compressedChannelMapping = caps.hybridActions = caps.trainingAnalytics = True
+    caps.variableLengthObservation = caps.multiAgentGroups = True
+    if behavior is not None:
+        brain = out.brain_parameters.add()
+        brain.brain_name = behavior
+        brain.is_training = True
+        brain.action_spec.num_continuous_actions = continuous
+        if branches:
+            brain.action_spec.num_discrete_actions = len(branches)
+            brain.action_spec.discrete_branch_sizes.extend(branches)
+    return out
+
+
+def handshake_message(name: str) -> bytes:
+    """The first message of a Unity player named `name`: its initialization output alone."""
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    message = UnityMessageProto()
+    message.header.status = 200
+    message.unity_output.rl_initialization_output.CopyFrom(initialization_output(name, None, 0))
+    return message.SerializeToString()
+
+
+def reset_seed(stand_in: Any, seed: int) -> int:
+    """The seed of this reset of `stand_in`: one sent as an environment parameter since the last
+    reset (the simulation is reseeded with it), else `seed` (the handshake's)."""
+    if stand_in.pending_seed is not None:
+        seed, stand_in.pending_seed = stand_in.pending_seed, None
+        if stand_in.sim is not None:
+            stand_in.sim.reseed(seed)
+    return seed
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the process that started us is gone (Python side killed without closing)."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def run(standin: Any, port: int, log: TextIO) -> int:
+    """Connect to the Python trainer on 127.0.0.1:`port` and serve it with `standin` until
+    told to stop; the exit code (0 when closed by Python, 1 when Python is gone)."""
+    import grpc
+    from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET
+    from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    exchange = channel.unary_unary(EXCHANGE, response_deserializer=UnityMessageProto.FromString)
+    try:
+        reply = exchange(standin.handshake_message(), wait_for_ready=True,
+                         timeout=CONNECT_TIMEOUT_S)
+        seed = reply.unity_input.rl_initialization_input.seed
+        log.write(f"connected on port {port}, seed {seed}\n")
+        reply = exchange(empty_message())
+        while True:
+            if reply.header.status != 200:
+                log.write(f"closing: status {reply.header.status}\n")
+                return 0
+            rl_input = reply.unity_input.rl_input
+            if rl_input.command == QUIT:
+                log.write("closing: QUIT\n")
+                return 0
+            standin.apply_parameters(rl_input.side_channel)
+            if rl_input.command == RESET or standin.sim is None:
+                out = standin.reset(seed)
+            else:
+                out = standin.step(standin.actions_from(rl_input))
+            reply = exchange(out)
+    except grpc.RpcError as error:
+        log.write(f"exiting: the Python side is gone ({error.code().name})\n")
+        return 1
+    finally:
+        channel.close()
+
+
