@@ -22,14 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.evaluation import (
-    EnvSpec,
-    EvalConfig,
-    EvaluationResult,
-    evaluate_on_ray,
-    evaluate_plain,
-    expand_policies,
-)
+from deploy.evaluation.on_ray import evaluate_on_ray
+from deploy.evaluation.plan import EnvSpec, EvalConfig
+from deploy.evaluation.results import EvaluationResult
+from deploy.evaluation.scheduling import evaluate_plain
+from deploy.evaluation.sources import policy_specs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +50,7 @@ def main() -> int:
 
     from deploy.cluster import init_ray
 
-    specs = expand_policies([args.policy])
+    specs = policy_specs([args.policy])
     env = EnvSpec(max_steps=args.max_steps)
     base = dict(episodes=18 * args.items, episodes_per_item=18, accelerator="cpu",
                 progress=False)

@@ -104,7 +104,7 @@ async def _sender(url: str, body: bytes) -> AsyncIterator[Callable[[], Awaitable
     if url.startswith("grpc://"):
         import grpc
 
-        from deploy.grpc_ingress import ACT_METHOD
+        from deploy.serving.grpc_ingress import ACT_METHOD
 
         async with grpc.aio.insecure_channel(url.removeprefix("grpc://")) as channel:
             act = channel.unary_unary(ACT_METHOD)
@@ -193,8 +193,8 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from deploy.runner import deploy, start_serve, stop_serve
-    from deploy.serve import AppArgs
+    from deploy.serving.server import deploy, start_serve, stop_serve
+    from deploy.serving.settings import AppArgs
 
     @serve.deployment(max_ongoing_requests=512, ray_actor_options={"num_cpus": 1},
                       logging_config={"enable_access_log": False, "log_level": "WARNING"})
@@ -345,8 +345,8 @@ def run_models(points: list[Point], args: argparse.Namespace, port: int) -> list
     `SPLIT_SESSIONS` sessions, and adding and removing a policy under 16-client load."""
     import tempfile
 
-    from deploy.runner import deploy, start_serve, stop_serve
-    from deploy.serve import AppArgs
+    from deploy.serving.server import deploy, start_serve, stop_serve
+    from deploy.serving.settings import AppArgs
 
     lines: list[str] = []
     start_serve("127.0.0.1", port, "haproxy", extra_env=dict(args.env))

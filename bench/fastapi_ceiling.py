@@ -10,7 +10,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from deploy.api import ApiError, act_response, parse_act_request
+from deploy.serving.parsing import parse_act_request
+from deploy.serving.responses import ApiError, act_response
 from huggy_agent import HuggyAgent
 
 agent = HuggyAgent(device="cpu")

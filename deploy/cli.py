@@ -4,15 +4,9 @@ group `huggy_agent.commands` (parsers only; the work is imported when a command 
 from __future__ import annotations
 
 import argparse
-import ipaddress
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from envs.cli import add_env_parameter_option, positive_int
-
-if TYPE_CHECKING:
-    from deploy.evaluation import EvaluationResult
 
 ACCELERATOR_CHOICES = ("auto", "cpu", "gpu", "npu")
 PRECISION_CHOICES = ("fp32", "fp16", "bf16")
@@ -25,14 +19,16 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
         "evaluate",
         help="evaluate policies on many environments with Ray: table, CSV, JSON, learning curve",
         description=(
-            "Evaluate each POLICY (a .pt checkpoint, an .onnx file, or an ML-Agents results "
-            "folder: every checkpoint in it, by step) on an ML-Agents environment with Ray runners. "
-            "Item i of every policy runs with seed S+i (--seed S), so the numbers do not depend on "
-            "--runners or --instances-per-runner. Writes evaluation.csv, evaluation.json and "
-            "learning_curve.png to --out."),
+            "Evaluate each POLICY (a .pt checkpoint, an .onnx file, an ML-Agents results "
+            "folder: every checkpoint in it, by step, or hf://owner/repo[@revision][/path]) on "
+            "an ML-Agents environment with Ray runners. Item i of every policy runs with seed S+i "
+            "(--seed S), so the numbers do not depend on --runners or --instances-per-runner. "
+            "Writes evaluation.csv, evaluation.json, learning_curve.png, "
+            "probability_of_improvement.png and performance_profile.png to --out."),
     )
     parser.add_argument("policies", nargs="*", metavar="POLICY",
-                        help="checkpoint, ONNX file or results folder (omit with --policy-url)")
+                        help="checkpoint, ONNX file, results folder or "
+                             "hf://owner/repo[@revision][/path] (omit with --policy-url)")
     parser.add_argument("--env", metavar="builtin|PATH", default="builtin",
                         help="'builtin' (the headless stand-in, default) or a Unity build's path")
     parser.add_argument("--episodes", metavar="N", type=positive_int, default=36,
@@ -60,7 +56,7 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", metavar="S", type=int, default=0,
                         help="base seed: item i of every policy uses S+i (default 0)")
     parser.add_argument("--out", metavar="DIR", type=Path, default=Path("out/evaluate"),
-                        help="folder for evaluation.csv, evaluation.json, learning_curve.png "
+                        help="folder for evaluation.csv, evaluation.json and the three PNGs "
                              "(default out/evaluate)")
     parser.add_argument("--policy-url", metavar="URL", default=None,
                         help="evaluate the policies a `huggy serve` deployment serves at this "
@@ -104,79 +100,11 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    """Run the evaluation, print the table, write the report. Exit code 0 when every policy was
-    evaluated, 1 when one failed, 130 when interrupted (what finished is still reported)."""
-    from deploy.evaluation import (
-        EnvSpec,
-        EvalConfig,
-        Selection,
-        SelectionConfig,
-        evaluate_on_ray,
-        evaluate_plain,
-        expand_policies,
-        stand_in_behavior,
-    )
-    from deploy.report import format_table, write_report
+    """`huggy evaluate` (`deploy.evaluation.command`)."""
+    # start-up time: `huggy --help` and the other commands import none of the evaluation
+    from deploy.evaluation.command import run_evaluate as run
 
-    if bool(args.policies) == bool(args.policy_url):
-        raise ValueError("give either POLICY... or --policy-url URL (exactly one of them), got "
-                         f"{len(args.policies)} policies and policy-url={args.policy_url!r}")
-    if args.policy_id is not None and not args.policy_url:
-        raise ValueError(f"--policy-id {args.policy_id!r} names a policy served at --policy-url, "
-                         "which was not given")
-    if args.policies:
-        specs = expand_policies(args.policies)
-    else:
-        from deploy.api import load_api_key
-        from deploy.evaluation.plan import served_policy_specs
-
-        specs = served_policy_specs(args.policy_url, args.policy_id,
-                                    load_api_key(args.api_key_file))
-    if args.env != "builtin" and not Path(args.env).exists():
-        raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
-    env = EnvSpec(file_name=None if args.env == "builtin" else args.env,
-                  num_agents=args.num_agents, max_steps=args.max_steps,
-                  parameters=dict(args.env_param), instances=args.instances_per_runner,
-                  behavior_spec=stand_in_behavior(specs) if args.env == "builtin" else None)
-    selection = None
-    if args.select_best:
-        selection = SelectionConfig(statistic=args.select_by, confidence=args.confidence,
-                                    round_items=args.round_items)
-    config = EvalConfig(episodes=args.episodes, episodes_per_item=args.episodes_per_item,
-                        seed=args.seed, stochastic=args.stochastic, runners=args.runners,
-                        accelerator=args.accelerator, precision=args.precision,
-                        progress=not args.no_progress, selection=selection)
-    if selection is not None:
-        Selection(len(specs), config)  # a budget too small for one round fails before Ray
-    if args.no_ray:
-        result = evaluate_plain(specs, config, env)
-    else:
-        result = evaluate_on_ray(specs, config, env, address=args.address)
-    print(format_table(result))
-    paths = write_report(result, args.out)
-    print("wrote " + ", ".join(str(path) for path in paths.values()), file=sys.stderr)
-    _write_sinks(result, args)
-    if result.interrupted:
-        return 130
-    return 1 if any(policy.failed for policy in result.policies) else 0
-
-
-def _write_sinks(result: EvaluationResult, args: argparse.Namespace) -> None:
-    """TensorBoard scalars (--tensorboard) and model cards (--model-card), when asked for."""
-    if args.tensorboard is None and not args.model_card:
-        return
-    from deploy.evaluation.sinks import write_model_cards, write_tensorboard
-    from deploy.report import summarize_all
-
-    summaries = summarize_all(result)
-    if args.tensorboard is not None:
-        folders, skipped = write_tensorboard(summaries, args.tensorboard)
-        print("wrote TensorBoard scalars to " + (", ".join(map(str, folders)) or "nothing")
-              + (f" (no training step: {', '.join(skipped)})" if skipped else ""),
-              file=sys.stderr)
-    if args.model_card:
-        cards = write_model_cards(result, summaries, args.out / "model_cards")
-        print("wrote model cards " + (", ".join(map(str, cards)) or "(none)"), file=sys.stderr)
+    return run(args)
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -239,44 +167,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_serve)
 
 
-def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool) -> str | None:
-    """The one warning line for a server reachable beyond this machine without an API key, or
-    None (a loopback host, or a key)."""
-    if has_key:
-        return None
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if loopback:
-        return None
-    grpc = f" and gRPC {host}:{grpc_port}" if grpc_port else ""
-    return (f"huggy serve: warning: no API key (--api-key-file or $HUGGY_API_KEY): anyone who "
-            f"can reach {host}:{port}{grpc} can query the policy, read /v1/info and "
-            "/v1/openapi.json, and load the replicas")
-
-
 def _serve(args: argparse.Namespace) -> int:
-    from deploy.api import load_api_key
-    from deploy.runner import serve_forever
-    from deploy.serve import AppArgs
+    """`huggy serve` (`deploy.serving.server`)."""
+    # start-up time: `huggy --help` and the other commands never import Ray Serve
+    from deploy.serving.server import serve_command
 
-    warning = exposure_warning(args.host, args.port, args.grpc_port,
-                               args.api_key_file is not None or load_api_key() is not None)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-    if args.policy is not None and args.policies:
-        raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
-                         f"and --policy {args.policy!r}")
-    app_args = AppArgs(
-        policy=args.policy, policies=args.policies, default=args.default, split=args.split,
-        models_per_replica=args.models_per_replica, accelerator=args.accelerator,
-        precision=args.precision,
-        replicas=args.replicas, autoscale=args.autoscale, max_replicas=args.max_replicas,
-        num_cpus=args.num_cpus, max_batch_size=args.max_batch_size,
-        batch_wait_timeout_s=args.batch_wait_ms / 1000, max_rows=args.max_rows,
-        max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file)
-    app_args.policy_set()  # a missing file, an unknown --default or a bad --split: before Ray
-    return serve_forever(app_args, host=args.host, port=args.port, ingress=args.ingress,
-                         address=args.address, start_timeout_s=args.start_timeout,
-                         grpc_port=args.grpc_port)
+    return serve_command(args)

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
+import sys
 from pathlib import Path
 from typing import Any
+
+from deploy import ray_internals
 
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VAR = "RAY_AUTH_TOKEN"
 TOKEN_PATH_VAR = "RAY_AUTH_TOKEN_PATH"
-# Ray's switch between a multi-node cluster (node address: the machine's IP, ports on every
-# interface) and a single-machine one (node address and ports on 127.0.0.1); read by Ray once,
-# when `ray._private.ray_constants` is imported.
-_MULTI_NODE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class RayTokenError(RuntimeError):
@@ -47,11 +44,8 @@ def use_token_auth() -> str:
     if AUTH_MODE_VAR in os.environ:
         return os.environ[AUTH_MODE_VAR]
     os.environ[AUTH_MODE_VAR] = "token"
-    # Ray's configuration is read from the environment when Ray is imported; refresh it, as
-    # Ray itself does when it turns token auth on, so this process sends the token too.
-    from ray._raylet import Config
-
-    Config.initialize("")
+    if "ray" in sys.modules:  # Ray read its configuration when imported: read it again
+        ray_internals.reload_config()
     return "token"
 
 
@@ -73,26 +67,6 @@ def ensure_private_token() -> None:
         file.write(secrets.token_hex(32))
 
 
-@contextmanager
-def _single_machine() -> Iterator[None]:
-    """While the block runs, a Ray cluster started by this process uses 127.0.0.1 as its node
-    address, so that all its ports listen on loopback only (its processes inherit the setting)."""
-    from ray._private import ray_constants
-
-    saved_env = os.environ.get(_MULTI_NODE_VAR)
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[_MULTI_NODE_VAR] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-        if saved_env is None:
-            os.environ.pop(_MULTI_NODE_VAR, None)
-        else:
-            os.environ[_MULTI_NODE_VAR] = saved_env
-
-
 def init_ray(address: str | None, **init_kwargs: Any) -> None:
     """`ray.init` with token authentication (see the module docstring); usage stats stay off
     unless `$RAY_USAGE_STATS_ENABLED` says otherwise.
@@ -103,15 +77,16 @@ def init_ray(address: str | None, **init_kwargs: Any) -> None:
     cluster. Raises `RayTokenError` when token auth is on and this process has no token, or
     the cluster refused it.
     """
-    import ray
+    import ray  # Ray is imported where it is used (huggy evaluate --no-ray never imports it)
     from ray.exceptions import AuthenticationError
 
+    ray_internals.check()
     use_token_auth()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         if address == "local" or (address is None and not os.environ.get("RAY_ADDRESS")):
             ensure_private_token()
-            with _single_machine():
+            with ray_internals.single_machine_cluster():
                 ray.init(address=address, **init_kwargs)
         else:
             ray.init(address=address, **init_kwargs)

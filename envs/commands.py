@@ -17,18 +17,22 @@ from envs.rollout import (
     slot_quotas,
     terminated_label,
 )
+from envs.standin.launcher import standin_behavior
 from envs.vector_env import UnityVectorEnv
+from huggy_agent import HuggyAgent
+from huggy_agent.formats.sources import hub_provenance
+from huggy_agent.http_api import load_api_key
+from huggy_agent.tables import format_table
 
 
 def load_agent(args: argparse.Namespace) -> Any:
-    """The policy to drive: a remote one (`--policy-url`) or a local HuggyAgent."""
+    """The policy to drive: a remote one (`--policy-url`: one policy for the whole rollout,
+    also behind an A/B split) or a local HuggyAgent."""
     if args.policy_url:
-        from deploy.api import load_api_key
-        from deploy.client import RemoteAgent
+        # optional extra: the HTTP client (requests, orjson) only for --policy-url
+        from huggy_agent.remote import RemoteAgent
 
         return RemoteAgent(args.policy_url, api_key=load_api_key(args.api_key_file))
-    from huggy_agent import HuggyAgent
-
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=args.seed)
 
 
@@ -81,8 +85,6 @@ def episode_record(number: int, episode: EpisodeResult, context: dict[str, Any])
 
 def _policy_name(policy: Path | None) -> str:
     """The policy as the record names it: hf://owner/repo@commit/path for one from the Hub."""
-    from huggy_agent.formats.sources import hub_provenance
-
     if policy is None:
         return "bundled"
     found = hub_provenance(policy)
@@ -93,13 +95,13 @@ def run_rollout(args: argparse.Namespace) -> int:
     """Run `huggy rollout`; prints a summary table, returns the exit code."""
     from tqdm import tqdm
 
-    from huggy_agent.tables import format_table
-
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     agent = load_agent(args)
     file_name = None if args.env == "builtin" else str(Path(args.env))
-    context = {"env": args.env, "policy": args.policy_url or _policy_name(args.policy),
+    policy_name = (f"{args.policy_url} ({agent.policy_id})" if args.policy_url
+                   else _policy_name(args.policy))
+    context = {"env": args.env, "policy": policy_name,
                "deterministic": not args.stochastic, "seed": args.seed,
                "instances": args.instances}
     bar = tqdm(total=args.episodes, unit="episode", file=sys.stderr, disable=args.no_progress)
@@ -110,8 +112,6 @@ def run_rollout(args: argparse.Namespace) -> int:
 
     behavior = None
     if file_name is None:  # the stand-in plays Huggy, or the policy's own behavior
-        from envs.standin.launcher import standin_behavior
-
         behavior = standin_behavior(agent.spec.as_dict(), _behavior_name(args))
     env = UnityVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
                          timeout_wait=args.timeout_wait, base_port=args.base_port,
@@ -132,5 +132,6 @@ def run_rollout(args: argparse.Namespace) -> int:
             for number, episode in enumerate(result.episodes):
                 record.write(episode_record(number, episode, context) + "\n")
     print(format_table(["statistic", "value"],
-                       summary_rows(result, env.num_envs, env.behavior_name)))
+                       [("policy", policy_name),
+                        *summary_rows(result, env.num_envs, env.behavior_name)]))
     return status

@@ -39,6 +39,8 @@ from envs.instance import (
     check_seed,
     instance_seed,
 )
+from envs.standin.launcher import builtin_huggy_path, spec_arguments
+from envs.workers import InstanceWorkers
 
 __all__ = ["MAX_SEED", "EnvironmentStartError", "HuggyVectorEnv", "UnityVectorEnv",
            "instance_seed", "spaces_of"]
@@ -150,8 +152,6 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         from mlagents_envs import env_utils
         from mlagents_envs.environment import UnityEnvironment
 
-        from envs.standin.launcher import builtin_huggy_path, spec_arguments
-
         if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
             raise ValueError(f"instances must be an integer >= 1, got {instances!r}")
         if num_envs != 1:
@@ -197,8 +197,6 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         if instances == 1:
             self._instances: Any = _LocalInstance(configs[0])
         else:
-            from envs.workers import InstanceWorkers
-
             self._instances = InstanceWorkers(configs)
         infos: list[InstanceInfo] = self._instances.infos
         self.instances = instances

@@ -30,6 +30,7 @@ from huggy_agent.actor import Actor, expected_keys
 from huggy_agent.devices import resolve_device, resolve_precision
 from huggy_agent.engines import Engine, EngineFailure, TorchEngine, choose_engine, create_engine
 from huggy_agent.formats import LoadedPolicy, load_policy
+from huggy_agent.formats.sources import hub_provenance
 from huggy_agent.heads import ContinuousHead, discrete_actions
 from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.noise import SEED_RANGE, gaussian_noise, uniform_noise
@@ -323,8 +324,6 @@ class HuggyAgent:
 
 def _hub_source(origin: str | Path) -> str | None:
     """`hf://owner/repo@commit/path` for a file from the Hugging Face Hub cache, else None."""
-    from huggy_agent.formats.sources import hub_provenance
-
     found = hub_provenance(origin)
     return None if found is None else found.describe()
 

@@ -121,7 +121,7 @@ def reference_actions(agent: HuggyAgent) -> dict[str, list[Any]]:
 
 def fingerprints(agent: HuggyAgent) -> dict[str, Any]:
     """The weights hash (exact, see `weights_fingerprint`) and the reference actions."""
-    return {"weights": agent.fingerprint, "reference_actions": reference_actions(agent),
+    return {"fingerprint": agent.fingerprint, "reference_actions": reference_actions(agent),
             "source": str(agent.loaded.origin)}
 
 

@@ -32,3 +32,9 @@ def _cell(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`count` and `noun` as English says it: "1 item", "2 items" (`many`: an irregular plural,
+    such as "policies")."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import fixtures_dir, mlagents_fixtures_dir
 
 import huggy_agent
 from huggy_agent.cli import build_parser, main
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from tests.support.fixtures import fixtures_dir, mlagents_fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
@@ -133,15 +133,15 @@ def test_fingerprint_is_the_same_for_pt_and_onnx_of_one_run(capsys) -> None:
     from_pt = run_json(capsys, "fingerprint", "--policy", str(BASELINE / "Huggy" / "Huggy-2000343.pt"))
     from_onnx = run_json(capsys, "fingerprint", "--policy", str(BASELINE / "Huggy.onnx"))
     other = run_json(capsys, "fingerprint", "--policy", str(fixtures_dir() / "ppo_num_layers_2"))
-    assert from_pt["weights"] == from_onnx["weights"]  # exact on any machine, by construction
-    assert other["weights"] != from_onnx["weights"]
+    assert from_pt["fingerprint"] == from_onnx["fingerprint"]  # exact on any machine, by construction
+    assert other["fingerprint"] != from_onnx["fingerprint"]
     actions = {name: np.asarray(run["reference_actions"]["continuous"])
                for name, run in (("pt", from_pt), ("onnx", from_onnx), ("other", other))}
     assert np.abs(actions["pt"] - actions["onnx"]).max() <= FP32_ACTION_ATOL
     assert np.abs(actions["other"] - actions["onnx"]).max() > 100 * FP32_ACTION_ATOL
     bf16 = run_json(capsys, "fingerprint", "--policy", str(BASELINE / "Huggy.onnx"),
                     "--precision", "bf16")
-    assert bf16["weights"] == from_onnx["weights"]
+    assert bf16["fingerprint"] == from_onnx["fingerprint"]
 
 
 def test_stats_counts_each_layer(capsys) -> None:
@@ -160,7 +160,7 @@ def test_export_then_fingerprint(capsys, tmp_path) -> None:
     capsys.readouterr()
     exported = run_json(capsys, "fingerprint", "--policy", str(tmp_path / "out.onnx"))
     bundled = run_json(capsys, "fingerprint")
-    assert exported["weights"] == bundled["weights"]
+    assert exported["fingerprint"] == bundled["fingerprint"]
 
 
 def test_checkpoints_table_follows_training_status(capsys) -> None:

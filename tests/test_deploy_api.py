@@ -14,13 +14,18 @@ import pytest
 import requests
 import yaml
 
-from deploy.api import ApiError, ApiKey, act_response, check_route, load_api_key, parse_act_request
-from deploy.client import RemoteAgent, RemoteServerError
 from deploy.placement import plan_placement, resolve_accelerator
+from deploy.serving.parsing import parse_act_request
+from deploy.serving.responses import ApiError, act_response
+from deploy.serving.routes import ApiKey, check_route
 from huggy_agent import HuggyAgent
+from huggy_agent.http_api import load_api_key
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from huggy_agent.remote import RemoteAgent, RemoteServerError
 from huggy_agent.spec import ActorSpec, ObservationInput
-from tests.conftest import REPO_ROOT, RayCluster, free_port
+from tests.support.fixtures import REPO_ROOT
+from tests.support.processes import free_port
+from tests.support.ray_cluster import RayCluster
 
 OBS = 59
 ROW = [0.5] * OBS
@@ -118,7 +123,7 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
      f"request body is not valid JSON, {EXPECTED_BODY}; received Unexpected UTF-8 BOM"),
     # nesting
     ("deep-500", nested(500), 422, "invalid_request",
-     "request body must be a JSON object with an 'obs' or 'inputs' field, received a list of 1"),
+     "request body must be a JSON object with an 'obs', 'inputs' or 'instances' field, received a list of 1"),
     ("deep-5000", nested(5000), 400, "malformed_json", TOO_DEEP),
     ("deep-objects-5000", b'{"obs": ' * 5000 + b"1" + b"}" * 5000, 400, "malformed_json",
      TOO_DEEP),
@@ -173,23 +178,23 @@ HOSTILE: list[tuple[str, bytes, int, str, str]] = [
     ("surrogate-in-obs", single_with(b'"\\udc00"'), 422, "invalid_value",
      f"{NOT_NUMBERS} the string '\\udc00' at row 0, column 0"),
     ("surrogate-key", b'{"obs": [0.5], "\\ud800": 1}', 422, "invalid_request",
-     "unknown field(s) ['\\ud800']; expected only ['obs', 'inputs', 'action_mask', 'memory', "
-     "'deterministic', 'seed', 'row_offset', 'session']"),
+     "unknown field(s) ['\\ud800']; expected only ['obs', 'inputs', 'instances', 'action_mask', "
+     "'memory', 'deterministic', 'seed', 'row_offset', 'session']"),
     # fields
     ("duplicate-obs", b'{"obs": [1], "obs": [' + ROW_TEXT.encode() + b"]}", 422, "invalid_request",
      "each field may appear once in an object, received 'obs' 2 times"),
     ("duplicate-seed", with_field("seed", b'1, "seed": 2, "seed": 3'), 422, "invalid_request",
      "each field may appear once in an object, received 'seed' 3 times"),
     ("top-level-list", body([1, 2]), 422, "invalid_request",
-     "request body must be a JSON object with an 'obs' or 'inputs' field, received a list of 2"),
+     "request body must be a JSON object with an 'obs', 'inputs' or 'instances' field, received a list of 2"),
     ("top-level-null", b"null", 422, "invalid_request",
-     "request body must be a JSON object with an 'obs' or 'inputs' field, received null"),
+     "request body must be a JSON object with an 'obs', 'inputs' or 'instances' field, received null"),
     ("unknown-field", body({"ob": ROW}), 422, "invalid_request",
-     "unknown field(s) ['ob']; expected only ['obs', 'inputs', 'action_mask', 'memory', "
-     "'deterministic', 'seed', 'row_offset', 'session']"),
+     "unknown field(s) ['ob']; expected only ['obs', 'inputs', 'instances', 'action_mask', "
+     "'memory', 'deterministic', 'seed', 'row_offset', 'session']"),
     ("missing-obs", body({"deterministic": True}), 422, "invalid_request",
-     "give exactly one of 'obs' and 'inputs', received neither: expected 'obs' (its one input, "
-     "(59,)) or 'inputs' {obs_0}"),
+     "give exactly one of 'obs', 'inputs' and 'instances', received neither: expected 'obs' "
+     "(its one input, (59,)) or 'inputs' {obs_0} or 'instances' [{obs_0}, ...]"),
     ("deterministic-string", body({"obs": ROW, "deterministic": "yes"}), 422, "invalid_request",
      "'deterministic' must be true or false, received the string 'yes'"),
     ("deterministic-1", body({"obs": ROW, "deterministic": 1}), 422, "invalid_request",
@@ -314,7 +319,7 @@ def test_act_response_is_exact_and_keeps_rank() -> None:
 
 
 def test_batch_settings_validation() -> None:
-    from deploy.serve import BatchSettings
+    from deploy.serving.settings import BatchSettings
 
     settings = BatchSettings.from_config({"max_batch_size": 64, "max_rows": 64})
     assert (settings.max_batch_size, settings.max_rows) == (64, 64)
@@ -363,13 +368,14 @@ def test_placement_reports_why_replicas_cannot_start() -> None:
 def test_serve_config_file_is_valid_and_builds() -> None:
     from ray.serve.schema import ServeDeploySchema
 
-    from deploy.serve import AppArgs, build_app
+    from deploy.serving.app import build_app
+    from deploy.serving.settings import AppArgs
 
     config = yaml.safe_load(Path(REPO_ROOT, "deploy", "serve_config.yaml").read_text())
     schema = ServeDeploySchema.model_validate(config)
     assert schema.controller_options.runtime_env["env_vars"]["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     (application,) = schema.applications
-    assert application.import_path == "deploy.serve:app"
+    assert application.import_path == "deploy.serving.app:app"
     args = AppArgs.model_validate({**application.args, "accelerator": "npu"})
     built = build_app(args, nodes=[HEAD, WORKER])
     deployment = built._bound_deployment
@@ -381,13 +387,14 @@ def test_serve_config_file_is_valid_and_builds() -> None:
 
 def test_remote_agent_gives_up_after_retries_with_a_clear_error() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with pytest.raises(RemoteServerError, match=re.escape(f"GET {url}/v1/info failed after 3 "
+    with pytest.raises(RemoteServerError, match=re.escape(f"GET {url}/v1/models failed after 3 "
                                                           "attempt(s)")):
         RemoteAgent(url, timeout=2, retries=2, backoff=0.01)
 
 
 def test_app_builder_replicas_and_autoscaling() -> None:
-    from deploy.serve import AppArgs, build_app
+    from deploy.serving.app import build_app
+    from deploy.serving.settings import AppArgs
 
     fixed = build_app(AppArgs(accelerator="cpu", replicas=3), nodes=[HEAD, WORKER])
     assert fixed._bound_deployment._deployment_config.num_replicas == 3
@@ -403,8 +410,8 @@ def test_app_builder_replicas_and_autoscaling() -> None:
 @pytest.fixture(scope="module")
 def served_url(ray_cluster: RayCluster) -> Iterator[str]:
     """The bundled policy behind real Serve (default ingress) on the session cluster."""
-    from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
-    from deploy.serve import AppArgs
+    from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+    from deploy.serving.settings import AppArgs
 
     port = free_port()
     start_serve("127.0.0.1", port, DEFAULT_INGRESS)
@@ -437,3 +444,36 @@ def test_hostile_bodies_over_http_get_their_4xx_and_the_server_stays_healthy(
         np.testing.assert_allclose(np.asarray(good.json()["actions"], dtype=np.float32),
                                    HuggyAgent(device="cpu").compute_action(obs), rtol=0,
                                    atol=FP32_ACTION_ATOL)
+
+
+def test_banner_names_who_answers_v1_act() -> None:
+    """With a split, the start-up line gives the split's shares, not a default that /v1/act
+    would not answer with."""
+    from deploy.serving.catalogue import PolicyEntry, PolicySet
+    from deploy.serving.server import banner
+
+    spec = ActorSpec((ObservationInput("obs_0", (59,), "vector"),), continuous_size=21)
+    entries = [PolicyEntry(id=i, path=f"/p/{i}.onnx", source=f"/p/{i}.onnx",
+                           interface=spec.describe(), spec=spec.as_dict(), fingerprint=i)
+               for i in ("run@100", "run@200")]
+    split = banner(PolicySet.build(entries, split="run@100=3,run@200=1"), "127.0.0.1", 8000,
+                   "haproxy", None)
+    assert "/v1/act split by session: run@100 75%, run@200 25%" in split
+    assert "answers with" not in split
+    default = banner(PolicySet.build(entries, default="run@200"), "127.0.0.1", 8000, "proxy",
+                     9000)
+    assert ("huggy serve: 2 policies served at http://127.0.0.1:8000/v1/act (ingress proxy, gRPC "
+            "/huggy.v1.Policy/Act on 127.0.0.1:9000); /v1/act answers with run@200") in default
+
+
+def test_app_arguments_are_refused_in_plain_words() -> None:
+    from deploy.serving.settings import app_args
+
+    for values, expected in (({"replicas": 0}, "replicas: Input should be greater than or "
+                                                "equal to 1"),
+                             ({"max_rows": 300}, "max_rows (300) must not exceed max_batch_size "
+                                                 "(256): a request is never split over batches")):
+        with pytest.raises(ValueError) as refused:
+            app_args(**values)
+        assert str(refused.value) == expected
+        assert "pydantic" not in str(refused.value)

@@ -10,8 +10,12 @@ import jsonschema
 import numpy as np
 import pytest
 
-from deploy.api import ApiError, openapi_document, parse_act_request
+from deploy.serving.openapi import openapi_document
+from deploy.serving.parsing import parse_act_request
+from deploy.serving.responses import ApiError
+from huggy_agent.formats import load_policy
 from huggy_agent.spec import ActorSpec, ObservationInput
+from tests.support.fixtures import fixtures_dir, mlagents_policy_files
 
 PYRAMIDS = ActorSpec(tuple(ObservationInput(f"obs_{i}", (size,), "vector")
                            for i, size in enumerate((56, 56, 56, 4))), discrete_branches=(5,))
@@ -74,7 +78,8 @@ REFUSALS = [
      "this policy has 4 observation inputs (obs_0 (56,), obs_1 (56,), obs_2 (56,), obs_3 (4,) -> "
      "discrete (5,)): send 'inputs' {obs_0, obs_1, obs_2, obs_3} instead of 'obs'"),
     ("both-obs-and-inputs", TARGET, {"obs": [1], "inputs": {}}, 422,
-     "give exactly one of 'obs' and 'inputs', received both: expected 'inputs' {obs_0, obs_1}"),
+     "give exactly one of 'obs', 'inputs' and 'instances', received both: expected 'inputs' "
+     "{obs_0, obs_1} or 'instances' [{obs_0, obs_1}, ...]"),
     ("inputs-missing-one", TARGET, {"inputs": {"obs_0": [0] * 27}}, 422,
      "'inputs' must be an object with exactly the fields ['obs_0', 'obs_1'], received ['obs_0']"),
     ("inputs-not-object", TARGET, {"inputs": [[0] * 27, [0] * 12]}, 422,
@@ -145,12 +150,7 @@ MASK = [1, 0, 0, 0, 1, 0, True, False]
 # (id, spec, body): the document and the parser must agree on each, accepted or refused
 AGREEMENT = [
     ("target-one-row", TARGET, {"inputs": TARGET_ONE, "action_mask": MASK}),
-    ("target-two-rows-one-mask", TARGET, {"inputs": TARGET_TWO, "action_mask": MASK}),
-    ("target-two-rows-two-masks", TARGET, {"inputs": TARGET_TWO, "action_mask": [MASK] * 2,
-                                           "seed": 2**64 - 1, "row_offset": 3}),
     ("target-mask-rows-differ", TARGET, {"inputs": TARGET_TWO, "action_mask": [MASK] * 3}),
-    ("target-mask-batch-of-one-for-one-row", TARGET, {"inputs": TARGET_ONE,
-                                                      "action_mask": [MASK]}),
     ("target-input-rows-differ", TARGET, {"inputs": {"obs_0": TARGET_TWO["obs_0"],
                                                      "obs_1": [[1] * 12] * 3}}),
     ("target-input-ranks-differ", TARGET, {"inputs": {"obs_0": TARGET_ONE["obs_0"],
@@ -163,9 +163,7 @@ AGREEMENT = [
                                                  "obs_1": [[0] * 12] * 5}}),
     ("target-memory", TARGET, {"inputs": TARGET_ONE, "memory": [0] * 4}),
     ("target-null-memory", TARGET, {"inputs": TARGET_ONE, "memory": None}),
-    ("recurrent-obs", RECURRENT, {"obs": [[0.5] * 8] * 3, "memory": [[0.1] * 32] * 3}),
     ("recurrent-inputs", RECURRENT, {"inputs": {"obs_0": [0.5] * 8}, "memory": [0.1] * 32}),
-    ("recurrent-one-memory-for-rows", RECURRENT, {"obs": [[0.5] * 8] * 3, "memory": [0] * 32}),
     ("recurrent-memory-rows-differ", RECURRENT, {"obs": [[0.5] * 8] * 3,
                                                  "memory": [[0.1] * 32] * 2}),
     ("recurrent-both", RECURRENT, {"obs": [0.5] * 8, "inputs": {"obs_0": [0.5] * 8}}),
@@ -177,18 +175,81 @@ AGREEMENT = [
     ("recurrent-beyond-float32", RECURRENT, {"obs": [3.5e38] + [0] * 7}),
     ("recurrent-seed-too-large", RECURRENT, {"obs": [0.5] * 8, "seed": 2**64}),
     ("recurrent-negative-offset", RECURRENT, {"obs": [0.5] * 8, "row_offset": -1}),
-    ("visual-rows", VISUAL, {"inputs": {"obs_0": [[[[0.5] * 5] * 4]] * 2,
-                                        "obs_1": [[1, 2, 3]] * 2}, "action_mask": [[1, 0, 1]] * 2}),
     ("visual-image-wrong", VISUAL, {"inputs": {"obs_0": [[[[0.5] * 5] * 3]],
                                                "obs_1": [[1, 2, 3]]}}),
     ("visual-boolean", VISUAL, {"inputs": {"obs_0": [[[0.5] * 5] * 4], "obs_1": [1, 2, True]}}),
+    # the row form: one object per row
+    ("target-instances", TARGET, {"instances": [{**TARGET_ONE, "action_mask": MASK}] * 2,
+                                  "seed": 2**64 - 1, "row_offset": 3}),
+    ("target-instances-mask-in-one", TARGET, {"instances": [{**TARGET_ONE, "action_mask": MASK},
+                                                            TARGET_ONE]}),
+    ("target-instances-null-mask", TARGET, {"instances": [{**TARGET_ONE, "action_mask": None}]}),
+    ("target-instances-missing-input", TARGET, {"instances": [{"obs_0": [0.5] * 27}]}),
+    ("target-instances-unknown-field", TARGET, {"instances": [{**TARGET_ONE, "seed": 1}]}),
+    ("target-instances-memory", TARGET, {"instances": [{**TARGET_ONE, "memory": [0] * 4}]}),
+    ("target-instances-too-many", TARGET, {"instances": [TARGET_ONE] * 5}),
+    ("target-instances-empty", TARGET, {"instances": []}),
+    ("target-instances-and-inputs", TARGET, {"instances": [TARGET_ONE], "inputs": TARGET_ONE}),
+    ("target-instances-batch-inside", TARGET, {"instances": [TARGET_TWO]}),
+    ("target-instances-empty-branch", TARGET, {"instances": [{**TARGET_ONE, "action_mask": [
+        1, 1, 1, 0, 0, 0, 1, 1]}]}),
+    ("recurrent-instances", RECURRENT, {"instances": [{"obs_0": [0.5] * 8, "memory": [0.1] * 32},
+                                                      {"obs_0": [0.5] * 8, "memory": None},
+                                                      {"obs_0": [0.5] * 8}]}),
+    ("recurrent-instances-obs-key", RECURRENT, {"instances": [{"obs": [0.5] * 8}]}),
+    ("visual-instances", VISUAL, {"instances": [{"obs_0": [[[0.5] * 5] * 4], "obs_1": [1, 2, 3],
+                                                 "action_mask": [1, 0, 1]}] * 2}),
+    ("visual-instances-image-row-short", VISUAL, {"instances": [{"obs_0": [[0.5] * 5] * 4,
+                                                                 "obs_1": [1, 2, 3]}]}),
 ]
+COLUMNAR_BATCHES = [
+    ("target-two-rows-one-mask", TARGET, {"inputs": TARGET_TWO, "action_mask": MASK}),
+    ("target-two-rows-two-masks", TARGET, {"inputs": TARGET_TWO, "action_mask": [MASK] * 2,
+                                           "seed": 2**64 - 1, "row_offset": 3}),
+    ("target-mask-batch-of-one-for-one-row", TARGET, {"inputs": TARGET_ONE,
+                                                      "action_mask": [MASK]}),
+    ("recurrent-obs", RECURRENT, {"obs": [[0.5] * 8] * 3, "memory": [[0.1] * 32] * 3}),
+    ("recurrent-one-memory-for-rows", RECURRENT, {"obs": [[0.5] * 8] * 3, "memory": [0] * 32}),
+    ("visual-rows", VISUAL, {"inputs": {"obs_0": [[[[0.5] * 5] * 4]] * 2,
+                                        "obs_1": [[1, 2, 3]] * 2}, "action_mask": [[1, 0, 1]] * 2}),
+]
+"""Columnar batches of policies with several row-carrying fields: accepted (every field with the
+same rows), but outside the document, which cannot say "the same length" in JSON Schema and
+describes them in words (the row form, 'instances', is the documented way to send a batch)."""
 
 
 @pytest.mark.parametrize(("case", "spec", "document"), AGREEMENT, ids=[c[0] for c in AGREEMENT])
 def test_openapi_document_accepts_exactly_what_the_parser_accepts(
         case: str, spec: ActorSpec, document: dict) -> None:
     assert request_validator(spec, 4).is_valid(document) == accepted(document, spec, 4)
+
+
+@pytest.mark.parametrize(("case", "spec", "document"), COLUMNAR_BATCHES,
+                         ids=[c[0] for c in COLUMNAR_BATCHES])
+def test_columnar_batches_are_accepted_and_described_in_words(
+        case: str, spec: ActorSpec, document: dict) -> None:
+    assert accepted(document, spec, 4) and not request_validator(spec, 4).is_valid(document)
+    description = openapi_document(spec, 4, 1 << 20)["components"]["schemas"]["ActRequest"][
+        "description"]
+    assert "columnar batches, every field with the same rows, are accepted too" in description
+
+
+def test_instances_give_the_arrays_of_the_columnar_form() -> None:
+    """The row form is the columnar form transposed: the same arrays, masks (an instance without
+    one allows every action) and memories (without one: zeros), and never a single row."""
+    mask = [1, 0, 0, 0, 1, 0, 1, 0]
+    rows = [{"obs_0": [0.25 * k] * 27, "obs_1": [k] * 12, "action_mask": mask} for k in range(3)]
+    del rows[1]["action_mask"]
+    by_rows = parse_act_request(body({"instances": rows, "seed": 5}), TARGET, 4)
+    by_columns = parse_act_request(body({"inputs": {
+        "obs_0": [row["obs_0"] for row in rows], "obs_1": [row["obs_1"] for row in rows]},
+        "action_mask": [mask, [1] * 8, mask], "seed": 5}), TARGET, 4)
+    assert not by_rows.single and by_rows.rows == 3 and by_rows.seed == 5
+    for ours, theirs in zip(by_rows.inputs, by_columns.inputs, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(by_rows.action_mask, by_columns.action_mask)
+    one = parse_act_request(body({"instances": [{"obs_0": [0.5] * 8}]}), RECURRENT, 4)
+    assert not one.single and one.memory.shape == (1, 32) and not one.memory.any()
 
 
 def test_openapi_document_shape_of_each_kind() -> None:
@@ -219,3 +280,15 @@ def test_openapi_document_with_an_api_key_declares_bearer_on_all_but_healthz() -
         assert operation["responses"]["401"] == {"$ref": "#/components/responses/Unauthorized"}
     unauthorized = document["components"]["responses"]["Unauthorized"]
     assert unauthorized["headers"]["WWW-Authenticate"]["required"] is True
+
+
+@pytest.mark.parametrize("path", [*mlagents_policy_files(), *sorted(
+    fixtures_dir().glob("*/Huggy.onnx"))], ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_openapi_document_stays_small_at_any_row_limit(path) -> None:
+    """Every fixture policy's document is at most 32 KB at the default limits, and the row
+    limit changes only the numbers in it (no variant per row count)."""
+    spec = load_policy(path).spec
+    default = json.dumps(openapi_document(spec, 256, 1 << 20))
+    assert len(default) <= 32 * 1024
+    larger = json.dumps(openapi_document(spec, 4096, 1 << 20))
+    assert len(larger) - len(default) <= 4 * default.count("256")

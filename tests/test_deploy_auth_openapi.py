@@ -19,13 +19,16 @@ import numpy as np
 import pytest
 import requests
 
-from deploy.api import ApiKey
-from deploy.client import RemoteAgent, RemoteRequestError
-from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
-from deploy.serve import AppArgs, build_app
+from deploy.serving.app import build_app
+from deploy.serving.routes import ApiKey
+from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import RayCluster, free_port, mlagents_fixtures_dir
+from huggy_agent.remote import RemoteAgent, RemoteRequestError
+from tests.support.fixtures import mlagents_fixtures_dir
+from tests.support.processes import free_port
+from tests.support.ray_cluster import RayCluster
 
 KEY = "fuzz-key-0123456789"
 MAX_ROWS = 4  # where fields must agree on rows the document lists each count: keep it small

@@ -25,11 +25,13 @@ import aiohttp
 import numpy as np
 import pytest
 
-from deploy.client import RemoteAgent
 from huggy_agent import HuggyAgent
 from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import REPO_ROOT, RayCluster, _kill_processes_mentioning, _mentions, free_port
+from huggy_agent.remote import RemoteAgent
+from tests.support.fixtures import REPO_ROOT
+from tests.support.processes import free_port, kill_processes_mentioning, mentions
+from tests.support.ray_cluster import RayCluster
 
 # what a non-interactive shell does to a background job: SIGINT ignored (inherited through exec)
 IGNORING_SIGINT = ("bash", "-c", 'trap "" INT; exec "$@"', "bash")
@@ -62,6 +64,25 @@ def test_serve_arguments_are_checked_before_anything_starts(tmp_path, capsys, mo
     code, output = serve_in_process(capsys, monkeypatch, "--policy", str(tmp_path / "nope.onnx"))
     assert code == 2
     assert f"policy '{tmp_path / 'nope.onnx'}' not found" in output
+
+
+def test_an_unreadable_or_empty_key_file_is_named_in_plain_words(tmp_path, capsys,
+                                                                 monkeypatch) -> None:
+    """The key file is read first, and its problem is said in the project's words: no
+    validation library's error codes or links."""
+    empty = tmp_path / "empty-key"
+    empty.write_text("\n  \n")
+    unreadable = tmp_path / "folder-key"
+    unreadable.mkdir()
+    for path, problem in ((tmp_path / "missing", "cannot be read: No such file or directory"),
+                          (unreadable, "cannot be read: Is a directory"),
+                          (empty, "is empty; expected the key on its first line")):
+        code, output = serve_in_process(capsys, monkeypatch, "--api-key-file", str(path))
+        assert code == 2
+        assert output == f"huggy serve: error: API key file {str(path)!r} {problem}" + (
+            "; expected a readable text file with the key on its first line\n"
+            if "cannot be read" in problem else "\n")
+        assert "pydantic" not in output
 
 
 def port_open(port: int) -> bool:
@@ -172,7 +193,7 @@ class OwnServer:
         """Processes still alive (not zombies) that belong to this server: pid and command."""
         found = []
         for proc in Path("/proc").iterdir():
-            if proc.name.isdigit() and any(_mentions(proc, marker) for marker in self.markers()):
+            if proc.name.isdigit() and any(mentions(proc, marker) for marker in self.markers()):
                 try:
                     if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                         found.append(f"{proc.name} {proc.joinpath('cmdline').read_bytes()[:150]!r}")
@@ -186,7 +207,7 @@ def own_server(wrapper: tuple[str, ...] = ()) -> Iterator[OwnServer]:
     """Start `huggy serve` without --address, on a free port, with RAY_TMPDIR=/tmp/hs<8 hex>
     (Ray's temp root: every process of its cluster names it) and its output in a log file there;
     wait for the ready line. Whatever is left of it is killed on exit."""
-    from deploy.runner import haproxy_dir
+    from deploy.serving.server import haproxy_dir
 
     temp_dir = Path(f"/tmp/hs{uuid.uuid4().hex[:8]}")
     temp_dir.mkdir()
@@ -209,7 +230,7 @@ def own_server(wrapper: tuple[str, ...] = ()) -> Iterator[OwnServer]:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         for marker in server.markers():
-            _kill_processes_mentioning(marker)
+            kill_processes_mentioning(marker)
         shutil.rmtree(temp_dir, ignore_errors=True)
         shutil.rmtree(server.haproxy_dir, ignore_errors=True)
 

@@ -13,12 +13,13 @@ import grpc
 import numpy as np
 import pytest
 
-from deploy.grpc_ingress import ACT_METHOD
-from deploy.runner import deploy, start_serve, stop_serve
-from deploy.serve import AppArgs
+from deploy.serving.grpc_ingress import ACT_METHOD
+from deploy.serving.server import deploy, start_serve, stop_serve
+from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import RayCluster, free_port
+from tests.support.processes import free_port
+from tests.support.ray_cluster import RayCluster
 
 METADATA = (("application", "huggy"),)
 KEY = "grpc-key-42"

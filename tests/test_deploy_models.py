@@ -26,30 +26,24 @@ import pytest
 import requests
 import torch
 
-from deploy.client import RemoteAgent
-from deploy.evaluation.plan import served_policy_specs
-from deploy.policies import (
+from deploy.evaluation.sources import served_policy_specs
+from deploy.serving.catalogue import PolicyEntry, PolicySet, catalogue
+from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+from deploy.serving.settings import AppArgs
+from huggy_agent import HuggyAgent
+from huggy_agent.http_api import (
     POLICY_ID_HEADER,
     SESSION_KEY_LIMIT,
-    PolicyEntry,
-    PolicySet,
     Split,
-    catalogue,
     check_session_key,
     session_point,
     unknown_policy_message,
 )
-from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
-from deploy.serve import AppArgs
-from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL as TOL
-from tests.conftest import (
-    REPO_ROOT,
-    RayCluster,
-    fixtures_dir,
-    free_port,
-    mlagents_fixtures_dir,
-)
+from huggy_agent.remote import RemoteAgent
+from tests.support.fixtures import REPO_ROOT, fixtures_dir, mlagents_fixtures_dir
+from tests.support.processes import free_port
+from tests.support.ray_cluster import RayCluster
 
 BASE_PT = ("ppo_baseline", "Huggy", "Huggy-2000343.pt")
 MU_BIAS = "action_model._continuous_distribution.mu.bias"
@@ -171,7 +165,7 @@ def test_sessions_keep_their_policy_in_another_process() -> None:
     """Python's own `hash` of a str changes per process (PYTHONHASHSEED); the assignment must
     not."""
     keys = [f"user-{i}" for i in range(200)]
-    code = ("import sys; from deploy.policies import Split; s = Split.parse(sys.argv[1]); "
+    code = ("import sys; from huggy_agent.http_api import Split; s = Split.parse(sys.argv[1]); "
             f"print(','.join(s.assign(k) for k in {keys!r}))")
     split = "run@1=0.5,run@2=0.3,run@3=0.2"
     here = ",".join(Split.parse(split).assign(key) for key in keys)
@@ -201,7 +195,7 @@ def test_points_map_to_shares_in_order() -> None:
 def test_session_keys_are_short_strings() -> None:
     assert check_session_key("user-1") == "user-1"
     assert check_session_key(None) is None
-    for bad, shown in ((17, "a int"), ("", "a string of 0 characters"),
+    for bad, shown in ((17, "an integer"), ("", "a string of 0 characters"),
                        ("x" * (SESSION_KEY_LIMIT + 1), "a string of 257 characters")):
         with pytest.raises(ValueError, match=f"'session' must be a string of 1 to 256 "
                                              f"characters .* received {shown}"):
@@ -444,6 +438,38 @@ def test_a_batch_never_mixes_policies(served: Served, agents: dict[str, HuggyAge
     passes = after["forward_passes"] - before["forward_passes"]
     assert requests_made == 45
     assert passes >= 15  # never fewer passes than policies in the burst
+
+
+def test_remote_agent_stays_on_one_policy_of_a_split(served: Served,
+                                                    agents: dict[str, HuggyAgent]) -> None:
+    """Against a 70/30 split, a RemoteAgent answers with one policy for its whole life: the
+    split's choice for its session (given, or its own), with that policy's interface and
+    weights. Without it, consecutive calls would alternate between the two checkpoints."""
+    base = served.url("ab")
+    first, second = file_id(STEPS[0]), file_id(STEPS[1])
+    split = Split.parse(f"{first}=0.7,{second}=0.3")
+    obs = huggy_obs(2, 8)
+    local = {file_id(step): agents[f"{RUN}@{step}"] for step in STEPS[:2]}
+    sessions = {split.assign(f"user-{i}"): f"user-{i}" for i in range(20)}
+    assert set(sessions) == {first, second}
+    for policy_id, session in sessions.items():
+        with RemoteAgent(base, session=session) as remote:
+            assert (remote.policy_id, remote.session) == (policy_id, session)
+            assert remote.fingerprint == local[policy_id].fingerprint
+            for _ in range(6):
+                np.testing.assert_allclose(remote.compute_action(obs),
+                                           local[policy_id].compute_action(obs), rtol=0, atol=TOL)
+    chosen = set()
+    for _ in range(12):  # agents without a session: each keeps the one its own key gets
+        with RemoteAgent(base) as remote:
+            assert remote.session is not None and remote.session.startswith("remote-")
+            assert remote.policy_id == split.assign(remote.session)
+            answers = [post(f"{base}/v1/act", {"obs": obs[0], "session": remote.session}).json()
+                       ["policy"] for _ in range(4)]
+            assert answers == [remote.policy_id] * 4
+            remote.compute_action(obs)
+            chosen.add(remote.policy_id)
+    assert chosen <= {first, second}
 
 
 def test_split_is_sticky_by_session_and_changes_live(served: Served) -> None:

@@ -22,12 +22,15 @@ import pytest
 import requests
 from ray import serve
 
-from deploy.client import RemoteAgent, RemoteRequestError
-from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
-from deploy.serve import AppArgs, BatchSettings, HuggyPolicyDeployment, _total_rows
+from deploy.serving.replica import HuggyPolicyDeployment, _total_rows
+from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+from deploy.serving.settings import AppArgs, BatchSettings
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import RayCluster, fixtures_dir, free_port, mlagents_fixtures_dir
+from huggy_agent.remote import RemoteAgent, RemoteRequestError
+from tests.support.fixtures import fixtures_dir, mlagents_fixtures_dir
+from tests.support.processes import free_port
+from tests.support.ray_cluster import RayCluster
 
 FIXTURE_PT = ("ppo_num_layers_2", "Huggy", "Huggy-2000139.pt")
 TOL = FP32_ACTION_ATOL  # the numerical contract: serving vs in-process
@@ -203,7 +206,7 @@ def test_npu_replica_holds_npu_and_fails_at_start_without_torch_npu(
     import ray
 
     from deploy.placement import plan_placement
-    from deploy.serve import cluster_nodes
+    from deploy.serving.app import cluster_nodes
 
     placement = plan_placement("npu", 0, 1, cluster_nodes())
 
@@ -240,7 +243,7 @@ def test_two_npus_on_a_one_npu_cluster_are_refused_with_the_reason(server: Serve
 def test_remote_rollout_gives_the_in_process_returns(server: Server, local: HuggyAgent,
                                                      tmp_path) -> None:
     from envs import HuggyVectorEnv, rollout
-    from tests.envs_support import env_kwargs
+    from tests.support.envs import env_kwargs
 
     results = []
     for agent in (local, RemoteAgent(server.url)):

@@ -25,7 +25,7 @@ from huggy_agent.heads import ContinuousHead
 from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.reference import canonical_observations, float64_actions, float64_outputs
-from tests.conftest import FIXTURE_RUNS, fixtures_dir
+from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir
 from tests.test_engines_graphs import CpuGraphs, cpu_graph_engine
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths

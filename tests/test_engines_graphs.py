@@ -37,7 +37,7 @@ from huggy_agent.engines.torch_eager import TorchEngine
 from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.reference import canonical_observations
-from tests.conftest import fixtures_dir
+from tests.support.fixtures import fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import requests
 
-from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
-from deploy.serve import AppArgs, warmup_sizes
+from deploy.serving.replica import warmup_sizes
+from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import RayCluster, free_port
+from tests.support.processes import free_port
+from tests.support.ray_cluster import RayCluster
 
 
 @pytest.fixture(scope="module")

@@ -253,7 +253,7 @@ def _assert_rows_are_the_steps(rows: fast_step.AgentRows, infos: list, decision:
 def test_fast_paths_change_nothing_on_the_wire(tmp_path) -> None:
     """The same seeded run with mlagents-envs' original code paths and with ours."""
     from envs import HuggyVectorEnv
-    from tests.envs_support import env_kwargs
+    from tests.support.envs import env_kwargs
 
     streams = []
     for fast in (False, True):

@@ -14,8 +14,9 @@ import pytest
 from envs import HuggyVectorEnv, RolloutInterrupted, rollout
 from envs.vector_env import EnvironmentStartError
 from huggy_agent import HuggyAgent
-from tests.conftest import REPO_ROOT, free_port
-from tests.envs_support import KillAfter, env_kwargs, processes_mentioning, wait_until_gone
+from tests.support.envs import KillAfter, env_kwargs, processes_mentioning, wait_until_gone
+from tests.support.fixtures import REPO_ROOT
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.standin  # every test here starts the stand-in
 

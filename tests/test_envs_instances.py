@@ -23,14 +23,15 @@ from envs.instance import instance_seed
 from envs.standin.sim import ACT_SIZE, OBS_SIZE
 from envs.vector_env import EnvironmentStartError
 from huggy_agent import HuggyAgent
-from tests.conftest import REPO_ROOT, free_port
-from tests.envs_support import (
+from tests.support.envs import (
     KillAfter,
     env_kwargs,
     gait_actions,
     wait_until_dead,
     wait_until_gone,
 )
+from tests.support.fixtures import REPO_ROOT
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.standin  # every test here starts the stand-in
 

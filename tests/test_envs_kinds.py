@@ -18,8 +18,8 @@ import envs
 from envs import UnityVectorEnv, rollout
 from envs.rollout import step_seed
 from huggy_agent import HuggyAgent
-from tests.conftest import mlagents_fixtures_dir
-from tests.envs_support import env_kwargs
+from tests.support.envs import env_kwargs
+from tests.support.fixtures import mlagents_fixtures_dir
 
 pytestmark = pytest.mark.standin  # every test here starts the stand-in
 

@@ -18,8 +18,9 @@ from envs.commands import summary_rows
 from envs.rollout import RolloutResult, step_seed, terminated_label
 from huggy_agent import HuggyAgent
 from huggy_agent.cli import main
-from tests.conftest import REPO_ROOT, free_port
-from tests.envs_support import env_kwargs
+from tests.support.envs import env_kwargs
+from tests.support.fixtures import REPO_ROOT
+from tests.support.processes import free_port
 
 
 class DriftingDogs:

@@ -9,8 +9,9 @@ import torch
 import envs
 from envs.standin.sim import ACT_SIZE, OBS_SIZE, STICK_RADIUS, HuggySim, SimConfig
 from envs.standin.wire import ObservationEncoder
-from tests.conftest import fixtures_dir, free_port
-from tests.envs_support import env_kwargs, wait_until_gone
+from tests.support.envs import env_kwargs, wait_until_gone
+from tests.support.fixtures import fixtures_dir
+from tests.support.processes import free_port
 
 BEHAVIOR = "Huggy?team=0"
 

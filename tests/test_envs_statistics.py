@@ -24,7 +24,7 @@ import pytest
 from envs import HuggyVectorEnv, rollout
 from envs.rollout import slot_quotas
 from huggy_agent import HuggyAgent
-from tests.envs_support import env_kwargs
+from tests.support.envs import env_kwargs
 
 SCRIPT = {"episode_length": 4, "episode_length_step": 6}
 SLOTS, EPISODES = 6, 15

@@ -14,7 +14,7 @@ from gymnasium.utils.env_checker import check_env
 import envs
 from envs import HuggyEnv, HuggyVectorEnv
 from envs.standin.sim import ACT_SIZE, OBS_SIZE
-from tests.envs_support import env_kwargs, gait_actions
+from tests.support.envs import env_kwargs, gait_actions
 
 pytestmark = pytest.mark.standin  # every test here starts the stand-in
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from huggy_agent.cli import main
-from tests.conftest import REPO_ROOT, RayCluster, fixtures_dir
+from tests.support.fixtures import REPO_ROOT, fixtures_dir
+from tests.support.ray_cluster import RayCluster
 
 COMMON = ["--episodes", "36", "--max-steps", "40", "--seed", "5", "--no-progress"]
 
@@ -88,9 +91,64 @@ def test_select_best_arguments_are_checked_before_anything_runs(capsys) -> None:
     other = str(fixtures_dir() / "ppo_normalize_False" / "Huggy.onnx")
     assert main(["evaluate", policy, other, "--select-best", "--episodes", "20"]) == 2
     assert "--episodes 20 (the budget of all policies together) is too small for one round: " \
-           "2 policies x 1 items x 18 episodes need 36" in capsys.readouterr().err
+           "2 policies x 1 item x 18 episodes need 36" in capsys.readouterr().err
     assert main(["evaluate", policy, "--select-best", "--confidence", "1.5"]) == 2
     assert "confidence must be in (0, 1), got 1.5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["evaluate", policy, "--select-best", "--select-by", "max"])
     assert "argument --select-by: invalid choice: 'max'" in capsys.readouterr().err
+
+
+def test_select_best_computes_each_comparison_once(monkeypatch, tmp_path, capsys) -> None:
+    """The table, evaluation.json, the PNGs, TensorBoard and the model cards all render one
+    report: 3 policies give exactly 3 pairwise comparisons and 3 summaries, however many
+    outputs are asked for."""
+    from deploy.evaluation import command, statistics, summary
+    from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult
+    from deploy.evaluation.selection import Selection
+
+    def fake_evaluate(specs, config, env):  # the selection's rounds, with made-up returns
+        rng = np.random.default_rng(0)
+        results = [PolicyResult(spec) for spec in specs]
+        selection = Selection(len(specs), config)
+        strata: dict[int, list] = {}
+        items = selection.next_round(strata)
+        while items:
+            for item in items:
+                returns = tuple(rng.normal(item.policy_index, 0.3, item.episodes).tolist())
+                results[item.policy_index].items.append(ItemResult(
+                    item.policy_index, item.index, item.seed, returns, (10,) * len(returns),
+                    (True,) * len(returns), tuple(range(len(returns))), (0,) * len(returns),
+                    10 * len(returns), 0.1, "local", "plain"))
+                strata.setdefault(item.policy_index, []).append(returns)
+            items = selection.next_round(strata)
+        outcome = EvaluationResult(results, config, env)
+        outcome.planned_episodes = selection.scheduled_episodes()
+        outcome.selection = selection.outcome([spec.label for spec in specs], strata)
+        return outcome
+
+    calls = {"compare": 0, "summarize": 0}
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(command, "evaluate_plain", fake_evaluate)
+    monkeypatch.setattr(statistics, "improvement_interval",
+                        counted("compare", statistics.improvement_interval))
+    monkeypatch.setattr(summary, "summarize", counted("summarize", summary.summarize))
+    runs = []
+    for run in ("ppo_baseline", "ppo_num_layers_2", "ppo_normalize_False"):
+        (tmp_path / run).mkdir()  # model cards go beside the policies: not into the fixtures
+        runs.append(str(shutil.copy(fixtures_dir() / run / "Huggy.onnx", tmp_path / run)))
+    assert main(["evaluate", *runs, "--no-ray", "--select-best", "--episodes", "540",
+                 "--out", str(tmp_path / "out"), "--tensorboard", str(tmp_path / "tb"),
+                 "--model-card", "--no-progress"]) == 0
+    table = capsys.readouterr().out
+    assert "selection (successive-elimination-bonferroni" in table
+    assert calls == {"compare": 3, "summarize": 3}
+    document = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    assert document["selection"]["rule"] == "successive-elimination-bonferroni"
+    assert document["best"]["label"] == document["selection"]["best"]

@@ -12,25 +12,21 @@ import re
 import shutil
 import signal
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
 
-from deploy.evaluation import (
-    EnvSpec,
-    EvalConfig,
-    EvaluationResult,
-    ItemResult,
-    PolicySpec,
-    RunnerPool,
-    evaluate_on_ray,
-    evaluate_plain,
-    expand_policies,
-    stand_in_behavior,
-)
-from deploy.report import format_table, summarize_all, write_report
-from tests.conftest import FIXTURE_RUNS, RayCluster, fixtures_dir, free_port, mlagents_fixtures_dir
+from deploy.evaluation.on_ray import RunnerPool, evaluate_on_ray
+from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
+from deploy.evaluation.report import format_table, write_report
+from deploy.evaluation.results import EvaluationResult, ItemResult
+from deploy.evaluation.scheduling import evaluate_plain
+from deploy.evaluation.sources import policy_specs, stand_in_behavior
+from deploy.evaluation.summary import build_report, summarize_all
+from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir, mlagents_fixtures_dir
+from tests.support.processes import free_port
+from tests.support.ray_cluster import RayCluster
 
 # Short episodes keep the suite fast; 18 agents per environment as in the Huggy scene.
 ENV = EnvSpec(max_steps=60)
@@ -60,7 +56,7 @@ def wait_for_every_runner(result: ItemResult, pool: RunnerPool | None) -> None:
 
 @pytest.fixture(scope="module")
 def specs():
-    return expand_policies([fixtures_dir() / run for run in FIXTURE_RUNS])
+    return policy_specs([fixtures_dir() / run for run in FIXTURE_RUNS])
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +83,12 @@ def test_runners_1_and_2_equal_plain_loop_and_write_report(ray_cluster: RayClust
     # Different policies really behave differently (the test would be vacuous otherwise).
     assert len({s.mean_return for s in summarize_all(two)}) == 3
 
-    paths = write_report(two, tmp_path)
+    paths = write_report(build_report(two), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "evaluation.csv", "evaluation.json", "learning_curve.png", "performance_profile.png",
         "probability_of_improvement.png"]
     assert paths["png"].read_bytes().startswith(b"\x89PNG")
-    table = format_table(two)
+    table = format_table(build_report(two))
     for run in FIXTURE_RUNS:
         assert run in table
 
@@ -130,7 +126,7 @@ def test_killed_runner_and_crashed_env_are_retried(ray_cluster: RayCluster, spec
     assert {item.runner for item in retried} == {"runner-0", "runner-1"}
     assert _episodes(result) == _episodes(reference)
     assert _numbers(result) == _numbers(reference)
-    assert "retries: 2" in format_table(result)
+    assert "retries: 2" in format_table(build_report(result))
 
 
 def test_corrupt_checkpoint_is_reported_and_others_evaluated(ray_cluster: RayCluster, specs,
@@ -141,7 +137,7 @@ def test_corrupt_checkpoint_is_reported_and_others_evaluated(ray_cluster: RayClu
     corrupt.write_bytes(data[: len(data) // 3])
     onnx = tmp_path / "Huggy-2000139.onnx"
     shutil.copy(fixtures_dir() / "ppo_num_layers_2" / "Huggy" / "Huggy-2000139.onnx", onnx)
-    chosen = expand_policies([baseline / "Huggy-2000343.onnx", corrupt, onnx,
+    chosen = policy_specs([baseline / "Huggy-2000343.onnx", corrupt, onnx,
                               baseline / "Huggy-2000343.pt"])
     result = evaluate_on_ray(chosen, replace(CONFIG, runners=2), ENV)
     ok_onnx, bad, ok_copy, ok_pt = summarize_all(result)
@@ -153,7 +149,7 @@ def test_corrupt_checkpoint_is_reported_and_others_evaluated(ray_cluster: RayClu
     assert _episodes(result)[2] == _episodes(reference)[1]
     # The .pt holds the same policy as the .onnx (to float rounding, which episodes can amplify).
     assert ok_pt.mean_return == pytest.approx(ok_onnx.mean_return, abs=0.02)
-    assert f"failed: {bad.label}: PolicyLoadError" in format_table(result)
+    assert f"failed: {bad.label}: PolicyLoadError" in format_table(build_report(result))
 
 
 def test_estimator_is_exact_on_scripted_episodes_with_any_runners(ray_cluster: RayCluster,
@@ -184,7 +180,7 @@ def test_runs_on_both_nodes(ray_cluster: RayCluster, specs, reference) -> None:
     assert sum(nodes.values()) == 3 * 36
     assert {r.node_id for r in result.runners} == set(nodes)
     assert _episodes(result) == _episodes(reference)
-    table = format_table(result)
+    table = format_table(build_report(result))
     assert ray_cluster.head_node_id in table and ray_cluster.worker_node_id in table
 
 
@@ -218,8 +214,8 @@ def test_interrupt_keeps_finished_items_and_stops_runners(ray_cluster: RayCluste
 def test_policy_url_runners_query_serve(ray_cluster: RayCluster, reference) -> None:
     """With a Serve URL instead of a file, runners query the served policy: same episodes as
     the plain loop with the same policy loaded locally. An unreachable URL is reported failed."""
-    from deploy.runner import DEFAULT_INGRESS, deploy, start_serve, stop_serve
-    from deploy.serve import AppArgs
+    from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+    from deploy.serving.settings import AppArgs
 
     served = fixtures_dir() / "ppo_num_layers_2" / "Huggy" / "Huggy-2000139.onnx"
     assert reference.policies[1].spec.path == str(served)
@@ -296,7 +292,7 @@ def test_other_policy_kinds_are_evaluated_on_the_spec_driven_stand_in(ray_cluste
     parameters = {"episode_length": 12}
     config = replace(CONFIG, episodes=16, episodes_per_item=8, runners=2)
     for run in ("pyramids_trained", "lstm"):
-        chosen = expand_policies([mlagents_fixtures_dir() / run])[-1:]
+        chosen = policy_specs([mlagents_fixtures_dir() / run])[-1:]
         env = EnvSpec(num_agents=8, parameters=parameters,
                       behavior_spec=stand_in_behavior(chosen))
         assert env.behavior_spec is not None and env.behavior_spec["inputs"]
@@ -311,7 +307,7 @@ def test_other_policy_kinds_are_evaluated_on_the_spec_driven_stand_in(ray_cluste
 
 
 def test_policies_of_different_kinds_are_refused_together() -> None:
-    chosen = expand_policies([fixtures_dir() / "ppo_baseline" / "Huggy.onnx",
+    chosen = policy_specs([fixtures_dir() / "ppo_baseline" / "Huggy.onnx",
                               mlagents_fixtures_dir() / "pyramids_trained"])
     with pytest.raises(ValueError, match=re.escape(
             "the policies have different interfaces, which one environment cannot play: "
@@ -327,7 +323,7 @@ def test_select_best_on_ray_with_instances_and_a_crash_equals_the_plain_loop(
     """`--select-best` in rounds on 2 runners of 2 instances each, with the first finishing
     runner's environment killed: the same items, episodes and decisions as the plain loop, every
     item whole and from the uniform plan, the budget kept."""
-    from deploy.evaluation import SelectionConfig
+    from deploy.evaluation.plan import SelectionConfig
 
     config = replace(CONFIG, episodes=3 * 18 * 4, selection=SelectionConfig())
     plain = evaluate_plain(specs, config, ENV)
@@ -348,7 +344,7 @@ def test_select_best_on_ray_with_instances_and_a_crash_equals_the_plain_loop(
     assert faults and on_ray.retries >= 1
     assert _episodes(on_ray) == _episodes(plain)
     assert on_ray.selection == plain.selection
-    selection = plain.selection
+    selection = asdict(plain.selection)
     assert selection["budget"] == 216 and selection["episodes_spent"] <= 216
     assert selection["episodes_spent"] == sum(
         len(item.returns) for policy in plain.policies for item in policy.items)
@@ -362,4 +358,5 @@ def test_select_best_on_ray_with_instances_and_a_crash_equals_the_plain_loop(
     for label, episodes in selection["dropped"].items():
         assert summaries[label].episodes == episodes and summaries[label].status == "ok"
     assert selection["rounds"] >= 2 and selection["rule"] == "successive-elimination-bonferroni"
-    assert "selection (successive-elimination-bonferroni, confidence 0.95)" in format_table(plain)
+    assert "selection (successive-elimination-bonferroni, confidence 0.95)" in format_table(
+        build_report(plain))

@@ -11,29 +11,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from deploy.evaluation import (
-    EnvSpec,
-    EvalConfig,
-    EvaluationResult,
-    ItemResult,
-    PolicyResult,
-    PolicySpec,
-    expand_policies,
-    plan_items,
-)
-from deploy.evaluation.scheduling import runner_options
-from deploy.report import (
-    chart_label,
-    env_name,
-    format_table,
-    learning_curve_figure,
-    summarize,
-    summarize_all,
-    t_quantile,
-    write_report,
-)
+from deploy.evaluation.charts import chart_label, env_name, learning_curve_figure
+from deploy.evaluation.on_ray import runner_options
+from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, plan_items
+from deploy.evaluation.report import format_table, write_report
+from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult
+from deploy.evaluation.sources import policy_specs
+from deploy.evaluation.statistics import t_quantile
+from deploy.evaluation.summary import build_report, summarize, summarize_all
 from envs.rollout import ESTIMATOR, ESTIMATOR_DESCRIPTION
-from tests.conftest import FIXTURE_RUNS, fixtures_dir
+from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir
 
 
 @pytest.mark.parametrize(("p", "df", "table"), [
@@ -115,7 +102,7 @@ def test_summary_statistics_against_numpy() -> None:
 
 def test_report_files(tmp_path) -> None:
     result = _result()
-    paths = write_report(result, tmp_path / "out")
+    paths = write_report(build_report(result), tmp_path / "out")
     with open(paths["csv"]) as handle:
         rows = list(csv.DictReader(handle))
     assert [row["label"] for row in rows] == ["run_a@100", "run_a@200", "bad.pt"]
@@ -134,18 +121,18 @@ def test_report_files(tmp_path) -> None:
     assert data["policies"][0]["items"][0]["slots"] == list(range(18))
     png = paths["png"].read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
-    table = format_table(result)
+    table = format_table(build_report(result))
     assert "run_a@100" in table and "retries: 1" in table and "n2 (18 episodes)" in table
     assert "failed: bad.pt: PolicyLoadError: bad.pt: truncated" in table
 
 
 def test_table_names_terminated_episodes_for_the_behavior() -> None:
     result = _result()
-    header = format_table(result).splitlines()[0]
+    header = format_table(build_report(result)).splitlines()[0]
     assert "terminated" in header and "reached stick" not in header
     for policy in result.policies:
         policy.items = [replace(item, behavior="Huggy?team=0") for item in policy.items]
-    header = format_table(result).splitlines()[0]
+    header = format_table(build_report(result)).splitlines()[0]
     assert "reached stick" in header and "terminated" not in header
 
 
@@ -190,7 +177,7 @@ def test_runner_options_pin_accelerators_like_serve() -> None:
 
 def test_expand_policies(tmp_path) -> None:
     root = fixtures_dir()
-    specs = expand_policies([root / run for run in FIXTURE_RUNS])
+    specs = policy_specs([root / run for run in FIXTURE_RUNS])
     # Each fixture folder records ten checkpoints but holds only the final one's files.
     assert [(s.run, s.step) for s in specs] == [
         ("ppo_baseline", 2000343), ("ppo_num_layers_2", 2000139), ("ppo_normalize_False", 2000073)]
@@ -199,18 +186,18 @@ def test_expand_policies(tmp_path) -> None:
     single = root / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
     copy = tmp_path / "Huggy-2000343.pt"
     shutil.copy(single, copy)
-    files = expand_policies([single, copy])
+    files = policy_specs([single, copy])
     assert [s.step for s in files] == [2000343, 2000343]
     assert files[0].label != files[1].label
     with pytest.raises(FileNotFoundError, match="policy not found: .*missing.pt"):
-        expand_policies([tmp_path / "missing.pt"])
+        policy_specs([tmp_path / "missing.pt"])
     (tmp_path / "empty_run").mkdir()
     with pytest.raises(ValueError, match="no checkpoint or export files found in results folder"):
-        expand_policies([tmp_path / "empty_run"])
+        policy_specs([tmp_path / "empty_run"])
     # A folder with only its final export (as a shared policy comes) is that one policy.
     (tmp_path / "final_only").mkdir()
     shutil.copy(root / "ppo_baseline" / "Huggy.onnx", tmp_path / "final_only" / "Huggy.onnx")
-    (final,) = expand_policies([tmp_path / "final_only"])
+    (final,) = policy_specs([tmp_path / "final_only"])
     assert (final.label, final.step) == ("final_only/Huggy.onnx", None)
 
 
@@ -345,7 +332,7 @@ def test_chart_mixes_learning_curve_and_single_policies(tmp_path) -> None:
     # Both show mean return on one scale.
     assert axes["curves"].get_ylim() == axes["policies"].get_ylim()
     _assert_readable(figure, axes)
-    png = write_report(result, tmp_path)["png"].read_bytes()
+    png = write_report(build_report(result), tmp_path)["png"].read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
 
 
@@ -393,7 +380,7 @@ def test_json_robust_statistics_agree_with_scipy_on_its_own_episodes(tmp_path) -
 
     result = _evaluation([(_checkpoint("run_a", 100), 1.0), (_checkpoint("run_a", 200), 2.0),
                           (_file("b/Huggy.onnx"), 1.2)])
-    data = json.loads(write_report(result, tmp_path)["json"].read_text())
+    data = json.loads(write_report(build_report(result), tmp_path)["json"].read_text())
     rng = np.random.default_rng(123)
     for entry in data["policies"]:
         items = [np.array(item["returns"]) for item in entry["items"]]
@@ -432,19 +419,23 @@ def test_json_robust_statistics_agree_with_scipy_on_its_own_episodes(tmp_path) -
 
 def test_table_shows_iqm_beside_mean_and_names_the_best(tmp_path) -> None:
     result = _evaluation([(_file("a/Huggy.onnx"), 1.0), (_file("b/Huggy.onnx"), 3.0)])
-    table = format_table(result)
+    table = format_table(build_report(result))
     header = table.splitlines()[0]
     assert header.index("mean [95% t-CI]") < header.index("IQM [95% bootstrap CI]")
     summary = summarize_all(result)[1]
     assert f"{summary.iqm:.3f} [{summary.iqm_ci[0]:.3f}, {summary.iqm_ci[1]:.3f}]" in table
     assert "best: b/Huggy.onnx by mean return" in table
     assert "P(b/Huggy.onnx > a/Huggy.onnx) = " in table
-    paths = write_report(result, tmp_path)
+    paths = write_report(build_report(result), tmp_path)
     for kind in ("improvement_png", "profile_png"):
         assert paths[kind].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     rows = list(csv.DictReader(paths["csv"].read_text().splitlines()))
     assert float(rows[1]["iqm"]) == pytest.approx(summary.iqm)
-    assert float(rows[1]["iqm_ci_low"]) == pytest.approx(summary.iqm_ci[0])
+    assert float(rows[1]["iqm_boot_ci_low"]) == pytest.approx(summary.iqm_ci[0])
+    # the mean's two intervals, told apart by name: Student t and the bootstrap
+    assert float(rows[1]["mean_t_ci_low"]) == pytest.approx(summary.ci_low)
+    assert float(rows[1]["mean_boot_ci_high"]) == pytest.approx(summary.mean_ci[1])
+    assert not {"ci_low", "ci_high", "mean_ci_low", "mean_ci_high"} & set(rows[1])
 
 
 def test_learning_curve_draws_iqm_with_its_band() -> None:

@@ -93,7 +93,7 @@ def test_rounds_are_whole_items_of_the_uniform_plan() -> None:
     assert selection.next_round({0: strata[0] * 2, 2: strata[2] * 2}) == []  # budget spent
     assert selection.scheduled_episodes() == [54, 36, 54]
     with pytest.raises(ValueError, match=r"--episodes 40 \(the budget of all policies together\) "
-                                         r"is too small for one round: 3 policies x 1 items x 18 "
+                                         r"is too small for one round: 3 policies x 1 item x 18 "
                                          r"episodes need 54"):
         Selection(3, _config(budget=40))
 
@@ -170,12 +170,12 @@ def test_outcome_names_the_rule_and_spending() -> None:
     selection, strata = simulate(7, config, _normal_policies(means, 0.45, 3))
     labels = [f"run@{k}" for k in range(7)]
     outcome = selection.outcome(labels, strata)
-    assert outcome["best"] == "run@6" and outcome["rule"] == RULE == \
+    assert outcome.best == "run@6" and outcome.rule == RULE == \
         "successive-elimination-bonferroni"
-    assert outcome["budget"] == 1260 and outcome["confidence"] == 0.95
-    assert outcome["remaining"] == ["run@6"]
-    assert outcome["dropped"] == {labels[p]: 18 * len(strata[p]) for p in range(6)}
-    assert outcome["episodes_spent"] == sum(18 * len(items) for items in strata.values())
-    assert outcome["comparison_level"] == pytest.approx(0.05 / (6 * outcome["max_rounds"]))
+    assert outcome.budget == 1260 and outcome.confidence == 0.95
+    assert outcome.remaining == ["run@6"]
+    assert outcome.dropped == {labels[p]: 18 * len(strata[p]) for p in range(6)}
+    assert outcome.episodes_spent == sum(18 * len(items) for items in strata.values())
+    assert outcome.comparison_level == pytest.approx(0.05 / (6 * outcome.max_rounds))
     best = st.mean(np.concatenate(strata[6])[None])[0]
     assert best > max(st.mean(np.concatenate(strata[p])[None])[0] for p in range(6))

@@ -7,16 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deploy.evaluation import (
-    EnvSpec,
-    EvalConfig,
-    EvaluationResult,
-    ItemResult,
-    PolicyResult,
-    PolicySpec,
-)
+from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
+from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult
 from deploy.evaluation.sinks import TAGS, write_model_cards, write_tensorboard
-from deploy.report import summarize_all
+from deploy.evaluation.summary import build_report, summarize_all
 
 
 def _item(policy: int, index: int, returns: list[float]) -> ItemResult:
@@ -74,7 +68,7 @@ def test_model_card_round_trips_through_huggingface_hub(tmp_path) -> None:
 
     result = _run_result(tmp_path)
     summaries = summarize_all(result)
-    cards = write_model_cards(result, summaries, tmp_path / "out")
+    cards = write_model_cards(build_report(result), tmp_path / "out")
     assert cards == [tmp_path / "ppo" / "README.md", tmp_path / "out" / "other" / "README.md"]
     card = ModelCard.load(cards[0])
     assert card.data.model_name == "ppo" and card.data.library_name == "ml-agents"
@@ -94,9 +88,51 @@ def test_model_card_round_trips_through_huggingface_hub(tmp_path) -> None:
     assert "| ppo@500000 | 500000 | 36 |" in card.text
     # A card already there keeps its own text; our results and section replace the old ones.
     cards[0].write_text("---\nlicense: apache-2.0\nlibrary_name: ml-agents\n---\n# My Huggy\n")
-    write_model_cards(result, summaries, tmp_path / "out")
-    write_model_cards(result, summaries, tmp_path / "out")
+    write_model_cards(build_report(result), tmp_path / "out")
+    write_model_cards(build_report(result), tmp_path / "out")
     again = ModelCard.load(cards[0])
     assert again.data.license == "apache-2.0" and again.text.startswith("# My Huggy")
     assert again.text.count("huggy evaluate: start") == 1
     assert len(again.data.eval_results) == 2
+
+
+def test_model_card_written_again_keeps_one_evaluation_section(tmp_path) -> None:
+    """A card this project wrote (no card there before) is replaced, not appended to: three
+    runs leave one section, the last run's."""
+    from huggingface_hub import ModelCard
+
+    first = _run_result(tmp_path)
+    (card_path, _) = write_model_cards(build_report(first), tmp_path / "out")
+    for seed in (8, 9):
+        (tmp_path / f"again{seed}").mkdir()
+        again = _run_result(tmp_path / f"again{seed}")
+        again.config = EvalConfig(episodes=36, seed=seed)
+        for policy in again.policies:  # the card goes to the first run's folder again
+            policy.spec = PolicySpec(policy.spec.label, path=policy.spec.path, run="ppo",
+                                     step=policy.spec.step, folder=str(tmp_path / "ppo"))
+        write_model_cards(build_report(again), tmp_path / "out")
+    text = card_path.read_text()
+    assert text.count("<!-- huggy evaluate: start -->") == 1
+    assert text.count("<!-- huggy evaluate: end -->") == 1
+    assert text.count("# ppo\n") == 1 and "bootstrap over work items" in text
+    card = ModelCard.load(card_path)
+    assert {r.metric_type for r in card.data.eval_results} == {"mean_reward", "iqm_reward"}
+
+
+def test_tensorboard_written_twice_has_one_value_per_step(tmp_path) -> None:
+    """A second evaluation into the same folder replaces the first one's scalars; event files
+    that are not the evaluation's stay."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    other = SummaryWriter(log_dir=str(tmp_path / "results" / "ppo"))
+    other.add_scalar("Training/Reward", 1.0, global_step=5)
+    other.close()
+    result = _run_result(tmp_path)
+    write_tensorboard(summarize_all(result), tmp_path / "results")
+    (folder,), _ = write_tensorboard(summarize_all(result), tmp_path / "results")
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    assert [p.step for p in events.Scalars("Evaluation/Mean Return")] == [
+        500_000, 1_000_000, 2_000_000]
+    assert [p.value for p in events.Scalars("Training/Reward")] == [1.0]

@@ -14,7 +14,7 @@ import torch
 from huggy_agent import HuggyAgent, bundled_policy_path
 from huggy_agent.devices import resolve_device, resolve_precision
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import fixtures_dir
+from tests.support.fixtures import fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

@@ -21,7 +21,7 @@ import pytest
 
 from huggy_agent import Actions, HuggyAgent, split_memory
 from huggy_agent.spec import ActorSpec
-from tests.conftest import EXTRA_FIXTURES, mlagents_fixtures_dir, mlagents_policy_files
+from tests.support.fixtures import EXTRA_FIXTURES, mlagents_fixtures_dir, mlagents_policy_files
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from huggy_agent import HuggyAgent
-from tests.conftest import FIXTURE_RUNS, fixtures_dir
-from tests.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
+from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir
+from tests.support.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

@@ -12,8 +12,8 @@ from huggy_agent import HuggyAgent
 from huggy_agent.devices import available_devices
 from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import fixtures_dir
-from tests.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
+from tests.support.fixtures import fixtures_dir
+from tests.support.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

@@ -18,7 +18,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from huggy_agent import HuggyAgent, PolicyLoadError
-from tests.conftest import EXTRA_FIXTURES, fixtures_dir, mlagents_fixtures_dir
+from tests.support.fixtures import EXTRA_FIXTURES, fixtures_dir, mlagents_fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

@@ -14,7 +14,7 @@ import pytest
 from huggy_agent import HuggyAgent, PolicyLoadError
 from huggy_agent.formats.results import list_checkpoints, resolve_results_folder
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import FIXTURE_RUNS, fixtures_dir
+from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

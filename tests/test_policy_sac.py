@@ -16,8 +16,8 @@ import torch
 from huggy_agent import HuggyAgent
 from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from tests.conftest import fixtures_dir
-from tests.policy_reference import (
+from tests.support.fixtures import fixtures_dir
+from tests.support.policy_reference import (
     DIST,
     ReferencePolicy,
     normalizer_observations,

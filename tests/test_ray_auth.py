@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import ensure_private_token, use_token_auth
-from deploy.runner import haproxy_dir, private_folder
-from tests.conftest import REPO_ROOT, _kill_processes_mentioning, _mentions, fixtures_dir, free_port
+from deploy.serving.server import haproxy_dir, private_folder
+from tests.support.fixtures import REPO_ROOT, fixtures_dir
+from tests.support.processes import free_port, kill_processes_mentioning, mentions
 
 # --- unit level: no cluster ------------------------------------------------------------------
 
@@ -130,7 +131,7 @@ def _clean_env(home: Path) -> dict[str, str]:
 
 def _processes(marker: str) -> list[Path]:
     return [proc for proc in Path("/proc").iterdir()
-            if proc.name.isdigit() and int(proc.name) != os.getpid() and _mentions(proc, marker)]
+            if proc.name.isdigit() and int(proc.name) != os.getpid() and mentions(proc, marker)]
 
 
 def _gcs_port(marker: str) -> int | None:
@@ -210,7 +211,7 @@ def started(command: list[str], tmp_path: Path, ready: str | None) -> Iterator[S
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-        _kill_processes_mentioning(marker)
+        kill_processes_mentioning(marker)
         shutil.rmtree(marker, ignore_errors=True)
 
 

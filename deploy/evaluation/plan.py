@@ -1,5 +1,7 @@
 """What an evaluation runs: the policies, the environment, the settings and the work items.
 
+Plain data, no I/O: finding policies is `huggy_agent.discovery` and `deploy.evaluation.sources`.
+
 A policy's episodes are cut into work items; item `i` of every policy gets the seed `seed + i`
 and is run on one Unity instance reset with that seed, counting a fixed quota of episodes per
 agent slot of that instance (`envs.rollout.slot_quotas`). A runner with K instances
@@ -12,18 +14,13 @@ runners or instances there were, or which of its episodes ended first.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-if TYPE_CHECKING:
-    from deploy.client import RemoteAgent
-    from huggy_agent.spec import ActorSpec
+from deploy.placement import ACCELERATORS
+from huggy_agent.discovery import FoundPolicy
+from huggy_agent.remote import RemoteAgent
 
 ENV_SEED_LIMIT = 2**24
 """Environment seeds travel as float32 (`envs.vector_env.MAX_SEED`): [0, 2**24)."""
@@ -56,10 +53,14 @@ class PolicySpec:
     """The key `url` asks for (`huggy serve --api-key-file`); None: `$HUGGY_API_KEY` of the
     process that queries it. Travels with the spec to the runners, never into a report."""
 
+    @classmethod
+    def of(cls, found: FoundPolicy) -> PolicySpec:
+        """The spec of a policy file that `huggy_agent.discovery.find_policies` found."""
+        return cls(label=found.label, path=found.path, run=found.run, step=found.step,
+                   folder=found.folder, source=found.source, revision=found.revision)
+
     def remote_agent(self) -> RemoteAgent:
         """A client of the served policy (`url`, `policy_id`, `api_key`)."""
-        from deploy.client import RemoteAgent
-
         if self.url is None:
             raise ValueError(f"policy {self.label!r} is a file, not a served policy")
         return RemoteAgent(self.url, policy=self.policy_id, api_key=self.api_key)
@@ -155,8 +156,6 @@ class EvalConfig:
     """Select the best policy adaptively instead of giving every policy `episodes` episodes."""
 
     def __post_init__(self) -> None:
-        from deploy.placement import ACCELERATORS
-
         for name in ("episodes", "episodes_per_item", "runners", "max_attempts"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -181,126 +180,6 @@ class WorkItem:
     index: int
     seed: int
     episodes: int
-
-
-def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
-    """What the built-in stand-in plays for these policies: None (Huggy) when they have Huggy's
-    interface, else their common spec (spec-driven mode). Policies that cannot be loaded are
-    skipped here (the evaluation reports them). Raises ValueError when the policies have
-    different interfaces: one environment cannot play them all."""
-    from envs.standin.launcher import standin_behavior
-    from huggy_agent import PolicyLoadError
-    from huggy_agent.formats import load_policy
-
-    found: dict[str, tuple[str, ActorSpec]] = {}
-    for spec in specs:
-        try:
-            if spec.url is not None:
-                with spec.remote_agent() as remote:
-                    interface = remote.spec
-            else:
-                interface = load_policy(spec.path).spec  # type: ignore[arg-type]
-        except (PolicyLoadError, FileNotFoundError, RuntimeError, ValueError):
-            continue
-        found.setdefault(json.dumps(interface.as_dict(), sort_keys=True),
-                         (spec.label, interface))
-    if len(found) > 1:
-        kinds = "; ".join(f"{label}: {interface.describe()}"
-                          for label, interface in found.values())
-        raise ValueError(f"the policies have different interfaces, which one environment cannot "
-                         f"play: {kinds}; evaluate them separately")
-    if not found:
-        return None
-    label, interface = next(iter(found.values()))
-    return standin_behavior(interface.as_dict(), label.split("/")[0].split("@")[0])
-
-
-def served_policy_specs(url: str, policy_id: str | None = None,
-                        api_key: str | None = None) -> list[PolicySpec]:
-    """One spec per policy served at `url` (`huggy serve`), labelled with its id, or only the
-    one `policy_id`: every policy of a live A/B split, evaluated as deployed. A server of one
-    policy, asked without an id, gives one spec labelled with the URL. `api_key` is sent with
-    every request, by this process and by the runners. Raises ValueError (listing the served
-    ids) for an id the server does not serve."""
-    with PolicySpec(label=url, url=url, policy_id=policy_id, api_key=api_key).remote_agent() as remote:
-        served = remote.policies()["models"]
-    if len(served) == 1 and policy_id is None:
-        return [PolicySpec(label=url, url=url, policy_id=served[0]["id"],
-                           step=served[0]["step"], api_key=api_key)]
-    return [PolicySpec(label=model["id"], url=url, policy_id=model["id"], step=model["step"],
-                       run=model["id"].rsplit("@", 1)[0] if "@" in model["id"] else None,
-                       api_key=api_key)
-            for model in served if policy_id in (None, model["id"])]
-
-
-def short_label(path: Path) -> str:
-    """`parent/file`, such as `ppo_gamma_0.8/Huggy.onnx`: enough to tell files apart in a
-    table or a chart, never a whole absolute path."""
-    path = Path(path)
-    parent = path.resolve().parent.name
-    return f"{parent}/{path.name}" if parent else path.name
-
-
-def expand_policies(sources: Sequence[str | os.PathLike[str]]) -> list[PolicySpec]:
-    """One spec per policy: a file stays one policy; a results folder gives every checkpoint
-    in it that is on disk, by step (`huggy_agent.formats.results.list_checkpoints`). Sources on
-    the Hugging Face Hub (`hf://owner/repo[@revision][/path]`) are fetched through its cache
-    first; their specs keep the source and the commit it resolved to.
-
-    Raises FileNotFoundError for a path that does not exist and ValueError for an empty list or a
-    folder without checkpoint files. Files that exist but cannot be loaded are not checked here.
-    """
-    from huggy_agent.formats.loaded import step_from_filename
-    from huggy_agent.formats.results import list_checkpoints
-    from huggy_agent.formats.sources import resolve_policy_source
-
-    if not sources:
-        raise ValueError("expected at least one policy (a .pt, an .onnx or a results folder)")
-    specs: list[PolicySpec] = []
-    for source in sources:
-        resolved = resolve_policy_source(source)
-        path = resolved.path
-        start = len(specs)
-        if path.is_dir():
-            run = (resolved.repo_id.split("/")[1] if resolved.from_hub and not resolved.repo_path
-                   else path.resolve().name)
-            entries = [entry for entry in list_checkpoints(path) if entry.path is not None]
-            if not entries:  # a folder with only its final export (such as a shared policy)
-                finals = sorted(path.glob("*.onnx"))
-                if not finals:
-                    raise ValueError(f"no checkpoint or export files found in results folder "
-                                     f"{path}")
-                specs += [PolicySpec(label=f"{run}/{final.name}", path=str(final),
-                                     folder=str(path)) for final in finals]
-            behaviors = {entry.behavior for entry in entries}
-            for entry in entries:
-                name = run if len(behaviors) == 1 else f"{run}/{entry.behavior}"
-                specs.append(PolicySpec(label=f"{name}@{entry.step}", path=str(entry.path),
-                                        run=name, step=entry.step, folder=str(path)))
-        elif path.is_file():
-            label = short_label(path)
-            if resolved.from_hub:  # the repository's name, not the commit, as the parent
-                label = "/".join(f"{resolved.repo_id}/{resolved.repo_path}".split("/")[-2:])
-            specs.append(PolicySpec(label=label, path=str(path), step=step_from_filename(path)))
-        else:
-            raise FileNotFoundError(f"policy not found: {path} (expected a .pt, an .onnx or a "
-                                    "results folder)")
-        if resolved.from_hub:
-            specs[start:] = [replace(spec, source=resolved.describe(), revision=resolved.revision)
-                             for spec in specs[start:]]
-    labels = unique_labels([spec.label for spec in specs])
-    return [replace(spec, label=label) for spec, label in zip(specs, labels, strict=True)]
-
-
-def unique_labels(labels: Sequence[str]) -> list[str]:
-    """`labels` in order, each repeat made unique by `#2`, `#3`, ..."""
-    seen: dict[str, int] = {}
-    unique = []
-    for label in labels:
-        count = seen.get(label, 0)
-        seen[label] = count + 1
-        unique.append(label if count == 0 else f"{label}#{count + 1}")
-    return unique
 
 
 def next_batch(pending: deque[WorkItem], size: int) -> list[WorkItem]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
+from deploy.evaluation.selection import SelectionOutcome
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class EvaluationResult:
     """Wall time until the first runner was ready for items (None if none ever was)."""
     planned_episodes: list[int] = field(default_factory=list)
     """Episodes scheduled for each policy (empty: `config.episodes` each)."""
-    selection: dict[str, Any] | None = None
+    selection: SelectionOutcome | None = None
     """The adaptive selection's outcome (`deploy.evaluation.selection.Selection.outcome`)."""
 
     @property

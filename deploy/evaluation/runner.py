@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import envs
+from deploy import ray_internals
 from deploy.evaluation.plan import EnvSpec, PolicySpec, WorkItem
 from deploy.evaluation.results import ItemResult, RunnerInfo
 
@@ -69,8 +71,6 @@ class Runner:
         Raises PolicyLoadError or FileNotFoundError when the policy cannot be loaded, and
         EnvironmentCrashed when the environment dies mid-rollout (the next call opens a new one).
         """
-        import envs
-
         slots = self._env_spec.instances
         if not 1 <= len(items) <= slots:
             raise ValueError(f"expected 1 to {slots} work items (one per instance), got "
@@ -125,6 +125,7 @@ class Runner:
 
 def _load_agent(spec: PolicySpec, payload: list[Any] | bytes | None, device: str,
                 precision: str) -> Any:
+    # start-up time: torch is imported while the environment boots (`Runner.__init__`)
     from huggy_agent import HuggyAgent
 
     assert spec.path is not None
@@ -147,8 +148,6 @@ def _open_env(spec: EnvSpec) -> Any:
     (and other programs) share a machine, so fixed worker ids would collide. `UnityVectorEnv`
     itself moves on to the next port when this one (or, with several instances, one of the
     next few) was taken meanwhile."""
-    import envs
-
     return envs.UnityVectorEnv(
         file_name=spec.file_name, worker_id=_free_port() - BASE_PORT, seed=0, no_graphics=True,
         timeout_wait=spec.timeout_wait, time_scale=spec.time_scale,
@@ -182,4 +181,4 @@ def _attempt() -> int:
     ray = _ray()
     if ray is None or ray.get_runtime_context().get_actor_id() is None:
         return 1
-    return ray._private.worker.global_worker.core_worker.get_current_task_attempt_number() + 1
+    return ray_internals.task_attempt_number() + 1

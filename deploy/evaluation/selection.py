@@ -31,12 +31,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any
 
 import numpy as np
 
 from deploy.evaluation import statistics as stats
 from deploy.evaluation.plan import EvalConfig, WorkItem
+from huggy_agent.tables import plural
 
 RULE = "successive-elimination-bonferroni"
 """The decision rule's name, as evaluation.json's "selection" gives it."""
@@ -114,6 +114,50 @@ def eliminate(found: Mapping[int, Standing], level: float) -> list[int]:
             and best.value - other.value - z * math.hypot(best.std_error, other.std_error) > 0]
 
 
+def check_budget(num_policies: int, config: EvalConfig) -> int:
+    """The most rounds the selection of `num_policies` policies can run within `config`'s budget
+    (`config.selection` set); ValueError, with the numbers, when not even one round fits."""
+    assert config.selection is not None
+    round_items = config.selection.round_items
+    rounds = max_rounds(num_policies, config.episodes // config.episodes_per_item, round_items)
+    if rounds == 0:
+        need = num_policies * round_items * config.episodes_per_item
+        raise ValueError(f"--episodes {config.episodes} (the budget of all policies together) "
+                         f"is too small for one round: {plural(num_policies, 'policy', 'policies')}"
+                         f" x {plural(round_items, 'item')} x "
+                         f"{plural(config.episodes_per_item, 'episode')} need {need}")
+    return rounds
+
+
+@dataclass(frozen=True)
+class SelectionOutcome:
+    """What the adaptive selection decided: evaluation.json's "selection" (`asdict`)."""
+
+    best: str | None
+    """The leader among the remaining policies (None: no policy finished an episode)."""
+    statistic: str
+    confidence: float
+    episodes_spent: int
+    budget: int
+    dropped: dict[str, int]
+    """Dropped policy -> episodes it had when dropped."""
+    remaining: list[str]
+    rounds: int
+    max_rounds: int
+    comparison_level: float
+    rule: str = RULE
+
+    def text(self) -> str:
+        """One line on the selection: its pick, spending and drops."""
+        dropped = ", ".join(f"{label} after {episodes}" for label, episodes
+                            in self.dropped.items()) or "none"
+        verdict = ("one policy left" if len(self.remaining) == 1
+                   else f"budget spent with {len(self.remaining)} policies left")
+        return (f"selection ({self.rule}, confidence {self.confidence}): {self.best}; {verdict}; "
+                f"{self.episodes_spent} of {self.budget} episodes in {self.rounds} rounds; "
+                f"dropped: {dropped}")
+
+
 class Selection:
     """The state of one adaptive selection over `num_policies` policies (`config.selection`
     set; `config.episodes` is the budget of all policies together)."""
@@ -125,13 +169,7 @@ class Selection:
         self.settings = config.selection
         self.num_policies = num_policies
         self.budget_items = config.episodes // config.episodes_per_item
-        self.rounds_max = max_rounds(num_policies, self.budget_items, self.settings.round_items)
-        if self.rounds_max == 0:
-            need = num_policies * self.settings.round_items * config.episodes_per_item
-            raise ValueError(f"--episodes {config.episodes} (the budget of all policies together) "
-                             f"is too small for one round: {num_policies} policies x "
-                             f"{self.settings.round_items} items x {config.episodes_per_item} "
-                             f"episodes need {need}")
+        self.rounds_max = check_budget(num_policies, config)
         self.level = comparison_level(self.settings.confidence, num_policies, self.rounds_max)
         self.active = list(range(num_policies))
         self.items_given = [0] * num_policies
@@ -181,23 +219,18 @@ class Selection:
         return leader_of(standings(counted, self.settings.statistic, self.config.seed))
 
     def outcome(self, labels: Sequence[str], strata_by_policy: Mapping[int, stats.Strata]
-                ) -> dict[str, Any]:
-        """The "selection" entry of evaluation.json."""
+                ) -> SelectionOutcome:
+        """What the selection decided, by label."""
         best = self.best(strata_by_policy)
-        return {
-            "best": None if best is None else labels[best],
-            "statistic": self.settings.statistic,
-            "confidence": self.settings.confidence,
-            "episodes_spent": sum(len(item) for strata in strata_by_policy.values()
-                                  for item in strata),
-            "budget": self.config.episodes,
-            "dropped": {labels[index]: episodes for index, episodes in self.dropped.items()},
-            "remaining": [labels[index] for index in self.active],
-            "rounds": self.rounds,
-            "max_rounds": self.rounds_max,
-            "comparison_level": self.level,
-            "rule": RULE,
-        }
+        return SelectionOutcome(
+            best=None if best is None else labels[best], statistic=self.settings.statistic,
+            confidence=self.settings.confidence,
+            episodes_spent=sum(len(item) for strata in strata_by_policy.values()
+                               for item in strata),
+            budget=self.config.episodes,
+            dropped={labels[index]: episodes for index, episodes in self.dropped.items()},
+            remaining=[labels[index] for index in self.active], rounds=self.rounds,
+            max_rounds=self.rounds_max, comparison_level=self.level)
 
 
 Sampler = Callable[[WorkItem], Sequence[float]]

@@ -1,14 +1,17 @@
-"""Result sinks beyond the report's files: TensorBoard scalars and Hugging Face model cards.
-Each reads the finished evaluation and its summaries (`deploy.report.summarize_all`).
+"""Result sinks beyond the report's files: TensorBoard scalars and Hugging Face model cards,
+rendered from the one `EvaluationReport` (`deploy.evaluation.summary`).
 
 TensorBoard (`write_tensorboard`): for every policy with a training step, scalars at that step in
 `DIR/<run>/` under the "Evaluation/" tags (TAGS): ML-Agents writes training to
-`results/<run>/<behavior>/`, so `tensorboard --logdir results` shows both side by side.
+`results/<run>/<behavior>/`, so `tensorboard --logdir results` shows both side by side. A new
+evaluation into the same folder replaces the previous one's scalars (one value per step).
 
 Model cards (`write_model_cards`): one README.md per evaluated run folder, with `model-index`
 metadata (huggingface_hub's ModelCardData and EvalResult): task reinforcement-learning, the
 environment as the dataset, `mean_reward` as "mean +/- std" and the IQM with its interval, of
-the run's last checkpoint (highest step); the body lists every evaluated checkpoint.
+the run's last checkpoint (highest step); the body lists every evaluated checkpoint. The
+evaluation's section of the card sits between SECTION_START and SECTION_END, so writing a card
+again replaces it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.evaluation.results import EvaluationResult
-from deploy.report import PolicySummary, checkpoint_step
+from deploy.evaluation.summary import EvaluationReport, PolicySummary, checkpoint_step
 from envs.rollout import terminated_label
 
 TAGS = {
@@ -37,6 +40,8 @@ TAGS = {
 """TensorBoard tag -> summary value (the mean's interval is its t interval, the IQM's the
 stratified-bootstrap one; success: the share of episodes that terminated, for Huggy those that
 reached the stick)."""
+EVENTS_SUFFIX = ".huggy-evaluate"
+"""The file-name suffix of the event files an evaluation writes (and replaces next time)."""
 
 
 def run_name(summary: PolicySummary) -> str:
@@ -56,9 +61,11 @@ def _values(summary: PolicySummary) -> dict[str, float | None]:
 
 def write_tensorboard(summaries: Sequence[PolicySummary], log_dir: str | Path
                       ) -> tuple[list[Path], list[str]]:
-    """Scalars for every policy with a step and episodes, in `log_dir/<run>/`; returns the
-    folders written and the labels skipped (no training step, or no episode)."""
-    from torch.utils.tensorboard import SummaryWriter
+    """Scalars for every policy with a step and episodes, in `log_dir/<run>/`, replacing those
+    an earlier evaluation wrote there (its event files, `*EVENTS_SUFFIX`; other files are left
+    alone); returns the folders written and the labels skipped (no training step, or no
+    episode)."""
+    from torch.utils.tensorboard import SummaryWriter  # tensorboard: the serve extra, when used
 
     by_run: dict[str, list[PolicySummary]] = {}
     skipped = []
@@ -70,7 +77,9 @@ def write_tensorboard(summaries: Sequence[PolicySummary], log_dir: str | Path
     folders = []
     for run, points in by_run.items():
         folder = Path(log_dir) / run
-        writer = SummaryWriter(log_dir=str(folder))
+        for earlier in folder.glob(f"events.out.tfevents.*{EVENTS_SUFFIX}"):
+            earlier.unlink()
+        writer = SummaryWriter(log_dir=str(folder), filename_suffix=EVENTS_SUFFIX)
         try:
             for summary in sorted(points, key=checkpoint_step):
                 for tag, name in TAGS.items():
@@ -91,11 +100,15 @@ def _env_id(result: EvaluationResult) -> str:
     return "huggy-standin"
 
 
+SECTION_START = "<!-- huggy evaluate: start -->"
+SECTION_END = "<!-- huggy evaluate: end -->"
+
+
 def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummary],
                date: datetime.date | None = None) -> Any:
     """The huggingface_hub ModelCard of one run: model-index results of its last checkpoint
     (highest step; the last given when none has a step) and a table of every checkpoint."""
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData  # the serve or hub extra
 
     done = [s for s in points if s.mean_return is not None]
     if not done:
@@ -136,7 +149,7 @@ def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummar
             f"{terminated_label(result.behaviors())} |\n"
             "|---|---|---|---|---|---|\n" + rows + "\n\nIntervals: stratified bootstrap over "
             "work items (percentile). Scores on the built-in stand-in are not Unity scores.\n")
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{SECTION_START}\n{body}{SECTION_END}\n")
 
 
 def _seeds_text(result: EvaluationResult, label: str) -> str:
@@ -150,19 +163,16 @@ def _seeds_text(result: EvaluationResult, label: str) -> str:
     return ", ".join(map(str, seeds))
 
 
-SECTION_START = "<!-- huggy evaluate: start -->"
-SECTION_END = "<!-- huggy evaluate: end -->"
-
-
 def merge_card(existing: Any, ours: Any) -> Any:
-    """`existing` card (such as one from mlagents-push-to-hf) with our model-index results and our
-    evaluation section (between SECTION_START and SECTION_END, replaced when present)."""
-    from huggingface_hub import ModelCard
+    """`existing` card (such as one from mlagents-push-to-hf, or our own from an earlier run)
+    with our model-index results and our evaluation section (`ours`' text, between
+    SECTION_START and SECTION_END: replaced where `existing` has one, else appended)."""
+    from huggingface_hub import ModelCard  # huggingface_hub: the serve or hub extra, when used
 
     data = existing.data
     data.eval_results = ours.data.eval_results
     data.model_name = ours.data.model_name
-    section = f"{SECTION_START}\n{ours.text.strip()}\n{SECTION_END}"
+    section = ours.text.strip()
     text = existing.text
     if SECTION_START in text and SECTION_END in text:
         head, rest = text.split(SECTION_START, 1)
@@ -172,14 +182,14 @@ def merge_card(existing: Any, ours: Any) -> Any:
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{text}")
 
 
-def write_model_cards(result: EvaluationResult, summaries: Sequence[PolicySummary],
-                      fallback_dir: str | Path) -> list[Path]:
+def write_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> list[Path]:
     """One README.md per run: in the run's folder when it is a local, writable folder, else in
     `fallback_dir/<run>/` (a policy from the Hub cache is never written into the cache). A card
     already there keeps its text and metadata; its results and our section are replaced
     (`merge_card`). Returns the cards written."""
+    result = report.result
     folders: dict[str, tuple[Path | None, list[PolicySummary]]] = {}
-    for summary, policy in zip(summaries, result.policies, strict=True):
+    for summary, policy in zip(report.summaries, result.policies, strict=True):
         if summary.mean_return is None:
             continue
         folder = None
@@ -197,9 +207,7 @@ def write_model_cards(result: EvaluationResult, summaries: Sequence[PolicySummar
         path = target / "README.md"
         card = model_card(result, run, points)
         if path.exists():
-            from huggingface_hub import ModelCard
-
-            card = merge_card(ModelCard.load(path), card)
+            card = merge_card(type(card).load(path), card)
         card.save(path)
         written.append(path)
     return written

@@ -271,7 +271,7 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
     else:
-        print(f"weights  {result['weights']}\nsource   {result['source']}\n"
+        print(f"fingerprint  {result['fingerprint']}\nsource       {result['source']}\n"
               f"actions of canonical observation 0 (equal within the numerical contract's "
               f"tolerance wherever this model runs):")
         for kind, values in result["reference_actions"].items():

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from huggy_agent.errors import PolicyLoadError
 from huggy_agent.formats.loaded import LoadedPolicy
+from huggy_agent.formats.results import resolve_results_folder
+from huggy_agent.formats.sources import resolve_policy_source
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:
@@ -14,16 +17,13 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     A folder resolves to its final `<Behavior>.onnx`, else its newest checkpoint.
     Raises FileNotFoundError for a missing path and PolicyLoadError for anything unusable.
     """
-    from huggy_agent.errors import PolicyLoadError
-    from huggy_agent.formats.sources import resolve_policy_source
-
     path = resolve_policy_source(path).path
     if not path.exists():
         raise FileNotFoundError(f"policy not found: {path} (expected a .onnx, a .pt or a results folder)")
     if path.is_dir():
-        from huggy_agent.formats.results import resolve_results_folder
-
         return load_policy(resolve_results_folder(path))
+    # start-up time: each format's module imports torch (and onnx), which `huggy --help` and
+    # the parsers that name policies (envs.cli, via formats.sources) must not pay for
     if path.suffix == ".onnx":
         from huggy_agent.formats.mlagents_onnx import load_onnx
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from huggy_agent.errors import PolicyLoadError
@@ -29,6 +30,7 @@ from huggy_agent.formats.architecture import (
     vector_inputs_from_weights,
 )
 from huggy_agent.formats.loaded import LoadedPolicy, step_from_filename
+from huggy_agent.formats.mlagents_onnx import read_spec
 from huggy_agent.spec import ObservationInput
 
 NORMALIZER_STATS = ("running_mean", "running_variance", "normalization_steps")
@@ -111,10 +113,6 @@ def _inputs(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[tuple[Observa
     export = _sibling_export(path)
     if export is None:
         return vector_inputs_from_weights(tensors, path), "weights"
-    import onnx
-
-    from huggy_agent.formats.mlagents_onnx import read_spec
-
     try:
         model = onnx.load(str(export), load_external_data=False)
     except Exception as error:  # protobuf raises several unrelated types here

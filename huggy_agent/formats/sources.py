@@ -107,6 +107,18 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _hub_reason(error: Exception, offline: bool) -> str:
+    """Why huggingface_hub failed, in this project's terms: offline, what to do about it;
+    online, the library's first line, without its advice about arguments (such as
+    `local_files_only`) that this project's commands do not have."""
+    if offline:
+        return ("not downloaded yet: unset HF_HUB_OFFLINE and run once with network access to "
+                "fill the cache")
+    sentences = str(error).strip().splitlines()[0].split(". ") if str(error).strip() else []
+    kept = ". ".join(part for part in sentences if "local_files_only" not in part)
+    return f"{type(error).__name__}: {kept}" if kept else type(error).__name__
+
+
 def resolve_policy_source(source: str | os.PathLike[str]) -> PolicySource:
     """Local files for `source`: a local path as it is (not checked here); a Hub source through
     huggingface_hub's cache. Raises ValueError for a malformed Hub source and FileNotFoundError
@@ -138,7 +150,7 @@ def resolve_policy_source(source: str | os.PathLike[str]) -> PolicySource:
             local = snapshot / reference.path if reference.path else snapshot
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
         raise FileNotFoundError(f"policy not found: {source}: no such repository, revision or "
-                                f"file {where} ({type(error).__name__}: {error})") from error
+                                f"file {where} ({_hub_reason(error, offline)})") from error
     if not local.exists():
         raise FileNotFoundError(f"policy not found: {source}: the repository has no "
                                 f"{reference.path!r} {where}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import free_port
+from tests.support.processes import free_port
 
 
 def env_kwargs(tmp_path: Path, **overrides: object) -> dict:

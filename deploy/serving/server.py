@@ -9,11 +9,12 @@ which the proxy and the replicas inherit them):
     direct   replicas listen on their own ports, no proxy in between
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
 
-Policy routing: Serve's proxy sends a request whose `serve_multiplexed_model_id` header names a
-policy to a replica that holds it. HAProxy passes the header on to the replicas but balances by
-least connections, blind to it; so where several policies are served, `serve_forever` has HAProxy
-hash that header instead (`POLICY_AFFINITY_ENV`): each policy sticks to one replica, and requests
-without the header go round robin.
+Policy routing: a replica answers for any served policy, loading one it does not hold on a miss
+(`deploy.serving.held`). HAProxy balances by least connections, blind to the policy; so where
+several policies are served, `serve_forever` has HAProxy hash the `serve_multiplexed_model_id`
+header instead (`POLICY_AFFINITY_ENV`): each policy sticks to one replica, and requests without
+the header go round robin. Serve's own proxy and the direct ingress balance without regard to
+the policy.
 
 The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
 running Serve instance that has another ingress. `stop_serve` drains HAProxy before Serve's own
@@ -22,10 +23,13 @@ shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT.
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
 import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +39,11 @@ from ray import serve
 from ray.serve.api import RunTarget
 
 from deploy.cluster import init_ray
-from deploy.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
-from deploy.policies import POLICY_ID_HEADER
-from deploy.serve import AppArgs, build_app
+from deploy.serving.app import build_app
+from deploy.serving.catalogue import PolicySet
+from deploy.serving.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
+from deploy.serving.settings import AppArgs, app_args
+from huggy_agent.http_api import POLICY_ID_HEADER, load_api_key
 
 INGRESSES = ("haproxy", "proxy", "direct")
 DEFAULT_INGRESS = "haproxy"
@@ -131,8 +137,9 @@ def _refuse_running_serve() -> None:
 
 
 def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
-           timeout_s: float = 180.0) -> None:
-    """Deploy the policy app under `route_prefix` and wait (at most `timeout_s`) until it runs.
+           timeout_s: float = 180.0, policies: PolicySet | None = None) -> None:
+    """Deploy the policy app under `route_prefix` and wait (at most `timeout_s`) until it runs;
+    `policies`: the served set where it was built already (else `args.policy_set()`).
 
     Redeploying an app whose only change is its batch settings reconfigures the running
     replicas in place (`reconfigure`), without restarting them.
@@ -141,7 +148,7 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
     whose accelerator is unusable) or is still not running at the deadline (for example replicas
     that cannot be scheduled).
     """
-    application = build_app(args)
+    application = build_app(args, policies)
     serve.run_many([RunTarget(target=application, name=name, route_prefix=route_prefix)],
                    wait_for_ingress_deployment_creation=False,
                    wait_for_applications_running=False)
@@ -248,6 +255,22 @@ class _HAProxyAdmin:
         return reply[:-3].decode(errors="replace")
 
 
+def banner(served: PolicySet, host: str, port: int, ingress: str, grpc_port: int | None
+           ) -> str:
+    """The line `huggy serve` prints once the policies answer: where, and who answers
+    `/v1/act` (the split's shares, else the default policy)."""
+    grpc = f", gRPC {ACT_METHOD} on {host}:{grpc_port}" if grpc_port else ""
+    count = f"{len(served.entries)} policies" if len(served.entries) > 1 else "policy"
+    if served.split is not None:
+        shares = ", ".join(f"{policy_id} {share:.0%}"
+                           for policy_id, share in served.split.shares().items())
+        answers = f"/v1/act split by session: {shares}"
+    else:
+        answers = f"/v1/act answers with {served.default}"
+    return (f"huggy serve: {count} served at http://{host}:{port}/v1/act (ingress {ingress}"
+            f"{grpc}); {answers}; all at /v1/models; Ctrl-C or SIGTERM to stop")
+
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -281,8 +304,10 @@ def _ignore_stop_signals() -> None:
 
 def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                   ingress: str = DEFAULT_INGRESS, address: str | None = None,
-                  start_timeout_s: float = 180.0, grpc_port: int | None = None) -> int:
-    """Start (or join, with `address`) a cluster and serve until SIGTERM or SIGINT (Ctrl-C).
+                  start_timeout_s: float = 180.0, grpc_port: int | None = None,
+                  policies: PolicySet | None = None) -> int:
+    """Start (or join, with `address`) a cluster and serve `policies` (default:
+    `args.policy_set()`) until SIGTERM or SIGINT (Ctrl-C).
 
     Either signal, also one arriving while the app starts, prints "huggy serve: shutting down
     (SIGTERM)" (or SIGINT), then `stop_serve` (HAProxy answers the requests in flight first)
@@ -299,17 +324,14 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
         _refuse_running_serve()  # before anything that the shutdown below would undo
         _raise_on_stop_signals()  # after ray.init, which installs its own SIGTERM handlers
         try:
-            served = args.policy_set()
+            served = policies if policies is not None else args.policy_set()
             several = len(served.entries) > 1
             start_serve(host, port, ingress, grpc_port=grpc_port,
                         extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy"
                         else None)
-            deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s)
-            grpc = f", gRPC {ACT_METHOD} on {host}:{grpc_port}" if grpc_port else ""
-            policies = f"{len(served.entries)} policies" if several else "policy"
-            print(f"huggy serve: {policies} served at http://{host}:{port}/v1/act (ingress "
-                  f"{ingress}{grpc}); default {served.default}, all at /v1/models; Ctrl-C or "
-                  "SIGTERM to stop", flush=True)
+            deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s,
+                   policies=served)
+            print(banner(served, host, port, ingress, grpc_port), flush=True)
             while True:
                 signal.pause()
         except _Stop as stop:
@@ -320,3 +342,47 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     finally:
         ray.shutdown()
     return 0
+
+
+def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool) -> str | None:
+    """The one warning line for a server reachable beyond this machine without an API key, or
+    None (a loopback host, or a key)."""
+    if has_key:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    grpc = f" and gRPC {host}:{grpc_port}" if grpc_port else ""
+    return (f"huggy serve: warning: no API key (--api-key-file or $HUGGY_API_KEY): anyone who "
+            f"can reach {host}:{port}{grpc} can query the policy, read /v1/info and "
+            "/v1/openapi.json, and load the replicas")
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Run `huggy serve` (its parser lives in deploy/cli.py): check the arguments and read the
+    policies once, before Ray starts, then `serve_forever`."""
+    if args.api_key_file is not None:
+        load_api_key(args.api_key_file)  # ValueError naming the file: unreadable or empty
+    warning = exposure_warning(args.host, args.port, args.grpc_port,
+                               args.api_key_file is not None or load_api_key() is not None)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    if args.policy is not None and args.policies:
+        raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
+                         f"and --policy {args.policy!r}")
+    settings = app_args(
+        policy=args.policy, policies=args.policies, default=args.default, split=args.split,
+        models_per_replica=args.models_per_replica, accelerator=args.accelerator,
+        precision=args.precision,
+        replicas=args.replicas, autoscale=args.autoscale, max_replicas=args.max_replicas,
+        num_cpus=args.num_cpus, max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_ms / 1000, max_rows=args.max_rows,
+        max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file)
+    # read once, here: a missing file, an unknown --default or a bad --split fails before Ray
+    policies = settings.policy_set()
+    return serve_forever(settings, host=args.host, port=args.port, ingress=args.ingress,
+                         address=args.address, start_timeout_s=args.start_timeout,
+                         grpc_port=args.grpc_port, policies=policies)

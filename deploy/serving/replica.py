@@ -1,16 +1,13 @@
-"""The policies as a Ray Serve deployment with dynamic batching, and its app builder.
-
-    serve run deploy.serve:app policy=path/to/Huggy.onnx accelerator=cpu
-    serve run deploy/serve_config.yaml
+"""One replica of the policy server: a Ray Serve deployment with dynamic batching.
 
 One code path serves one policy or many: a policy id (`<run>@<step>`, `<parent>/<file>`, as
-`huggy evaluate` labels it) keys the route (`/v1/models/{id}/act`, or Ray Serve's
-`serve_multiplexed_model_id` header on `/v1/act`), the multiplexed loader (`@serve.multiplexed`:
-at most `models_per_replica` policies per replica, least recently used evicted), the batches (a
-forward pass never mixes policies) and the counters. `/v1/act` without an id answers with the
-split's policy (`"session"` keeps a user on one) or the default. The policies, default and
-split travel in the `user_config`, so a redeploy that changes them reaches running replicas
-through `reconfigure`, without a restart.
+`huggy_agent.discovery` labels them) keys the route (`/v1/models/{id}/act`, or the
+`serve_multiplexed_model_id` header on `/v1/act`), the replica's table of held policies
+(`deploy.serving.held`: at most `models_per_replica`, least recently used evicted), the batches
+(a forward pass never mixes policies) and the counters. `/v1/act` without an id answers with the
+split's policy (`"session"` keeps a user on one) or the default. The policies, default and split
+travel in the `user_config`, so a redeploy that changes them reaches running replicas through
+`reconfigure`, without a restart.
 
 A replica parses and validates each request on its own (bad ones are answered with a 4xx and
 never join a batch), then `@serve.batch` gathers the rows of many requests into ONE forward pass
@@ -28,60 +25,48 @@ accelerator). A replica loads the policies it holds and warms up every batch siz
 reports healthy only once a first request costs no more than any other. A policy loaded later,
 on a miss, is loaded in a worker thread (the held ones keep answering) and warmed up at one row.
 
-With an API key (`AppArgs.api_key_file`, else `$HUGGY_API_KEY` where the app is built), every
-request is checked where it enters the replica (`_route` for HTTP, `Act` for gRPC), before any
-routing: every route but `/v1/healthz` answers 401 without `Authorization: Bearer <key>`. Only
-the key's SHA-256 digest travels to the replicas.
+With an API key, every request is checked where it enters the replica (`_route` for HTTP, `Act`
+for gRPC), before any routing: every route but `/v1/healthz` answers 401 without
+`Authorization: Bearer <key>`. Only the key's SHA-256 digest travels to the replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import ray
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray import serve
-from ray.serve import Application
 from ray.serve.grpc_util import RayServegRPCContext
 from ray.serve.metrics import Counter, Histogram
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deploy.api import (
+from deploy.serving.catalogue import PolicyEntry, PolicySet
+from deploy.serving.grpc_ingress import RawMessage, grpc_status
+from deploy.serving.held import HeldPolicies, ServedPolicy
+from deploy.serving.openapi import openapi_document
+from deploy.serving.parsing import ActRequest, act_from_document, read_act_document
+from deploy.serving.responses import ApiError, act_response, answer_arrays
+from deploy.serving.routes import ApiKey, check_route
+from deploy.serving.settings import BatchSettings, split_user_config
+from huggy_agent import HuggyAgent
+from huggy_agent.devices import resolve_device
+from huggy_agent.http_api import (
     ACT_PATH,
     HEALTH_PATH,
     INFO_PATH,
     MODEL_ACT_ROUTE,
     MODELS_PATH,
-    ActRequest,
-    ApiError,
-    ApiKey,
-    act_from_document,
-    act_response,
-    check_route,
-    load_api_key,
-    openapi_document,
-    read_act_document,
-)
-from deploy.grpc_ingress import RawMessage, grpc_status
-from deploy.placement import ACCELERATORS, ReplicaPlacement, plan_placement
-from deploy.policies import (
     POLICY_ID_HEADER,
-    PolicyEntry,
-    PolicySet,
-    catalogue,
     check_session_key,
 )
-from huggy_agent import Actions, HuggyAgent
 from huggy_agent.spec import ActorSpec
 
 DEPLOYMENT_NAME = "HuggyPolicy"
@@ -90,53 +75,6 @@ BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 METRICS_REPORT_PASSES = 256
 """Forward passes whose metrics are handed to Ray together (see `_report_metrics`)."""
 logger = logging.getLogger("ray.serve")
-
-
-@dataclass(frozen=True)
-class BatchSettings:
-    """Batching and request limits; also the deployment's `user_config` (changeable live)."""
-
-    max_batch_size: int = 256
-    """Most observations (rows, over all requests) in one forward pass."""
-    batch_wait_timeout_s: float = 0.0
-    """How long a batch waits for more requests after its first; 0 takes what is queued."""
-    max_rows: int = 256
-    """Most observations in one request (413 above); at most `max_batch_size`."""
-    max_body_bytes: int = 1 << 20
-    """Largest request body accepted (413 above)."""
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> BatchSettings:
-        """Settings from a `user_config` dict; raises ValueError naming any bad key or value."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - names)
-        if unknown:
-            raise ValueError(f"unknown batch setting(s) {unknown}; expected {sorted(names)}")
-        settings = cls(**{**asdict(cls()), **config})
-        for name in ("max_batch_size", "max_rows", "max_body_bytes"):
-            value = getattr(settings, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, received {value!r}")
-        wait = settings.batch_wait_timeout_s
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 10:
-            raise ValueError(f"batch_wait_timeout_s must be a number in [0, 10], received {wait!r}")
-        if settings.max_rows > settings.max_batch_size:
-            raise ValueError(f"max_rows ({settings.max_rows}) must not exceed max_batch_size "
-                             f"({settings.max_batch_size}): a request is never split over batches")
-        return settings
-
-
-@dataclass(frozen=True)
-class ServedPolicy:
-    """A policy a replica holds: its catalogue entry, its agent, and a zero observation."""
-
-    entry: PolicyEntry
-    agent: HuggyAgent
-    probe: Any
-
-    @property
-    def id(self) -> str:
-        return self.entry.id
 
 
 @dataclass(frozen=True)
@@ -152,35 +90,6 @@ def _total_rows(calls: list[PolicyCall]) -> int:
     return sum(call.act.rows for call in calls)
 
 
-def split_user_config(config: dict[str, Any]) -> tuple[BatchSettings, PolicySet | None]:
-    """A deployment's `user_config`: the batch settings (keys of BatchSettings) and the policies
-    (`PolicySet.as_config` keys; None where absent). ValueError naming a bad key or value."""
-    config = dict(config or {})
-    policy_keys = ("policies", "default", "split")
-    policies = ({key: config.pop(key) for key in policy_keys if key in config}
-                if "policies" in config else None)
-    stray = sorted(key for key in policy_keys if key in config)
-    if stray:
-        raise ValueError(f"{stray} given without 'policies'")
-    return BatchSettings.from_config(config), (None if policies is None
-                                               else PolicySet.from_config(policies))
-
-
-def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
-                  ) -> dict[str, np.ndarray]:
-    """What `/v1/act` answers, by name: `continuous`, `discrete` and `memory` as the policy has
-    them, from `compute_action`'s result (with the memory in it) or `actions_from`'s."""
-    if agent.spec.memory_size and memory is None:
-        actions, memory = actions
-    if isinstance(actions, Actions):
-        arrays = {"continuous": actions.continuous, "discrete": actions.discrete}
-    else:
-        arrays = {"discrete" if agent.spec.discrete_branches else "continuous": actions}
-    if memory is not None:
-        arrays["memory"] = memory
-    return arrays
-
-
 def warmup_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4, ... up to the first power of two >= `max_batch_size`: every rung (of a graph
     engine) that a batch of up to `max_batch_size` rows lands on."""
@@ -189,8 +98,6 @@ def warmup_sizes(max_batch_size: int) -> list[int]:
 
 def _pinned_device(placement_device: str) -> str:
     """Check, in the replica, that the accelerator Ray granted is usable; fail at start if not."""
-    from huggy_agent.devices import resolve_device
-
     try:
         return str(resolve_device(placement_device))
     except RuntimeError as error:
@@ -230,13 +137,7 @@ class HuggyPolicyDeployment:
         self.api_key = api_key
         self._in_flight = 0
         """Requests inside this replica now (HTTP and gRPC), the one asking included."""
-
-        async def load(policy_id: str) -> ServedPolicy:
-            return await self._load(policy_id)
-
-        self._loader = load
-        self._policy = serve.multiplexed(max_num_models_per_replica=models_per_replica or -1)(load)
-        """`await self._policy(id)`: the held policy, loaded on a miss (LRU eviction)."""
+        self._held = HeldPolicies(self._load, models_per_replica)
         self._warmed_up_to: dict[str, int] = {}
         self.load_ms: dict[str, float] = {}
         self.ingress = ingress
@@ -274,25 +175,26 @@ class HuggyPolicyDeployment:
         old = {entry.id: entry for entry in self.policies.entries} if self.policies else {}
         self.settings = settings
         self.policies = policies
-        self._drop([policy_id for policy_id, entry in old.items()
-                    if policy_id not in policies.ids or policies.entry(policy_id) != entry])
+        gone = [policy_id for policy_id, entry in old.items()
+                if policy_id not in policies.ids or policies.entry(policy_id) != entry]
+        self._held.drop(gone)
+        for policy_id in gone:
+            self._warmed_up_to.pop(policy_id, None)
         held = self.held()
         room = (self.models_per_replica or len(policies.ids)) - len(held)
         for policy_id in [i for i in policies.preferred() if i not in held][:max(room, 0)]:
-            await self._policy(policy_id)
+            await self._held.get(policies.entry(policy_id))
         for policy_id in self.held():
-            self._warm_up(self._held_policy(policy_id), settings.max_batch_size)
+            self._warm_up(self._held[policy_id], settings.max_batch_size)
 
-    async def _load(self, policy_id: str) -> ServedPolicy:
+    async def _load(self, entry: PolicyEntry) -> ServedPolicy:
         """Load a policy of the catalogue (in a worker thread, so the held policies keep
         answering meanwhile) and warm up its one-row paths."""
-        assert self.policies is not None
-        entry = self.policies.entry(policy_id)
         start = time.perf_counter()
         served = await asyncio.to_thread(self._build, entry)
-        self.load_ms[policy_id] = round((time.perf_counter() - start) * 1e3, 1)
+        self.load_ms[entry.id] = round((time.perf_counter() - start) * 1e3, 1)
         self.counters["policy_loads"] += 1
-        self._warmed_up_to[policy_id] = 1
+        self._warmed_up_to[entry.id] = 1
         return served
 
     def _build(self, entry: PolicyEntry) -> ServedPolicy:
@@ -310,32 +212,15 @@ class HuggyPolicyDeployment:
             served.agent.warmup(warmup_sizes(max_batch_size))
             self._warmed_up_to[served.id] = max_batch_size
 
-    def _multiplexer(self) -> Any:
-        """Ray Serve's LRU of held policies (created on the first load), or None before."""
-        return getattr(self._loader, "__serve_multiplex_wrapper", None)
-
     def held(self) -> list[str]:
         """The ids of the policies this replica holds, least recently used first."""
-        multiplexer = self._multiplexer()
-        return list(multiplexer.models) if multiplexer is not None else []
-
-    def _held_policy(self, policy_id: str) -> ServedPolicy:
-        return self._multiplexer().models[policy_id]
-
-    def _drop(self, policy_ids: list[str]) -> None:
-        """Stop holding `policy_ids` (no longer served, or changed): requests that already hold
-        one finish with it; Serve learns the new set of held ids for its routing."""
-        multiplexer = self._multiplexer()
-        for policy_id in policy_ids:
-            self._warmed_up_to.pop(policy_id, None)
-            if multiplexer is not None and multiplexer.models.pop(policy_id, None) is not None:
-                multiplexer._push_multiplexed_replica_info = True
+        return self._held.ids()
 
     def check_health(self) -> None:
         """Serve's periodic health check: one forward pass of a zero observation through every
         held policy must succeed. Also reports the metrics counted since the last report."""
         for policy_id in self.held():
-            served = self._held_policy(policy_id)
+            served = self._held[policy_id]
             served.agent.distribution(served.probe)
         self._report_metrics()
 
@@ -399,9 +284,10 @@ class HuggyPolicyDeployment:
         except ValueError as error:
             raise ApiError(422, "invalid_request", str(error)) from None
         try:
-            return await self._policy(self.policies.choose(named, session))
+            entry = self.policies.entry(self.policies.choose(named, session))
         except KeyError as error:
             raise ApiError(404, "unknown_policy", error.args[0]) from None
+        return await self._held.get(entry)
 
     async def _answer(self, served: ServedPolicy, act: ActRequest) -> bytes:
         self.counters["requests"] += 1
@@ -565,7 +451,7 @@ class HuggyPolicyDeployment:
         context = serve.get_replica_context()
         default = self._default_entry()
         held = self.held()
-        description = (self._held_policy(default.id).agent.describe() if default.id in held
+        description = (self._held[default.id].agent.describe() if default.id in held
                        else {"spec": default.spec, "fingerprint": default.fingerprint,
                              "source": default.path, "step": default.step})
         return {
@@ -606,163 +492,3 @@ class HuggyPolicyDeployment:
                 "split": None if self.policies.split is None else self.policies.split.shares(),
                 "models": [{**entry.as_dict(), "held": entry.id in held}
                            for entry in self.policies.entries]}
-
-
-class AppArgs(BaseModel):
-    """Arguments of the app builder (`serve run deploy.serve:app key=value ...`, or a config)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    policy: str | None = Field(None, description="one policy: a .onnx, .pt, results folder (its "
-                               "final export) or hf:// source; None: bundled (unless policies)")
-    policies: list[str] = Field(default_factory=list, description=(
-        "several policies: files, results folders (every checkpoint, as `huggy evaluate` "
-        "takes them) or hf:// sources; ids as `huggy evaluate` labels them"))
-    default: str | None = Field(None, description="id that /v1/act answers with; None: the first")
-    split: str | dict[str, float] | None = Field(None, description=(
-        "A/B split of /v1/act: 'ID=WEIGHT,ID=WEIGHT' or {id: weight}; changeable by redeploy"))
-    models_per_replica: int | None = Field(None, ge=1, description=(
-        "most policies a replica holds (least recently used evicted); None: all"))
-    accelerator: Literal["auto", "cpu", "gpu", "npu"] = "auto"
-    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
-    replicas: int = Field(1, ge=1, description="fixed number of replicas (without autoscale)")
-    autoscale: bool = Field(False, description="scale between 1 and max_replicas on load")
-    max_replicas: int = Field(4, ge=1)
-    num_cpus: float = Field(1.0, ge=0, description="CPUs each replica holds")
-    max_batch_size: int = BatchSettings.max_batch_size
-    batch_wait_timeout_s: float = BatchSettings.batch_wait_timeout_s
-    max_rows: int = BatchSettings.max_rows
-    max_body_bytes: int = BatchSettings.max_body_bytes
-    max_ongoing_requests: int = Field(512, ge=1)
-    ingress: str = Field("", description="recorded in /v1/info; set by deploy.runner")
-    api_key_file: str | None = Field(None, description="file whose first line is the API key; "
-                                     "None: $HUGGY_API_KEY where the app is built, else no key")
-
-    @field_validator("policy")
-    @classmethod
-    def _existing_policy(cls, policy: str | None) -> str | None:
-        """An absolute path (replicas do not share the caller's working directory), or a Hub
-        source pinned to the commit it resolves to when the app is built (each replica reads
-        its node's cache)."""
-        if policy is None:
-            return None
-        from huggy_agent.formats.sources import is_hub_source, resolve_policy_source
-
-        if is_hub_source(policy):
-            try:
-                return resolve_policy_source(policy).describe()
-            except FileNotFoundError as error:
-                raise ValueError(str(error)) from None
-        path = Path(policy).expanduser().resolve()
-        if not path.exists():
-            raise ValueError(f"policy {policy!r} not found (resolved to {path})")
-        return str(path)
-
-    @field_validator("api_key_file")
-    @classmethod
-    def _readable_key_file(cls, api_key_file: str | None) -> str | None:
-        """An absolute path to a file that holds a key (read again when the app is built)."""
-        if api_key_file is None:
-            return None
-        try:
-            load_api_key(api_key_file)
-        except OSError as error:
-            raise ValueError(f"API key file {api_key_file!r} cannot be read: "
-                             f"{error.strerror}") from None
-        return str(Path(api_key_file).expanduser().resolve())
-
-    @model_validator(mode="after")
-    def _valid_batching(self) -> AppArgs:
-        self.batch_settings()
-        if self.policy is not None and self.policies:
-            raise ValueError("give either policy (one) or policies (several), not both")
-        return self
-
-    def sources(self) -> list[str]:
-        """What to serve, for `deploy.policies.catalogue`: `policies`, else the one `policy`
-        (a results folder standing for its final export), else the bundled policy."""
-        if self.policies:
-            return list(self.policies)
-        from huggy_agent.agent import bundled_policy_path
-        from huggy_agent.formats.results import resolve_results_folder
-        from huggy_agent.formats.sources import resolve_policy_source
-
-        if self.policy is None:
-            return [str(bundled_policy_path())]
-        path = resolve_policy_source(self.policy).path
-        return [str(resolve_results_folder(path) if path.is_dir() else path)]
-
-    def policy_set(self) -> PolicySet:
-        """The served policies (each file loaded once for its interface and fingerprint), the
-        default and the split. Raises FileNotFoundError, ValueError or PolicyLoadError naming
-        what is wrong."""
-        return PolicySet.build(catalogue(self.sources()), self.default, self.split)
-
-    def batch_settings(self) -> BatchSettings:
-        """The batch settings part of these arguments (validated)."""
-        return BatchSettings.from_config({f.name: getattr(self, f.name)
-                                          for f in fields(BatchSettings)})
-
-
-def cluster_nodes() -> list[dict[str, float]]:
-    """The resources of each alive node of the connected Ray cluster."""
-    if not ray.is_initialized():
-        raise RuntimeError("Ray is not initialized: connect with ray.init(address=...) or run "
-                           "through `serve run` / `huggy serve`")
-    return [dict(node["Resources"]) for node in ray.nodes() if node["Alive"]]
-
-
-def build_app(args: AppArgs, nodes: list[dict[str, float]] | None = None) -> Application:
-    """The application for `args`, placed on `nodes` (default: the connected cluster's).
-
-    Raises ValueError for bad settings and RuntimeError when the replicas cannot start there.
-    The batch settings and the policies become the deployment's `user_config`, applied by
-    `reconfigure`: a redeploy that changes only them reaches the running replicas.
-    """
-    settings = args.batch_settings()
-    policies = args.policy_set()
-    placement: ReplicaPlacement = plan_placement(
-        args.accelerator, args.num_cpus, 1 if args.autoscale else args.replicas,
-        cluster_nodes() if nodes is None else nodes)
-    options: dict[str, Any] = {
-        "ray_actor_options": placement.ray_actor_options(),
-        "user_config": {**asdict(settings), **policies.as_config()},
-        "max_ongoing_requests": args.max_ongoing_requests,
-    }
-    if args.autoscale:
-        options["autoscaling_config"] = {
-            "min_replicas": 1, "max_replicas": args.max_replicas,
-            "target_ongoing_requests": max(1, settings.max_batch_size // 4)}
-    else:
-        options["num_replicas"] = args.replicas
-    key = load_api_key(args.api_key_file)
-    init_args = (placement.device, args.precision, args.ingress, args.models_per_replica,
-                 None if key is None else ApiKey.of(key))
-    deployment = HuggyPolicyDeployment.options(**options)
-    # Serve's Python API gives every deploy a new random version, which restarts the replicas;
-    # a version of what the replicas are built from lets a redeploy that changes only the
-    # user_config reconfigure them in place (as `serve deploy` of a config file does).
-    deployment = deployment.options(
-        version=deployment_version(init_args, options["ray_actor_options"]), _internal=True)
-    return deployment.bind(*init_args)
-
-
-def deployment_version(init_args: tuple, ray_actor_options: dict[str, Any]) -> str:
-    """A hash of what a replica is built from: the code of the deployment (this package's
-    serving modules), its constructor arguments and its actor options. The same for a redeploy
-    that changes only the `user_config`."""
-    digest = hashlib.blake2b(digest_size=12)
-    for module in ("serve.py", "api.py", "policies.py", "grpc_ingress.py"):
-        digest.update(Path(__file__).with_name(module).read_bytes())
-    shown = [arg.digest.hex() if isinstance(arg, ApiKey) else arg for arg in init_args]
-    digest.update(repr((shown, sorted(ray_actor_options.items()))).encode())
-    return digest.hexdigest()
-
-
-def app(args: dict[str, Any]) -> Application:
-    """App builder for `serve run deploy.serve:app policy=... accelerator=...` and config files."""
-    return build_app(AppArgs.model_validate(args))
-
-
-__all__ = ["ACCELERATORS", "AppArgs", "BatchSettings", "HuggyPolicyDeployment", "app",
-           "build_app", "warmup_sizes"]

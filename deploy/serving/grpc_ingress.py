@@ -21,7 +21,7 @@ import grpc
 
 SERVICE = "huggy.v1.Policy"
 ACT_METHOD = f"/{SERVICE}/Act"
-GRPC_SERVICER_FUNCTION = "deploy.grpc_ingress:add_PolicyServicer_to_server"
+GRPC_SERVICER_FUNCTION = "deploy.serving.grpc_ingress:add_PolicyServicer_to_server"
 STATUS_FOR_HTTP = {401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND,
                    413: grpc.StatusCode.RESOURCE_EXHAUSTED}
 

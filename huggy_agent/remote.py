@@ -1,29 +1,48 @@
-"""RemoteAgent: `compute_action` of a policy served over HTTP (`huggy serve`, deploy.serve).
+"""RemoteAgent: `compute_action` of a policy served over HTTP (`huggy serve`), by the contract
+of `huggy_agent.http_api`.
 
     agent = RemoteAgent("http://127.0.0.1:8000")               # API key: $HUGGY_API_KEY, if set
     agent = RemoteAgent("http://127.0.0.1:8000", api_key=key)  # or given
     agent = RemoteAgent("http://127.0.0.1:8000", policy="run@2000343")  # one of many served
+    agent = RemoteAgent("http://127.0.0.1:8000", session="user-17")     # one policy of a split
     actions = agent.compute_action(obs, deterministic=True)    # same contract as HuggyAgent
+
+An agent always answers with one policy, `agent.policy_id`: the one named, else the one the
+server's A/B split assigns to its session (a random session key of its own when none is given),
+else the server's default. An answer from any other policy (the split was changed under it)
+raises RemoteServerError instead of mixing policies.
 
 Observations are validated here with the same rules (and messages) as `HuggyAgent` before they
 are sent. Float32 values cross JSON exactly both ways (shortest float32 form), so a served answer
-equals the in-process one. One `requests.Session` keeps the connection alive; connection errors, timeouts
-and 502/503/504 are retried with a short backoff, other 4xx/5xx raise at once.
+equals the in-process one. One `requests.Session` keeps the connection alive; connection errors,
+timeouts and 502/503/504 are retried with a short backoff (at least the server's `Retry-After`),
+other 4xx/5xx raise at once. Needs the `requests` and `orjson` packages (the `serve` and
+`unity` extras).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import orjson
 import requests
 
-from deploy.api import ACT_PATH, HEALTH_PATH, INFO_PATH, MODELS_PATH, SEED_LIMIT, load_api_key
-from deploy.policies import POLICY_ID_HEADER, unknown_policy_message
 from huggy_agent.agent import ActionResult, Actions
+from huggy_agent.http_api import (
+    ACT_PATH,
+    HEALTH_PATH,
+    INFO_PATH,
+    MODELS_PATH,
+    POLICY_ID_HEADER,
+    SEED_LIMIT,
+    Split,
+    load_api_key,
+    model_act_path,
+    unknown_policy_message,
+)
 from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.spec import ActorSpec
 
@@ -50,21 +69,25 @@ class RemoteAgent:
         url: the server's base URL, e.g. `http://127.0.0.1:8000`.
         timeout: seconds for connecting and for each answer.
         retries: extra attempts after a connection error, a timeout or a 502/503/504.
-        backoff: seconds before the first retry; doubles after each.
+        backoff: seconds before the first retry; doubles after each (at least the server's
+            `Retry-After`).
         api_key: the server's API key, sent as `Authorization: Bearer <key>`; None:
             `$HUGGY_API_KEY` if set, else no key.
         policy: the id of one of the served policies (`GET /v1/models`), asked at
             `/v1/models/{policy}/act` with the `serve_multiplexed_model_id` header (which routes
-            it to a replica holding it); None: the server's default policy, or its split.
+            it to a replica holding it); None: the server's split, else its default.
+        session: the key that keeps this agent on one policy of the server's A/B split (sent
+            as the request's `"session"`); None: a random key of this agent's own, so that an
+            agent never switches policies between calls.
 
     Raises RemoteServerError at construction if the server cannot be reached,
-    RemoteRequestError (401) if it requires a key this client does not have, and ValueError
-    (listing the served ids) for a `policy` the server does not serve.
+    RemoteRequestError (401) if it requires a key this client does not have, and
+    RemoteRequestError (404, listing the served ids) for a `policy` the server does not serve.
     """
 
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
                  backoff: float = 0.1, api_key: str | None = None,
-                 policy: str | None = None) -> None:
+                 policy: str | None = None, session: str | None = None) -> None:
         if retries < 0 or timeout <= 0:
             raise ValueError(f"need retries >= 0 and timeout > 0, received retries={retries}, "
                              f"timeout={timeout}")
@@ -76,19 +99,25 @@ class RemoteAgent:
         api_key = api_key if api_key is not None else load_api_key()
         if api_key:
             self._session.headers["Authorization"] = f"Bearer {api_key}"
-        self.policy = policy
+        served = self.policies()
+        ids = [model["id"] for model in served["models"]]
         self._act_path = ACT_PATH
-        info: dict[str, Any] | None
-        if policy is None:
-            info = self.describe()
-        else:
-            served = self.policies()["models"]
-            info = next((model for model in served if model["id"] == policy), None)
-            if info is None:
-                raise RemoteRequestError(404, "unknown_policy", unknown_policy_message(
-                    policy, [m["id"] for m in served]))
-            self._act_path = f"{MODELS_PATH}/{quote(policy, safe='@/')}/act"
+        self.session: str | None = None
+        if policy is not None:
+            if policy not in ids:
+                raise RemoteRequestError(404, "unknown_policy",
+                                         unknown_policy_message(policy, ids))
+            self._act_path = model_act_path(policy)
             self._session.headers[POLICY_ID_HEADER] = policy
+        elif served.get("split"):
+            self.session = session if session is not None else f"remote-{uuid.uuid4().hex}"
+            policy = Split.from_weights(served["split"], ids).assign(self.session)
+        else:
+            self.session = session
+            policy = served["default"]
+        self.policy_id: str = policy
+        """The id of the policy that answers this agent."""
+        info = served["models"][ids.index(policy)]
         self.spec: ActorSpec = ActorSpec.from_dict(info["spec"])
         self.fingerprint: str = info["fingerprint"]
 
@@ -123,16 +152,23 @@ class RemoteAgent:
             as_memory_batch(memory, spec, rows)  # raises: no memory here
         if row_offset:
             payload["row_offset"] = int(row_offset)
+        if self.session is not None:
+            payload["session"] = self.session
         answer = self._request("POST", self._act_path,
                                orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+        if answer.get("policy", self.policy_id) != self.policy_id:
+            raise RemoteServerError(
+                f"{self.url} answered with policy {answer['policy']!r}, but this agent acts for "
+                f"{self.policy_id!r} (the server's split changed); create a new RemoteAgent to "
+                "follow the new split")
         return _actions(answer, spec)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The server's `/v1/info`: the default policy's description, the served policies,
         batching settings and counters."""
         return self._request("GET", INFO_PATH)
 
-    def policies(self) -> dict:
+    def policies(self) -> dict[str, Any]:
         """The server's `/v1/models`: every served policy (`models`: id, interface, spec,
         fingerprint, source), the `default` and the `split`."""
         return self._request("GET", MODELS_PATH)
@@ -154,12 +190,14 @@ class RemoteAgent:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, body: bytes | None = None) -> dict:
+    def _request(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
         headers = {"Content-Type": "application/json"} if body is not None else None
         failure: Exception | None = None
+        wait = self.backoff
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+                time.sleep(wait)
+                wait *= 2
             try:
                 response = self._session.request(method, self.url + path, data=body,
                                                  headers=headers, timeout=self.timeout)
@@ -167,34 +205,42 @@ class RemoteAgent:
                 failure = error
                 continue
             if response.status_code in RETRIED_STATUS and attempt < self.retries:
+                wait = max(wait, _retry_after(response))
                 continue
             return _decode(method, self.url + path, response)
         raise RemoteServerError(f"{method} {self.url}{path} failed after {self.retries + 1} "
                                 f"attempt(s): {failure}") from failure
 
 
-def _actions(answer: dict, spec: ActorSpec) -> Any:
+def _retry_after(response: requests.Response) -> float:
+    """The seconds of a `Retry-After` header given in seconds (0 without one)."""
+    value = response.headers.get("Retry-After", "")
+    return float(value) if value.isdigit() else 0.0
+
+
+def _actions(answer: dict[str, Any], spec: ActorSpec) -> ActionResult:
     """A `/v1/act` answer (already in the rank of the request) as `HuggyAgent.compute_action`
     returns it."""
-    continuous = discrete = None
-    if spec.continuous_size:
-        continuous = np.asarray(answer["continuous"], dtype=np.float32)
-    if spec.discrete_branches:
-        discrete = np.asarray(answer["discrete"], dtype=np.int64)
-    actions = (Actions(continuous, discrete) if continuous is not None and discrete is not None
-               else continuous if continuous is not None else discrete)
+    actions: np.ndarray | Actions
+    if spec.continuous_size and spec.discrete_branches:
+        actions = Actions(np.asarray(answer["continuous"], dtype=np.float32),
+                          np.asarray(answer["discrete"], dtype=np.int64))
+    elif spec.discrete_branches:
+        actions = np.asarray(answer["discrete"], dtype=np.int64)
+    else:
+        actions = np.asarray(answer["continuous"], dtype=np.float32)
     if not spec.memory_size:
         return actions
     return actions, np.asarray(answer["memory"], dtype=np.float32)
 
 
-def _decode(method: str, url: str, response: requests.Response) -> dict:
+def _decode(method: str, url: str, response: requests.Response) -> dict[str, Any]:
     try:
         document = orjson.loads(response.content)
     except orjson.JSONDecodeError:
         document = None
     if response.ok and isinstance(document, dict):
-        return document
+        return dict(document)
     if isinstance(document, dict) and "message" in document:
         kind, message = document.get("error", "error"), document["message"]
     else:

@@ -1,0 +1,290 @@
+"""Running the work items on Ray runners (`evaluate_on_ray`), with Ray's own fault tolerance.
+
+A runner with K instances (`EnvSpec.instances`) takes up to K items of one policy at a time (a
+batch, `plan.next_batch`), one per instance; with K = 1 a batch is one item.
+
+What Ray does: a runner whose process dies is restarted (`max_restarts=-1`) and the batch it
+was running is retried (`max_task_retries`); a batch whose environment crashed is retried on the
+same runner (`retry_exceptions=[EnvironmentCrashed]`), which opens a fresh environment. Each
+batch gets `max_attempts` tries in all, and the report counts the retries of every item in it
+(Ray's task attempt number).
+
+What stays here, by hand, and why: handing batches to idle runners (one at a time per runner,
+so a policy that fails to load can have its remaining items withdrawn, which `ray.util.ActorPool`
+cannot do), reporting a policy as failed when its batch failed every try, dropping a runner
+that can no longer start, and Ctrl-C, which keeps what finished.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from deploy.cluster import init_ray
+from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, WorkItem, next_batch
+from deploy.evaluation.results import EvaluationResult, RunnerInfo
+from deploy.evaluation.runner import EnvironmentCrashed, Runner
+from deploy.evaluation.scheduling import (
+    EvaluationError,
+    ProgressCallback,
+    Schedule,
+    load_check,
+    policy_results,
+    progress_bar,
+    refill,
+)
+from deploy.placement import plan_placement
+from huggy_agent import PolicyLoadError
+
+
+@contextmanager
+def ray_session(address: str | None = None) -> Iterator[None]:
+    """Connect to Ray for the duration of the block.
+
+    Already connected (a test, a notebook): use that connection and leave it open. `address`
+    given ("auto", "HOST:PORT" or "ray://HOST:PORT"): connect to that cluster and disconnect at
+    the end. None: Ray's own default (`$RAY_ADDRESS`, else the latest cluster started with
+    `ray start` on this machine, else a new local Ray for this machine alone, which is stopped
+    at the end). Either way with token authentication, unless `$RAY_AUTH_MODE` says otherwise
+    (`deploy.cluster.init_ray`).
+    """
+    if ray.is_initialized():
+        yield
+        return
+    if address is None:
+        init_ray(None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    else:
+        init_ray(address, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def runner_options(placement: Any, config: EvalConfig, node_id: str | None = None
+                   ) -> dict[str, Any]:
+    """Ray actor options for one runner: the accelerator as a Ray resource, exactly as for Serve
+    replicas (`deploy.placement`: npu -> {"NPU": 1}, gpu -> num_gpus=1, cpu -> CPUs only),
+    restarted whenever its process dies, each item tried `config.max_attempts` times in all,
+    pinned to `node_id` when given (elsewhere if that node is gone), else spread."""
+    options: dict[str, Any] = {**placement.ray_actor_options(), "max_restarts": -1,
+                               "max_task_retries": config.max_attempts - 1}
+    options["scheduling_strategy"] = (
+        NodeAffinitySchedulingStrategy(node_id, soft=True) if node_id else "SPREAD")
+    return options
+
+
+@functools.cache
+def _remote_runner() -> Any:
+    """`Runner` as a Ray actor class (made once, so its definition is exported once)."""
+    return ray.remote(Runner)
+
+
+class RunnerPool:
+    """The driver's view of the runners: actor handles, their info, and the batch each runs."""
+
+    def __init__(self, config: EvalConfig, env: EnvSpec, placement: Any) -> None:
+        self.actors: dict[str, Any] = {}
+        self.infos: dict[str, RunnerInfo] = {}
+        self.busy: dict[str, list[WorkItem]] = {}
+        self._config = config
+        self._env = env
+        self._placement = placement
+
+    def start(self, count: int) -> dict[Any, str]:
+        """Start `count` runners; returns the ObjectRef of each one's `info()`, with its name."""
+        pins = self._config.pin_nodes
+        starting = {}
+        for slot in range(count):
+            name = f"runner-{slot}"
+            options = runner_options(self._placement, self._config,
+                                     pins[slot % len(pins)] if pins else None)
+            actor = _remote_runner().options(**options).remote(
+                name, self._env, self._placement.device, self._config.precision)
+            self.actors[name] = actor
+            starting[actor.info.remote()] = name
+        return starting
+
+    def submit(self, name: str, spec: PolicySpec, payload: Any, batch: list[WorkItem],
+               stochastic: bool) -> Any:
+        """Run `batch` (items of one policy, one per instance) on runner `name`; an environment
+        crash is retried by Ray."""
+        self.busy[name] = batch
+        method = self.actors[name].run.options(retry_exceptions=[EnvironmentCrashed])
+        return method.remote(spec, payload, batch, stochastic)
+
+    def idle(self) -> list[str]:
+        """Ready runners with nothing to do, oldest first."""
+        return [name for name in self.infos if name not in self.busy]
+
+    def alive(self, name: str) -> bool:
+        """Whether runner `name` still answers (Ray may have restarted it meanwhile)."""
+        try:
+            ray.get(self.actors[name].info.remote(), timeout=120)
+        except (RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        return True
+
+    def drop(self, name: str) -> None:
+        """Forget a runner and kill its actor (its environment goes with the process)."""
+        actor = self.actors.pop(name, None)
+        self.infos.pop(name, None)
+        self.busy.pop(name, None)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """Close idle runners' environments cleanly, then kill every actor."""
+        closing = [self.actors[name].close.remote() for name in self.idle()]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=timeout)
+        for name in list(self.actors):
+            self.drop(name)
+
+
+def evaluate_on_ray(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec,
+                    address: str | None = None,
+                    on_result: ProgressCallback | None = None) -> EvaluationResult:
+    """Run the items on `config.runners` Ray actors (see the module docstring for faults).
+
+    Connects through `ray_session(address)`. Returns when every item finished or its policy
+    failed, or on Ctrl-C with what finished (`interrupted=True`).
+    """
+    started = time.perf_counter()
+    outcome = EvaluationResult(policy_results(specs), config, env)
+    with ray_session(address):
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        try:
+            placement = plan_placement(config.accelerator, config.runner_cpus, config.runners,
+                                       nodes)
+        except RuntimeError as error:  # worded for Serve replicas; a runner is one replica here
+            raise EvaluationError(f"cannot start {config.runners} runners of "
+                                  f"{config.runner_cpus:g} CPU each: {error}") from error
+        pool = RunnerPool(config, env, placement)
+        schedule = Schedule(outcome)
+        try:
+            _drive(pool, outcome, schedule, on_result, started)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+        finally:
+            pool.shutdown()
+    schedule.finish()
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def _drive(pool: RunnerPool, outcome: EvaluationResult, schedule: Schedule,
+           on_result: ProgressCallback | None, started: float) -> None:
+    """The scheduling loop: start the runners, check the policies while they boot, then hand
+    items to idle runners and collect results; when every item is done, ask `schedule` for
+    more (the selection's next round)."""
+    config, policies = outcome.config, outcome.policies
+    specs = [policy.spec for policy in policies]
+    batches, planned = 0, deque(schedule.planned_first())
+    while planned:
+        next_batch(planned, outcome.env.instances)
+        batches += 1
+    starting = pool.start(min(config.runners, batches))
+    load_check(policies)
+    payloads = {i: [ray.put(Path(spec.path).read_bytes())] for i, spec in enumerate(specs)
+                if spec.path is not None and not policies[i].failed}
+    pending: deque[WorkItem] = deque(schedule.first())
+    bar = progress_bar(config, sum(item.episodes for item in pending)
+                        if schedule.selection is None else schedule.budget_episodes())
+    running: dict[Any, tuple[str, list[WorkItem]]] = {}
+
+    def fail_policy(index: int, message: str) -> None:
+        policies[index].error = message
+        skipped = [item for item in pending if item.policy_index == index]
+        for item in skipped:
+            pending.remove(item)
+        bar.total -= sum(item.episodes for item in skipped)
+        bar.refresh()
+
+    try:
+        while pending or running or refill(pending, schedule):
+            for name in pool.idle():
+                if not pending:
+                    break
+                batch = next_batch(pending, outcome.env.instances)
+                index = batch[0].policy_index
+                ref = pool.submit(name, specs[index], payloads.get(index), batch,
+                                  config.stochastic)
+                running[ref] = (name, batch)
+            if not running and not starting:
+                raise EvaluationError("no runner could be started")
+            ready, _ = ray.wait([*running, *starting], num_returns=1)
+            ref = ready[0]
+            if ref in starting:
+                name = starting.pop(ref)
+                try:
+                    info = ray.get(ref)
+                except RayError as error:
+                    _warn(f"runner {name} did not start: {_short(error)}")
+                    pool.drop(name)
+                    continue
+                pool.infos[name] = info
+                outcome.runners.append(info)
+                if outcome.startup_seconds is None:
+                    outcome.startup_seconds = time.perf_counter() - started
+                continue
+            name, batch = running.pop(ref)
+            pool.busy.pop(name, None)
+            index = batch[0].policy_index
+            which = _items_text(batch)
+            try:
+                results = ray.get(ref)
+            except RayTaskError as error:
+                cause = error.cause
+                if isinstance(cause, (PolicyLoadError, FileNotFoundError)):
+                    fail_policy(index, f"{type(cause).__name__}: {cause}")
+                else:
+                    fail_policy(index, f"{which} failed {config.max_attempts} times: "
+                                f"{_short(error)}")
+                continue
+            except RayActorError as error:
+                fail_policy(index, f"{which} lost its runner {config.max_attempts} times: "
+                            f"{_short(error)}")
+                if not pool.alive(name):
+                    _warn(f"runner {name} is gone and could not be restarted")
+                    pool.drop(name)
+                continue
+            if results[0].attempts > 1:
+                _warn(f"{name} finished {which} of {specs[index].label} at try "
+                      f"{results[0].attempts}")
+            if policies[index].failed:
+                continue
+            for result in results:
+                policies[index].items.append(result)
+                bar.update(len(result.returns))
+                if on_result is not None:
+                    on_result(result, pool)
+    finally:
+        bar.close()
+
+
+def _items_text(batch: list[WorkItem]) -> str:
+    """"item 3", or "items 3, 4" for a batch of several."""
+    if len(batch) == 1:
+        return f"item {batch[0].index}"
+    return "items " + ", ".join(str(item.index) for item in batch)
+
+
+def _short(error: BaseException) -> str:
+    cause = getattr(error, "cause", None) or error
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[-1].rstrip('.') if text else ''}"
+
+
+def _warn(message: str) -> None:
+    print(f"huggy evaluate: {message}", file=sys.stderr)

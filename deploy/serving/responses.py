@@ -1,0 +1,69 @@
+"""What the policy server answers: the JSON error format (`ApiError`) and the body of an act
+route (`act_response`), from `compute_action`'s or a batch's arrays (`answer_arrays`).
+
+Float32 values are written in their shortest form that reads back to the same float32, so a
+client gets exactly the served values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import orjson
+
+from huggy_agent import Actions, HuggyAgent
+from huggy_agent.http_api import RETRY_AFTER_S
+
+
+class ApiError(Exception):
+    """A request the API refuses: HTTP `status`, a short `kind` and a message for the caller."""
+
+    def __init__(self, status: int, kind: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.headers = headers or {}
+
+    def body(self) -> bytes:
+        """The JSON error document sent back."""
+        return json.dumps({"error": self.kind, "message": self.message}).encode()
+
+
+def unavailable(message: str) -> ApiError:
+    """503 with `Retry-After`: the server cannot answer for now (starting, or stopping)."""
+    return ApiError(503, "unavailable", message, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
+                  ) -> dict[str, np.ndarray]:
+    """What an act route answers, by name: `continuous`, `discrete` and `memory` as the policy
+    has them, from `compute_action`'s result (with the memory in it) or `actions_from`'s."""
+    if agent.spec.memory_size and memory is None:
+        actions, memory = actions
+    if isinstance(actions, Actions):
+        arrays = {"continuous": actions.continuous, "discrete": actions.discrete}
+    else:
+        arrays = {"discrete" if agent.spec.discrete_branches else "continuous": actions}
+    if memory is not None:
+        arrays["memory"] = memory
+    return arrays
+
+
+def act_response(result: dict[str, np.ndarray], single: bool, fingerprint: str,
+                 policy: str | None = None) -> bytes:
+    """The body answering an act route, from (rows, ...) arrays by name (`continuous`,
+    `discrete`, `memory`): each in the rank the request was sent in, and a continuous-only
+    policy's actions once more as `actions`; `model` is the weights `fingerprint` and `policy`
+    the id of the policy that answered."""
+    document: dict[str, Any] = {name: np.ascontiguousarray(array[0] if single else array)
+                                for name, array in result.items()}
+    if set(result) <= {"continuous", "memory"} and "continuous" in result:
+        document["actions"] = document["continuous"]
+    document["model"] = fingerprint
+    if policy is not None:
+        document["policy"] = policy
+    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)

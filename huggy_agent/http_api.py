@@ -1,0 +1,210 @@
+"""The HTTP contract of a served policy (`huggy serve`), version 1, with no server in it: paths,
+headers, limits, the API key, and which policy answers a request. The server (`deploy.serving`)
+and the client (`huggy_agent.remote.RemoteAgent`) both follow it.
+
+    POST /v1/act              actions; the policy: the `serve_multiplexed_model_id` header's,
+                              else the split's (by the body's "session"), else the default
+    POST /v1/models/{id}/act  the same, answered by policy `id`
+    GET  /v1/models           the served policies, the default and the split
+    GET  /v1/healthz          liveness (open without the API key)
+    GET  /v1/info             the default policy's description, batching, counters
+    GET  /v1/openapi.json     the OpenAPI 3.1 document of this server
+
+Errors are `{"error": "<kind>", "message": "<what was expected and what came>"}`. A server that
+cannot answer for now (starting, or a replica restarting) answers 503 with `Retry-After`.
+
+A/B splits: `Split.assign(session)` is the same pure rule on every machine (BLAKE2b of the
+session key), so a client that knows the split knows which policy a session gets.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import os
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+API_PREFIX = "/v1"
+ACT_PATH = f"{API_PREFIX}/act"
+HEALTH_PATH = f"{API_PREFIX}/healthz"
+INFO_PATH = f"{API_PREFIX}/info"
+OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
+MODELS_PATH = f"{API_PREFIX}/models"
+MODEL_ACT_ROUTE = f"{MODELS_PATH}/{{policy}}/act"
+"""`POST /v1/models/<policy id>/act`: the id may hold '/' and '@' (`run@step`, `run/Huggy.onnx`)."""
+ROUTES: dict[str, str] = {ACT_PATH: "POST", MODELS_PATH: "GET", MODEL_ACT_ROUTE: "POST",
+                          HEALTH_PATH: "GET", INFO_PATH: "GET", OPENAPI_PATH: "GET"}
+"""Each route and its one method."""
+OPEN_PATHS = frozenset({HEALTH_PATH})
+"""Routes answered without the API key."""
+
+POLICY_ID_HEADER = "serve_multiplexed_model_id"
+"""The request header that names the policy to answer (Ray Serve's multiplexed model id)."""
+API_KEY_ENV = "HUGGY_API_KEY"
+"""Where servers and clients read the API key when no key file is given."""
+SEED_LIMIT = 2**64
+"""Seeds and row offsets are integers in [0, SEED_LIMIT)."""
+SESSION_KEY_LIMIT = 256
+"""Longest accepted `"session"` key, in characters."""
+RETRY_AFTER_S = 1
+"""The `Retry-After` of a 503: seconds until a retry may find the server answering."""
+
+_HASH_PERSON = b"huggy-split"
+
+
+def model_act_path(policy_id: str) -> str:
+    """`/v1/models/{policy_id}/act`, the id quoted for a URL ('@' and '/' kept)."""
+    return f"{MODELS_PATH}/{quote(policy_id, safe='@/')}/act"
+
+
+def load_api_key(path: str | os.PathLike[str] | None = None) -> str | None:
+    """The API key: the first line of the file at `path`, else `$HUGGY_API_KEY`, else None.
+
+    Raises ValueError for a file that cannot be read or holds no key (an empty key would let
+    anyone in), naming the file and what is wrong."""
+    if path is None:
+        return os.environ.get(API_KEY_ENV) or None
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ValueError(f"API key file {os.fspath(path)!r} cannot be read: {reason}; expected "
+                         "a readable text file with the key on its first line") from None
+    lines = text.strip().splitlines()
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ValueError(f"API key file {os.fspath(path)!r} is empty; expected the key on its "
+                         "first line")
+    return key
+
+
+def check_session_key(session: Any) -> str | None:
+    """A request's `"session"` value: None or a string of 1 to `SESSION_KEY_LIMIT` characters;
+    ValueError naming what came otherwise."""
+    if session is None:
+        return None
+    if not isinstance(session, str) or not 1 <= len(session) <= SESSION_KEY_LIMIT:
+        shown = (f"a string of {len(session)} characters" if isinstance(session, str)
+                 else json_kind(session))
+        raise ValueError(f"'session' must be a string of 1 to {SESSION_KEY_LIMIT} characters "
+                         f"(the key that keeps a user on one policy of the split), received "
+                         f"{shown}")
+    return session
+
+
+def json_kind(value: Any) -> str:
+    """What a value read from JSON is, in JSON's words: "an integer", "an object", "null", ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = {int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "an object"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
+
+
+def unknown_policy_message(policy_id: str, known: Iterable[str]) -> str:
+    """What a request for a policy that is not served is told: the id and the known ones."""
+    return f"no policy {policy_id!r} is served here; known policies: {', '.join(known)}"
+
+
+def session_point(key: str) -> float:
+    """Where the session `key` falls in [0, 1): the first 8 bytes of its BLAKE2b hash (UTF-8),
+    as a fraction of 2**64. The same on every machine, process and Python version."""
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, person=_HASH_PERSON).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+@dataclass(frozen=True)
+class Split:
+    """Traffic split over policies: `ids` with relative `weights` (any positive total)."""
+
+    ids: tuple[str, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.ids:
+            raise ValueError("a split needs at least one policy")
+        if len(self.ids) != len(self.weights):
+            raise ValueError(f"a split needs one weight per policy, received {len(self.ids)} "
+                             f"ids and {len(self.weights)} weights")
+        repeated = sorted({i for i in self.ids if self.ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"each policy may appear once in a split, received {repeated} "
+                             "more than once")
+        for policy_id, weight in zip(self.ids, self.weights, strict=True):
+            if isinstance(weight, bool) or not isinstance(weight, int | float) \
+                    or not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"split weight of {policy_id!r} must be a finite number >= 0, "
+                                 f"received {weight!r}")
+        if not sum(self.weights) > 0:
+            raise ValueError(f"split weights must not all be zero, received {self.as_dict()}")
+
+    @classmethod
+    def parse(cls, text: str, known: Sequence[str] | None = None) -> Split:
+        """A split from `ID=WEIGHT,ID=WEIGHT,...` (such as `a@100=0.9,b@200=0.1`; an id may
+        itself hold '=': the last one separates the weight). With `known`, every id must be one
+        of them. ValueError naming what was expected and what came."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"--split expects ID=WEIGHT,ID=WEIGHT,..., received {text!r}")
+        ids, weights = [], []
+        for part in text.split(","):
+            policy_id, equals, weight_text = part.strip().rpartition("=")
+            if not equals or not policy_id:
+                raise ValueError(f"--split expects ID=WEIGHT,ID=WEIGHT,..., received {part!r} "
+                                 f"in {text!r}")
+            try:
+                weight = float(weight_text)
+            except ValueError:
+                raise ValueError(f"--split: the weight of {policy_id!r} must be a number, "
+                                 f"received {weight_text!r}") from None
+            ids.append(policy_id)
+            weights.append(weight)
+        return cls.from_weights(cls(tuple(ids), tuple(weights)), known)
+
+    @classmethod
+    def from_weights(cls, weights: Mapping[str, float] | Split,
+                     known: Sequence[str] | None = None) -> Split:
+        """A split from `{id: weight}` (a server config's form); with `known`, every id must be
+        one of them (ValueError listing the known ids)."""
+        split = weights if isinstance(weights, Split) else cls(tuple(weights),
+                                                              tuple(weights.values()))
+        if known is not None:
+            unknown = [policy_id for policy_id in split.ids if policy_id not in known]
+            if unknown:
+                raise ValueError(f"split names policies that are not served: {unknown}; known "
+                                 f"policies: {', '.join(known)}")
+        return split
+
+    def as_dict(self) -> dict[str, float]:
+        """`{id: weight}`, as given."""
+        return dict(zip(self.ids, self.weights, strict=True))
+
+    def shares(self) -> dict[str, float]:
+        """`{id: weight / total}`."""
+        total = sum(self.weights)
+        return {policy_id: weight / total
+                for policy_id, weight in zip(self.ids, self.weights, strict=True)}
+
+    def pick(self, point: float) -> str:
+        """The policy whose share of [0, 1) holds `point` (shares in the order of `ids`)."""
+        total, running, bounds = sum(self.weights), 0.0, []
+        for weight in self.weights:
+            running += weight
+            bounds.append(running / total)
+        index = min(bisect.bisect_right(bounds, point), len(self.ids) - 1)
+        while self.weights[index] == 0:  # a zero-weight policy owns no point
+            index -= 1
+        return self.ids[index]
+
+    def assign(self, session: str | None, rng: random.Random | None = None) -> str:
+        """The policy for a request: by the stable hash of `session` (`session_point`), or at
+        random by weight without one (`rng`, default the module's generator)."""
+        point = session_point(session) if session is not None else (rng or random).random()
+        return self.pick(point)

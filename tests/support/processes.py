@@ -1,0 +1,45 @@
+"""Processes and ports of the tests: free ports, and finding or killing the processes a test
+started (by a marker in their command line or open files)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+from pathlib import Path
+
+
+def starts_a_player(args: object) -> bool:
+    """Whether a command line starts a Unity player (the stand-in is started as one) or an
+    `envs` worker process (which starts one)."""
+    words = [str(word) for word in args] if isinstance(args, (list, tuple)) else [str(args)]
+    return any(word == "--mlagents-port" or "envs.workers" in word for word in words)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def mentions(proc: Path, marker: str) -> bool:
+    """Whether a process's command line or one of its open files names `marker`."""
+    try:
+        if marker.encode() in (proc / "cmdline").read_bytes():
+            return True
+        return any(marker in os.readlink(fd) for fd in (proc / "fd").iterdir())
+    except OSError:
+        return False
+
+
+def kill_processes_mentioning(marker: str) -> None:
+    """Kill every process that names `marker` (our cluster's own temp dir) in its command line
+    or open files (Ray's agents write their logs there), so other clusters survive."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        if mentions(proc, marker):
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
