@@ -385,9 +385,11 @@ def test_round_robin_swaps_sides_within_each_pair_and_seeds_by_index() -> None:
 def test_schedule_refuses_results_it_did_not_schedule() -> None:
     schedule = Schedule(["A", "B"], ScheduleConfig(matches=10))
     fixtures = schedule.next_round([])
-    with pytest.raises(ValueError, match=re.escape("expected the results of all 2 scheduled "
-                                                   "matches, got 1")):
-        schedule.next_round([fixtures[0].played(1.0)])
+    for partial in ([fixtures[0].played(1.0)], [fixtures[0].played(1.0)] * 2):
+        with pytest.raises(ValueError, match=re.escape(
+                "expected the results of all 2 scheduled matches (indices 0 to 1, each once), "
+                f"got {len(partial)} matches")):
+            schedule.next_round(partial)
     wrong = Match(1, 99, "B", "A", 0.0)
     with pytest.raises(ValueError, match=re.escape("match 1 ('B' vs 'A', seed 99) is not the "
                                                    "scheduled Fixture(index=1, seed=1")):
@@ -412,7 +414,7 @@ def test_levels_and_shares_by_hand() -> None:
     # 3 policies, 600 matches: 100 rounds of 6; looks after round 2 and every later one: 99.
     assert mm.max_rounds(3, 600) == 100 and mm.max_looks(3, 600, 2) == 99
     assert mm.comparison_level(0.95, 3, 99) == pytest.approx(0.05 / 198)
-    assert mm.max_looks(3, 6, 2) == 1
+    assert mm.first_look(3, 6, 2) == 1 and mm.max_looks(3, 6, 2) == 1  # one round: one look
     # Largest remainders: 3 x (0.5, 0.25, 0.25) = 1.5, 0.75, 0.75 -> 1, 0, 0 and two more.
     assert mm.apportion(3, [0.5, 0.25, 0.25]) == [1, 1, 1]
     assert mm.apportion(6, [3.0, 1.0, 0.0]) == [5, 1, 0]  # 4.5, 1.5, 0: the tie to the first

@@ -20,8 +20,9 @@ multiple of the round leaves the rest unspent.
   order is clear gets none, and a pair of equals takes nearly all.
 
 The stopping rule (`select_best=True`, RULE): after each round from round `round_robin_rounds`
-on (a look), the leader L is the policy with the highest Elo; the tournament stops when the
-leader's lower bound clears every other policy's upper bound, in the pairwise form
+on (a look; after the last round when the budget allows fewer), the leader L is the policy with
+the highest Elo; the tournament stops when the leader's lower bound clears every other policy's
+upper bound, in the pairwise form
 
     Elo_L - Elo_i - z(1 - alpha') se(Elo_L - Elo_i) > 0 for every i != L,
     alpha' = (1 - confidence) / ((K - 1) R),
@@ -36,8 +37,9 @@ bound P(the rule stops and names a policy that is not the strongest) <= 1 - conf
 tests are normal approximations of the maximum-likelihood fit given the matches each pair has
 had; with adaptive rounds those counts depend on earlier results, and the simulations in the
 tests check the stated rate. When the budget ends first, no claim is made: the pick is the
-leader, with no guarantee beyond its interval. Bradley-Terry assumes strengths are transitive;
-for policies that beat each other in a circle, "the strongest" is the one the model ranks first.
+leader, with no guarantee beyond its interval. Bradley-Terry assumes transitive strengths:
+where policies beat each other in a circle, the model, and so the bound, describes them only on
+average.
 """
 
 from __future__ import annotations
@@ -135,10 +137,17 @@ def max_rounds(num_policies: int, budget: int) -> int:
     return budget // (num_policies * (num_policies - 1))
 
 
+def first_look(num_policies: int, budget: int, round_robin_rounds: int) -> int:
+    """The round after which the stopping rule first looks: `round_robin_rounds`, or the last
+    round when the budget allows fewer."""
+    return min(round_robin_rounds, max_rounds(num_policies, budget))
+
+
 def max_looks(num_policies: int, budget: int, round_robin_rounds: int) -> int:
-    """Looks of the stopping rule the budget allows: after round `round_robin_rounds` and after
-    every later round (at least 1)."""
-    return max(1, max_rounds(num_policies, budget) - round_robin_rounds + 1)
+    """Looks of the stopping rule the budget allows: after the first look's round
+    (`first_look`) and after every later round."""
+    return max_rounds(num_policies, budget) - first_look(num_policies, budget,
+                                                         round_robin_rounds) + 1
 
 
 def comparison_level(confidence: float, num_policies: int, looks: int) -> float:
@@ -209,6 +218,7 @@ class Schedule:
             raise ValueError(f"--matches {config.matches} is too small for one round: {size} "
                              f"policies play {self.round_matches} matches a round (every pair, "
                              f"both sides)")
+        self.first_look = first_look(size, config.matches, config.round_robin_rounds)
         self.looks_max = max_looks(size, config.matches, config.round_robin_rounds)
         self.level = comparison_level(config.confidence, size, self.looks_max)
         self.fixtures: list[Fixture] = []
@@ -227,13 +237,14 @@ class Schedule:
         return fit, ratings.elo_covariance(fit)
 
     def _check_played(self, played: Sequence[ratings.Match]) -> None:
-        if len(played) != len(self.fixtures):
+        """Raise ValueError unless `played` holds each scheduled fixture's result once."""
+        if sorted(match.index for match in played) != list(range(len(self.fixtures))):
             raise ValueError(f"expected the results of all {len(self.fixtures)} scheduled "
-                             f"matches, got {len(played)}")
+                             f"matches (indices 0 to {len(self.fixtures) - 1}, each once), got "
+                             f"{len(played)} matches")
         for match in played:
-            fixture = (self.fixtures[match.index] if 0 <= match.index < len(self.fixtures)
-                       else None)
-            if fixture is None or (fixture.seed, fixture.team0, fixture.team1) != \
+            fixture = self.fixtures[match.index]
+            if (fixture.seed, fixture.team0, fixture.team1) != \
                     (match.seed, match.team0, match.team1):
                 raise ValueError(f"match {match.index} ({match.team0!r} vs {match.team1!r}, seed "
                                  f"{match.seed}) is not the scheduled {fixture}")
@@ -244,7 +255,7 @@ class Schedule:
         `played` holds the results of every fixture scheduled so far."""
         self._check_played(played)
         config = self.config
-        looking = config.select_best and self.rounds >= config.round_robin_rounds
+        looking = config.select_best and self.rounds >= self.first_look
         adapting = config.adaptive and self.rounds >= config.round_robin_rounds
         if looking or adapting:
             fit, covariance = self._fit(played)

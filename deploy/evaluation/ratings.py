@@ -1,5 +1,5 @@
 """Ratings of policies from two-team matches, as pure functions over matches: no Ray, no files
-(the figure functions at the end take a path or return a Figure).
+(the figure functions at the end return a matplotlib Figure).
 
 A match is one episode of one arena, one policy as team 0 and another as team 1; its result is
 team 0's score: 1 for a win, 0.5 for a draw, 0 for a loss, from the sign of team 0's final
@@ -50,9 +50,11 @@ SCORES = (0.0, 0.5, 1.0)
 
 
 def score_from_reward(final_reward: float) -> float:
-    """Team 0's score from the sign of its final reward (individual plus group reward of its
-    last step): 1 if positive, 0 if negative, 0.5 for exactly 0, as ML-Agents' ghost trainer
-    scores a match. Raises ValueError for a reward that is not finite."""
+    """Team 0's score from the sign of its final reward (an agent's reward plus group reward of
+    its last step): 1 if positive, 0 if negative, 0.5 for exactly 0, as ML-Agents' ghost trainer
+    (mlagents 1.1.0, `GhostTrainer._process_trajectory`) scores a self-play episode. That trainer
+    skips episodes interrupted at the step limit; a tournament counts such a match, final reward
+    0 in SoccerTwos, as a draw. Raises ValueError for a reward that is not finite."""
     if not math.isfinite(final_reward):
         raise ValueError(f"expected a finite final reward, got {final_reward!r}")
     return 1.0 if final_reward > 0 else 0.0 if final_reward < 0 else 0.5
@@ -79,9 +81,9 @@ class Match:
     score: float
     """Team 0's score: 1 win, 0.5 draw, 0 loss (`score_from_reward`)."""
     reward0: float | None = None
-    """Team 0's final group reward, when known."""
+    """Team 0's final reward (what `score_from_reward` read), when known."""
     reward1: float | None = None
-    """Team 1's final group reward, when known."""
+    """Team 1's final reward, when known."""
     steps: int | None = None
     """Decisions the episode took, when known."""
 
@@ -272,11 +274,10 @@ def fit_elo(matches: Sequence[Match], labels: Sequence[str] | None = None,
     (`bradley_terry`). That is the likelihood of every match under P(i beats j) = gamma_i /
     (gamma_i + gamma_j), a draw counting as half a win and half a loss, times the pseudo-matches
     of the smoothing: with s > 0 every rating is finite, even that of a policy that won every
-    match. `start` (a previous fit's `gamma`) only shortens the iteration. Elo_i = 400
-    log10(gamma_i) + c, with c putting the mean at 1200 or, with
+    match. Elo_i = 400 log10(gamma_i) + c, with c putting the mean at 1200 or, with
     `anchor={label: elo}`, that policy at `elo`. So P(i beats j) = 1 / (1 + 10^((Elo_j - Elo_i)
     / 400)), and with s = 0 and two policies, w wins and l losses, Elo_1 - Elo_2 = 400
-    log10(w / l).
+    log10(w / l). `start` (a previous fit's `gamma`) only shortens the iteration.
 
     Raises ValueError for bad matches (see `tally`), a bad anchor, a negative smoothing, or
     smoothing 0 where some policies never won or drew against the rest (no finite maximum)."""
@@ -287,7 +288,7 @@ def fit_elo(matches: Sequence[Match], labels: Sequence[str] | None = None,
     scores = found.scores
     if smoothing == 0 and not _connected(scores):
         raise ValueError("without smoothing the ratings are finite only when no group of policies "
-                         "won every match against the rest; use a smoothing > 0")
+                         "won every match it played against the others; use a smoothing > 0")
     gamma, iterations, converged = bradley_terry(scores, smoothing, start=start)
     return EloFit(found, _to_elo(gamma, found.labels, anchor), gamma, smoothing,
                   None if anchor is None else dict(anchor), int(iterations), bool(converged))
@@ -452,28 +453,30 @@ def bootstrap_elo(fit: EloFit, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
     unstratified resample would move matches between pairs and sides, and could leave a pair
     unplayed). Drawing n matches with replacement from a pairing's (wins, draws, losses) is a
     multinomial draw of the counts, which is how it is done: one `Generator.multinomial` per
-    pairing, in label order, from `numpy.random.default_rng(seed)`. Each resample is fitted
-    as the point fit is, started from the point fit's strengths."""
+    pairing, in label order, from `numpy.random.default_rng(seed)`, in chunks of
+    `CHUNK_ELEMENTS // K^2` resamples (a number fixed by the input, so equal inputs and seed give
+    equal draws). Each resample is fitted as the point fit is, started from the point fit's
+    strengths."""
     stats._check(0.5, resamples)
     if fit.smoothing <= 0:
         raise ValueError("the bootstrap needs smoothing > 0: a resample can leave a policy "
                          "undefeated, whose rating would then be infinite")
     outcomes = fit.tally.outcomes
     size = len(fit.labels)
+    pairings = [(i, j, outcomes[i, j]) for i, j in zip(*np.nonzero(outcomes.sum(axis=-1)),
+                                                         strict=True)]
     rng = np.random.default_rng(seed)
-    counts = np.zeros((resamples, size, size, 3), dtype=np.int64)
-    for i, j in zip(*np.nonzero(outcomes.sum(axis=-1)), strict=True):
-        played = outcomes[i, j]
-        counts[:, i, j] = rng.multinomial(played.sum(), played / played.sum(), size=resamples)
-    scores = _scores(counts)
     rows = max(1, stats.CHUNK_ELEMENTS // (size * size))
     elo = np.empty((resamples, size))
     unconverged = 0
     for start in range(0, resamples, rows):
         chunk = slice(start, min(resamples, start + rows))
-        gamma, _, converged = bradley_terry(scores[chunk], fit.smoothing,
-                                            start=np.broadcast_to(fit.gamma, (chunk.stop -
-                                                                              chunk.start, size)))
+        count = chunk.stop - chunk.start
+        drawn = np.zeros((count, size, size, 3), dtype=np.int64)
+        for i, j, played in pairings:
+            drawn[:, i, j] = rng.multinomial(played.sum(), played / played.sum(), size=count)
+        gamma, _, converged = bradley_terry(_scores(drawn), fit.smoothing,
+                                            start=np.broadcast_to(fit.gamma, (count, size)))
         elo[chunk] = _to_elo(gamma, fit.labels, fit.anchor)
         unconverged += int((~converged).sum())
     return elo, unconverged
