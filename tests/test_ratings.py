@@ -556,6 +556,13 @@ def test_selection_outcome_names_the_rule() -> None:
 # Figures
 
 
+def test_label_lines_by_hand() -> None:
+    assert rt.label_lines("hf://someone/SoccerTwos-poca@main/SoccerTwos.onnx") == \
+        "hf://someone/\nSoccerTwos-poca@main/\nSoccerTwos.onnx"
+    assert rt.label_lines("heuristic:chaser") == "heuristic:chaser"
+    assert rt.label_lines("a" * 30, width=12) == "a" * 12 + "\n" + "a" * 12 + "\n" + "a" * 6
+
+
 def test_figures_draw_ratings_curves_and_the_matrix(tmp_path) -> None:
     import matplotlib
 
@@ -568,9 +575,13 @@ def test_figures_draw_ratings_curves_and_the_matrix(tmp_path) -> None:
     labels = {axes.get_label() for axes in figure.axes}
     assert labels == {"policies", "curves"}
     curves = next(axes for axes in figure.axes if axes.get_label() == "curves")
-    assert curves.lines[0].get_xdata().tolist() == [100_000, 200_000, 300_000, 400_000]
-    assert curves.lines[0].get_ydata().tolist() == [found.policies[f"run@{k}"].elo
-                                                    for k in range(1, 5)]
+    lines = {line.get_label(): line for line in curves.lines}
+    assert set(lines) == {"run", "heuristic:random"}  # the run's curve, the other as a reference
+    assert lines["run"].get_xdata().tolist() == [100_000, 200_000, 300_000, 400_000]
+    assert lines["run"].get_ydata().tolist() == [found.policies[f"run@{k}"].elo
+                                                 for k in range(1, 5)]
+    assert list(lines["heuristic:random"].get_ydata()) == \
+        [found.policies["heuristic:random"].elo] * 2
     assert {axes.get_label() for axes in rt.ratings_figure(found).axes} == {"policies"}
     matrix = rt.win_rate_figure(found)
     cells = [text.get_text() for text in matrix.axes[0].texts]

@@ -17,6 +17,7 @@ decide which pairs to play and when to stop.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -528,6 +529,25 @@ def rate(matches: Sequence[Match], labels: Sequence[str] | None = None,
 
 MATRIX_TEXT_LIMIT = 8
 """Policies up to which the win-rate matrix writes the counts and intervals into its cells."""
+LABEL_LINE_CHARS = 24
+"""Figures break policy labels into lines of at most this many characters."""
+
+
+def label_lines(label: str, width: int = LABEL_LINE_CHARS) -> str:
+    """`label` on lines of at most `width` characters, broken after a "/" or "@" where it can
+    be and inside a part longer than `width` where it must; every character is kept."""
+    lines = [""]
+    for part in re.split(r"(?<=[/@])", label):
+        while part:
+            room = width - len(lines[-1])
+            if len(part) > room and lines[-1]:
+                lines.append("")
+                continue
+            lines[-1] += part[:width]
+            part = part[width:]
+            if part:
+                lines.append("")
+    return "\n".join(lines)
 
 
 def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | None = None,
@@ -535,8 +555,8 @@ def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | 
     """Elo with its interval per policy, best at the top, each with its record (wins-draws-
     losses); a dashed line marks the mean (1200) or the anchor. With `checkpoints` (label ->
     (run, training step)), every run with two or more rated checkpoints is drawn beside it as a
-    curve of Elo against training step with its interval as a band. The axes carry the labels
-    "policies" and "curves"."""
+    curve of Elo against training step with its interval as a band, the other policies as
+    dotted horizontal lines. The axes carry the labels "policies" and "curves"."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
@@ -547,7 +567,8 @@ def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | 
     runs = {run: sorted(points, key=lambda point: point[0])
             for run, points in runs.items() if len(points) >= 2}
     policies = list(found.policies.values())
-    height = max(3.0, 0.45 * len(policies) + 1.6)
+    names = [label_lines(p.label) for p in policies]
+    height = max(3.0, 0.2 * sum(max(2, name.count("\n") + 1) for name in names) + 1.6)
     width = 7.0 + (6.0 if runs else 0.0)
     figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     figure.suptitle(f"{title}: Bradley-Terry Elo, {found.confidence:.0%} bootstrap intervals")
@@ -567,7 +588,7 @@ def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | 
                       va="center", fontsize=8)
     reference = MEAN_ELO if found.anchor is None else next(iter(found.anchor.values()))
     axes.axvline(reference, color="grey", linestyle="--", linewidth=1)
-    axes.set_yticks(rows, [p.label for p in policies], fontsize=8)
+    axes.set_yticks(rows, names, fontsize=8)
     low, high = min(p.elo_ci[0] for p in policies), max(p.elo_ci[1] for p in policies)
     span = max(high - low, 50.0)
     axes.set_xlim(min(low, reference) - 0.05 * span, max(high, reference) + 0.3 * span)
@@ -576,15 +597,21 @@ def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | 
                     f"Elo, {next(iter(found.anchor))} at {reference:.0f} (wins-draws-losses)")
     axes.grid(alpha=0.3, axis="x")
     if curves is not None:
-        _draw_curves(curves, runs)
+        in_runs = {policy.label for points in runs.values() for _, policy in points}
+        _draw_curves(curves, runs, [p for p in policies if p.label not in in_runs])
         curves.xaxis.set_major_locator(MaxNLocator(nbins=5))
         curves.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     return figure
 
 
-def _draw_curves(curves: Axes, runs: Mapping[str, list[tuple[int, PolicyRating]]]) -> None:
-    """Elo against training step, one line with its interval band per run."""
+def _draw_curves(curves: Axes, runs: Mapping[str, list[tuple[int, PolicyRating]]],
+                 others: Sequence[PolicyRating]) -> None:
+    """Elo against training step, one line with its interval band per run, and the other
+    policies as dotted horizontal references."""
     curves.set_label("curves")
+    for k, policy in enumerate(others):
+        curves.axhline(policy.elo, color=f"C{(len(runs) + k) % 10}", linestyle=":",
+                       linewidth=1.2, label=label_lines(policy.label))
     for k, (run, points) in enumerate(runs.items()):
         steps = [step for step, _ in points]
         color = f"C{k % 10}"
@@ -592,7 +619,8 @@ def _draw_curves(curves: Axes, runs: Mapping[str, list[tuple[int, PolicyRating]]
                             [p.elo_ci[1] for _, p in points], color=color, alpha=0.2, linewidth=0)
         curves.plot(steps, [p.elo for _, p in points], marker="o", markersize=4, color=color,
                     label=run)
-    curves.legend(title="run", fontsize=8, title_fontsize=8)
+    curves.legend(title="run (dotted: other policies)" if others else "run", fontsize=8,
+                  title_fontsize=8)
     curves.set_xlabel("training step")
     curves.set_ylabel("Elo")
     curves.set_title("checkpoints by training step", fontsize=9)
@@ -609,7 +637,7 @@ def win_rate_figure(found: Ratings, title: str = "Tournament") -> Figure:
     labels = list(found.policies)
     size = len(labels)
     detailed = size <= MATRIX_TEXT_LIMIT
-    side = max(4.5, (1.3 if detailed else 0.65) * size + 2.2)
+    side = max(5.5, (1.3 if detailed else 0.65) * size + 2.2)
     figure = Figure(figsize=(side + 1.2, side), dpi=100, layout="constrained")
     axes = figure.add_subplot(label="win rate")
     matrix = np.full((size, size), np.nan)
@@ -619,7 +647,7 @@ def win_rate_figure(found: Ratings, title: str = "Tournament") -> Figure:
                 matrix[i, j] = found.pair(row, column).model.value
     image = axes.imshow(matrix, cmap="RdBu", vmin=0.0, vmax=1.0)
     axes.set_facecolor("0.9")  # the diagonal (no value) in grey
-    figure.colorbar(image, ax=axes, label="P(row beats column), model", shrink=0.8)
+    figure.colorbar(image, ax=axes, label="model P(row beats column)", shrink=0.8)
     for i, row in enumerate(labels):
         for j, column in enumerate(labels):
             if i == j:
@@ -635,13 +663,14 @@ def win_rate_figure(found: Ratings, title: str = "Tournament") -> Figure:
                         f"{pair.model.value:.2f}")
             axes.text(j, i, text, ha="center", va="center", fontsize=8 if detailed else 7,
                       color="white" if abs(pair.model.value - 0.5) > 0.3 else "black")
-    axes.set_xticks(range(size), labels, rotation=30, ha="right", rotation_mode="anchor",
+    names = [label_lines(label) for label in labels]
+    axes.set_xticks(range(size), names, rotation=30, ha="right", rotation_mode="anchor",
                     fontsize=8)
-    axes.set_yticks(range(size), labels, fontsize=8)
+    axes.set_yticks(range(size), names, fontsize=8)
     axes.set_xlabel("column (opponent)")
     axes.set_ylabel("row")
-    what = (f"observed share, {found.confidence:.0%} Wilson interval, matches, model"
+    what = (f"observed share, {found.confidence:.0%} Wilson interval,\nmatches, model"
             if detailed else "model")
-    axes.set_title(f"{title}: P(row beats column), a draw counting half\ncells: {what}",
+    axes.set_title(f"{title}\nP(row beats column), a draw counting half\ncells: {what}",
                    fontsize=10)
     return figure
