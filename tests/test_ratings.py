@@ -307,7 +307,7 @@ def test_bootstrap_intervals_cover_the_true_ratings() -> None:
     assert covered / 360 >= 0.90
 
 
-def test_rate_is_seeded_and_fast_enough_to_vectorise() -> None:
+def test_rate_is_seeded_and_its_intervals_hold_the_estimate() -> None:
     matches = _world({"A": 1400.0, "B": 1250.0, "C": 1100.0}, 600, seed=8)
     first = rt.rate(matches, resamples=2000, seed=3)
     assert rt.rate(matches, resamples=2000, seed=3) == first
