@@ -31,7 +31,6 @@ from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster
 
 KEY = "fuzz-key-0123456789"
-MAX_ROWS = 4  # where fields must agree on rows the document lists each count: keep it small
 EXAMPLES = 40
 
 
@@ -47,9 +46,9 @@ def fuzzed(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory
     common = {"accelerator": "cpu", "num_cpus": 0.25, "ingress": DEFAULT_INGRESS}
     apps = {"huggy_open": {}, "huggy": {"api_key_file": str(key_file)},
             "target": {"policy": str(mlagents_fixtures_dir() / "discrete_multibranch"),
-                       "api_key_file": str(key_file), "max_rows": MAX_ROWS},
+                       "api_key_file": str(key_file)},
             "recurrent": {"policy": str(mlagents_fixtures_dir() / "lstm"),
-                          "api_key_file": str(key_file), "max_rows": MAX_ROWS}}
+                          "api_key_file": str(key_file)}}  # every app at the default limits
     try:
         for name, args in apps.items():
             deploy(AppArgs(**common, **args), name=name, route_prefix=f"/{name}", timeout_s=180)

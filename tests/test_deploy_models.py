@@ -316,7 +316,7 @@ def served(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) ->
         key_file.write_text(KEY + "\n")
         deploy(app_args([str(run / "Huggy" / f"Huggy-{s}.pt") for s in STEPS[:2]]
                         + [str(discrete)], split=f"{file_id(STEPS[0])}=1,{file_id(STEPS[1])}=1",
-                        api_key_file=str(key_file), max_rows=4),
+                        api_key_file=str(key_file)),
                name="mixed", route_prefix="/mixed", timeout_s=180)
         yield Served(f"http://127.0.0.1:{port}", run, discrete, port)
     finally:

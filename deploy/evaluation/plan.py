@@ -28,25 +28,21 @@ ENV_SEED_LIMIT = 2**24
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """One policy to evaluate: a checkpoint or ONNX file, or a Serve deployment's URL."""
+    """One policy to evaluate: a checkpoint or ONNX file, or a Serve deployment's URL.
+
+    `label`, `path`, `run`, `step`, `folder`, `source` and `revision` are what
+    `huggy_agent.discovery.FoundPolicy` says of a policy file (`PolicySpec.of`); a served policy
+    has `url` and `policy_id` instead of `path`, and its label is its id (or the URL)."""
 
     label: str
-    """Name shown in the report (unique within one evaluation), short: `run@step` for a
-    checkpoint of a results folder, `parent/file` for a file, the URL for a served policy."""
     path: str | None = None
-    """The policy file (.pt or .onnx); None for a remote policy."""
     url: str | None = None
     """The Serve deployment's URL when runners query it instead of a local copy."""
     run: str | None = None
-    """The results folder (run id) the checkpoint came from, for the learning curve."""
     step: int | None = None
-    """The training step of the checkpoint, when known."""
     folder: str | None = None
-    """The results folder it was found in, when named as one (where a model card goes)."""
     source: str | None = None
-    """What the user named when it was not a local path (`hf://owner/repo@rev/path`)."""
     revision: str | None = None
-    """The resolved revision (commit) of a policy from the Hugging Face Hub."""
     policy_id: str | None = None
     """Which of the policies served at `url` (`GET /v1/models`); None: the server's default."""
     api_key: str | None = field(default=None, repr=False, compare=False)

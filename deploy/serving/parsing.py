@@ -196,7 +196,8 @@ def _columns_of_instances(document: dict, spec: ActorSpec, max_rows: int) -> dic
     An instance without a mask (or with null) allows every action; one without a memory (or
     with null) starts from zeros. 422 for another row field beside 'instances' or an instance
     that is not an object of rows; 413 above `max_rows`."""
-    others = sorted(set(document) & (set(ROW_FIELDS) - {"instances"}))
+    others = sorted(name for name in set(document) & (set(ROW_FIELDS) - {"instances"})
+                    if document[name] is not None or name in ("obs", "inputs"))
     if others:
         raise ApiError(422, "invalid_request", f"give 'instances' alone, without {others}: "
                        "each instance holds its own row of every input (and of 'action_mask' "
