@@ -126,6 +126,16 @@ class SlotLayout:
         return (len(self.observations) == 1 and len(self.observations[0]) == 1
                 and not self.discrete_branches)
 
+    def split_actions(self, actions: Any) -> tuple[Any, Any]:
+        """(continuous, discrete) of actions in this layout's form (unchecked): a hybrid
+        behavior's pair, else one array of the kind it has, and None for the other."""
+        if self.continuous_size and self.discrete_branches:
+            if not isinstance(actions, tuple) or len(actions) != 2:
+                raise ValueError("expected (continuous, discrete) actions for this hybrid "
+                                 f"behavior, got {type(actions).__name__}")
+            return actions[0], actions[1]
+        return (actions, None) if self.continuous_size else (None, actions)
+
     def describe(self) -> str:
         """Such as `(59,) -> 21 continuous` or `(3, 84, 84), (8,) -> discrete (3, 2)`."""
         actions = [f"{self.continuous_size} continuous"] if self.continuous_size else []

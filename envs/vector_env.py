@@ -434,16 +434,7 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
     def _split_actions(self, actions: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(continuous, discrete) rows of `actions`, checked against the action space."""
         layout, n = self.layout, self.num_envs
-        hybrid = layout.continuous_size and layout.discrete_branches
-        if hybrid:
-            if not isinstance(actions, tuple) or len(actions) != 2:
-                raise ValueError("expected (continuous, discrete) actions for this hybrid "
-                                 f"behavior, got {type(actions).__name__}")
-            continuous, discrete = actions
-        elif layout.continuous_size:
-            continuous, discrete = actions, None
-        else:
-            continuous, discrete = None, actions
+        continuous, discrete = layout.split_actions(actions)
         if continuous is not None:
             continuous = np.asarray(continuous, dtype=np.float32)
             if continuous.shape != (n, layout.continuous_size):
