@@ -77,8 +77,10 @@ def write_minari_dataset(dataset_id: str, episodes: Sequence[RecordedEpisode],
     if not episodes:
         raise ValueError("no episodes to write")
     buffers = [_buffer(e, n, observation_space, action_space) for n, e in enumerate(episodes)]
-    with warnings.catch_warnings():  # optional fields Minari asks for (author e-mail, links)
+    with warnings.catch_warnings():  # optional fields Minari asks for (e-mail, links), and
+        # the env spec, which is stored below (Minari would make the env to read it)
         warnings.filterwarnings("ignore", message=".* is set to None", category=UserWarning)
+        warnings.filterwarnings("ignore", message="env_spec is None", category=UserWarning)
         dataset = minari.create_dataset_from_buffers(
             dataset_id, buffers, observation_space=observation_space, action_space=action_space,
             algorithm_name=algorithm_name, author=author, description=description,
