@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import envs  # noqa: E402
-from envs.recording.video import VideoRecorder  # noqa: E402
-from envs.render import Overlay, huggy_frame  # noqa: E402
-from envs.standin.sim import HuggySim, SimConfig  # noqa: E402
-from huggy_agent import HuggyAgent  # noqa: E402
-from huggy_agent.tables import format_table  # noqa: E402
+import envs
+from envs.recording.video import VideoRecorder
+from envs.render import Overlay, huggy_frame
+from envs.standin.sim import HuggySim, SimConfig
+from huggy_agent import HuggyAgent
+from huggy_agent.tables import format_table
 
 
 def frames_per_second(seconds: float = 2.0) -> float:

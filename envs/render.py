@@ -86,7 +86,7 @@ def _text_stamp(text: str, size: int, color: tuple[int, int, int]) -> Image.Imag
     (step numbers and returns repeat from frame to frame)."""
     font = _font(size)
     left, top, right, bottom = font.getbbox(text)
-    stamp = Image.new("RGBA", (max(1, right), max(1, bottom)), (0, 0, 0, 0))
+    stamp = Image.new("RGBA", (max(1, int(right)), max(1, int(bottom))), (0, 0, 0, 0))
     ImageDraw.Draw(stamp).text((0, 0), text, fill=color, font=font)
     return stamp
 
@@ -411,7 +411,7 @@ class SlotTracks:
             for slot, point in enumerate(positions.tolist()):
                 if not ended[slot]:
                     self.trails[slot].append(tuple(point))
-        for slot in np.flatnonzero(ended):
+        for slot in np.flatnonzero(ended).tolist():
             self.final_returns[slot] = self.returns[slot]
             self.final_lengths[slot] = self.lengths[slot]
             self.final_terminated[slot] = terminated[slot]

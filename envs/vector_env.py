@@ -416,9 +416,9 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         if not 0 <= slot < self.num_envs:
             raise ValueError(f"slot must be in [0, {self.num_envs}), got {slot}")
         buffers, tracks = self._buffers, self._tracks
-        if self._frames != "poses":
+        if isinstance(self._frames, int):  # a camera observation
             images = buffers.final_obs if final else buffers.obs
-            return render.visual_frame(images[int(self._frames)][slot])
+            return render.visual_frame(images[self._frames][slot])
         ended = None  # the poses are Huggy's: its episodes terminate at the stick
         if final:
             ended = "reached the stick" if tracks.final_terminated[slot] else "max steps reached"

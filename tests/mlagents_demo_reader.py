@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 
@@ -42,15 +43,15 @@ def _install_shims() -> None:
 
 def main(demo: str, out: str) -> None:
     _install_shims()
+    from google.protobuf.internal.decoder import _DecodeVarint32
     from mlagents.trainers.buffer import BufferKey
     from mlagents.trainers.demo_loader import demo_to_buffer, load_demonstration
     from mlagents_envs.communicator_objects.demonstration_meta_pb2 import (
         DemonstrationMetaProto,
     )
-    from google.protobuf.internal.decoder import _DecodeVarint32
 
     spec, pairs, expected = load_demonstration(demo)
-    data = open(demo, "rb").read()
+    data = Path(demo).read_bytes()
     size, position = _DecodeVarint32(data, 0)
     meta = DemonstrationMetaProto.FromString(data[position : position + size])
     arrays: dict[str, np.ndarray] = {}

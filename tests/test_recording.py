@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import envs  # noqa: F401  (registers the envs, makes mlagents-envs' messages work)
+import envs
 from envs import HuggyVectorEnv, UnityVectorEnv, rollout
 from envs.recording.dataset import MinariRecorder, dataset_env_spec
 from envs.recording.demo import DemoRecorder

@@ -119,6 +119,7 @@ class EpisodeCollector:
                 for rows, values in zip(running.observations, next_rows, strict=True):
                     rows.append(values[slot].copy())
                 continue
+            assert record.final_obs is not None  # an episode ended
             final = observation_rows(record.final_obs[slot])
             for rows, values in zip(running.observations, final, strict=True):
                 rows.append(np.asarray(values, np.float32).copy())
