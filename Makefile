@@ -9,20 +9,21 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # torch first (so the torch==2.13.0 build pip picks is the one every later package sees), then
-# the project with every extra but npu, then mlagents-envs 1.1.0 last, the only way that works
-# on Python >= 3.11: without its dependencies and its Python pin. Its pins (grpcio <= 1.48.2,
+# the project with every extra but npu, then mlagents-envs 1.1.0 (and, for the tests that read
+# .demo files back with ML-Agents' own loader, the trainer package mlagents 1.1.0) last, the
+# only way that works on Python >= 3.11: without its dependencies and its Python pin. Its pins (grpcio <= 1.48.2,
 # numpy < 1.24, protobuf < 3.21, gym, pettingzoo) cannot be met on current Python, and
 # `import envs` adapts it to what is installed (envs/compat.py). So pip is told not to warn
 # about them, and `pip check` runs instead, leaving out those known pins: any other broken
 # requirement fails the install.
-MLAGENTS_PINS := ^mlagents-envs 1\.1\.0 (requires|has requirement)
+MLAGENTS_PINS := ^mlagents(-envs)? 1\.1\.0 (requires|has requirement)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,dev]"
-	$(PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0
+	$(PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,video,data,dev]"
+	$(PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0 mlagents==1.1.0
 	@broken="$$($(PY) -m pip check | grep -Ev '$(MLAGENTS_PINS)|^No broken requirements')"; \
 		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi
 	@$(PY) -c "import envs" && echo "mlagents-envs 1.1.0: installed without its pins;" \

@@ -87,5 +87,19 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout-wait", type=int, default=60,
                         help="seconds to wait for the environment to connect (default 60)")
     add_env_parameter_option(parser)
+    parser.add_argument("--video", metavar="DIR", type=Path, default=None,
+                        help="write MP4 videos of agent slot 0's first episodes to DIR, one "
+                             "file per episode (needs the stand-in playing Huggy, or a camera "
+                             "observation)")
+    parser.add_argument("--video-episodes", metavar="N", type=positive_int, default=1,
+                        help="how many of slot 0's episodes --video writes (default 1; an "
+                             "episode still running when the rollout ends is not written)")
+    parser.add_argument("--demo", metavar="PATH.demo", type=Path, default=None,
+                        help="write the counted episodes of every slot as an ML-Agents "
+                             "demonstration, for mlagents-learn's behavioral_cloning or gail")
+    parser.add_argument("--dataset", metavar="NAME", default=None,
+                        help="write the counted episodes as the Minari dataset NAME "
+                             "(namespace/name-v0; in $MINARI_DATASETS_PATH; needs the data "
+                             "extra)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(handler=_rollout)

@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envs.recording.base import Recorder
+from envs.recording.dataset import MinariRecorder, dataset_env_spec
+from envs.recording.demo import DemoRecorder
+from envs.recording.video import VideoRecorder
 from envs.rollout import (
+    ESTIMATOR,
+    ESTIMATOR_DESCRIPTION,
     EpisodeResult,
     RolloutInterrupted,
     RolloutResult,
@@ -91,6 +97,30 @@ def _policy_name(policy: Path | None) -> str:
     return str(policy) if found is None else found.describe()
 
 
+def recorders_for(args: argparse.Namespace, agent: Any, context: dict[str, Any],
+                  behavior: dict | None) -> list[Recorder]:
+    """The recorders `--video`, `--demo` and `--dataset` ask for."""
+    recorders: list[Recorder] = []
+    if args.video is not None:
+        recorders.append(VideoRecorder(args.video, slot=0, episodes=args.video_episodes,
+                                       label=str(context["policy"])))
+    if args.demo is not None:
+        recorders.append(DemoRecorder(args.demo))
+    if args.dataset is not None:
+        metadata = {**context, "fingerprint": getattr(agent, "fingerprint", None),
+                    "episodes": args.episodes, "estimator": ESTIMATOR,
+                    "estimator_description": ESTIMATOR_DESCRIPTION,
+                    "behavior": None if behavior is None else behavior.get("behavior")}
+        recorders.append(MinariRecorder(
+            args.dataset, env_spec=dataset_env_spec(
+                None if args.env == "builtin" else str(Path(args.env)), behavior),
+            metadata=metadata, algorithm_name=f"huggy rollout of {context['policy']}",
+            description=(f"{args.episodes} episodes of {context['policy']} "
+                         f"({'deterministic' if context['deterministic'] else 'stochastic'}) "
+                         f"on {args.env}, seed {args.seed}: {ESTIMATOR_DESCRIPTION}")))
+    return recorders
+
+
 def run_rollout(args: argparse.Namespace) -> int:
     """Run `huggy rollout`; prints a summary table, returns the exit code."""
     from tqdm import tqdm
@@ -113,14 +143,16 @@ def run_rollout(args: argparse.Namespace) -> int:
     behavior = None
     if file_name is None:  # the stand-in plays Huggy, or the policy's own behavior
         behavior = standin_behavior(agent.spec.as_dict(), _behavior_name(args))
+    recorders = recorders_for(args, agent, context, behavior)
     env = UnityVectorEnv(file_name=file_name, worker_id=args.worker_id, seed=args.seed,
                          timeout_wait=args.timeout_wait, base_port=args.base_port,
                          env_parameters=dict(args.env_param), instances=args.instances,
-                         behavior_spec=behavior, pin_cores=args.pin_cores)
+                         behavior_spec=behavior, pin_cores=args.pin_cores,
+                         render_mode="rgb_array" if args.video is not None else None)
     status = 0
     try:
         result = rollout(agent, env, episodes=args.episodes, deterministic=not args.stochastic,
-                         seed=args.seed, progress=progress)
+                         seed=args.seed, progress=progress, recorders=recorders)
     except RolloutInterrupted as error:
         result, status = error.result, 1
         print(f"huggy rollout: {error}", file=sys.stderr)
@@ -134,4 +166,23 @@ def run_rollout(args: argparse.Namespace) -> int:
     print(format_table(["statistic", "value"],
                        [("policy", policy_name),
                         *summary_rows(result, env.num_envs, env.behavior_name)]))
+    for line in recording_lines(recorders):
+        print(line)
     return status
+
+
+def recording_lines(recorders: list[Recorder]) -> list[str]:
+    """One line per file or dataset the recorders wrote."""
+    lines = []
+    for recorder in recorders:
+        for path in getattr(recorder, "written", []):
+            lines.append(f"video: {path}")
+        summary = getattr(recorder, "summary", None)
+        if summary is not None:
+            lines.append(f"demonstration: {summary.path} ({summary.episodes} episodes, "
+                         f"{summary.steps} steps, mean reward {summary.mean_reward:.4f})")
+        dataset = getattr(recorder, "dataset", None)
+        if dataset is not None:
+            lines.append(f"Minari dataset: {dataset.spec.dataset_id} ({dataset.total_episodes} "
+                         f"episodes, {dataset.total_steps} steps)")
+    return lines

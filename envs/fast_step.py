@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,24 +27,42 @@ from envs.protobuf_wire import packed_floats_header, varint
 
 
 class _QueueConnection:
-    """One end of an in-process duplex channel with the `Connection` methods the servicer uses."""
+    """One end of an in-process duplex channel with the `Connection` methods the servicer uses.
+
+    With `wake_at_exit` (the servicer's end, read by a gRPC worker thread), `recv` gives up
+    with EOFError once the interpreter starts exiting (`_EXITING`): an environment left open
+    would otherwise keep that thread waiting for an answer, and the exit, which joins the gRPC
+    thread pool before it runs mlagents-envs' close at exit, would wait forever."""
 
     _CLOSED = object()
+    EXIT_POLL_S = 0.5
 
-    def __init__(self, incoming: queue.SimpleQueue, outgoing: queue.SimpleQueue) -> None:
+    def __init__(self, incoming: queue.SimpleQueue, outgoing: queue.SimpleQueue,
+                 wake_at_exit: bool = False) -> None:
         self._incoming = incoming
         self._outgoing = outgoing
         self._peeked: list[Any] = []
+        self._wake_at_exit = wake_at_exit
 
     def send(self, obj: Any) -> None:
         self._outgoing.put(obj)
 
     def recv(self) -> Any:
-        item = self._peeked.pop() if self._peeked else self._incoming.get()
+        item = self._peeked.pop() if self._peeked else self._get()
         if item is self._CLOSED:
             self._peeked.append(item)
             raise EOFError("connection closed")
         return item
+
+    def _get(self) -> Any:
+        if not self._wake_at_exit:
+            return self._incoming.get()
+        while True:
+            try:
+                return self._incoming.get(timeout=self.EXIT_POLL_S)
+            except queue.Empty:
+                if _EXITING.is_set():
+                    raise EOFError("the interpreter is exiting") from None
 
     def poll(self, timeout: float = 0.0) -> bool:
         if self._peeked:
@@ -70,7 +89,7 @@ def _fast_servicer_class() -> type:
             to_parent: queue.SimpleQueue = queue.SimpleQueue()
             to_child: queue.SimpleQueue = queue.SimpleQueue()
             self.parent_conn = _QueueConnection(to_parent, to_child)
-            self.child_conn = _QueueConnection(to_child, to_parent)
+            self.child_conn = _QueueConnection(to_child, to_parent, wake_at_exit=True)
 
     return QueueServicer
 
@@ -115,6 +134,22 @@ def _action_table(n: int, width: int, deprecated: bool) -> tuple[np.ndarray, tup
     return template, tuple(float_columns)
 
 
+_EXITING = threading.Event()
+"""Set when the interpreter starts exiting, before it joins the threads of thread pools."""
+
+
+def _wake_servicers_at_exit() -> None:
+    """Have `_EXITING` set at exit before `concurrent.futures` joins its pools' threads (gRPC's
+    server threads among them). `threading._register_atexit` is the hook `concurrent.futures`
+    itself uses (CPython 3.9+; its functions run last registered first); without it, an env
+    left open makes the exit wait, as it does with mlagents-envs' own servicer."""
+    import concurrent.futures.thread  # noqa: F401  (registers its exit first: ours runs before)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_EXITING.set)
+
+
 _ORIGINALS: dict[str, Any] = {}
 _FAST: dict[str, Any] = {}
 _lean_enabled = True
@@ -129,6 +164,7 @@ def install() -> None:
         steps_from_proto=rpc_utils.steps_from_proto,
         generate_step_input=environment.UnityEnvironment._generate_step_input,
     )
+    _wake_servicers_at_exit()
     _FAST.update(
         servicer=_fast_servicer_class(),
         steps_from_proto=_steps_from_proto,

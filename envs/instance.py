@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from envs import fast_step
+from envs.standin.poses import POSE_SIZE, RENDER_PARAMETER
 
 MAX_SEED = 2**24  # seeds travel as float32 on the EnvironmentParameters channel
 INSTANCE_SEED_STRIDE = 10_368_889
@@ -87,6 +88,14 @@ class InstanceConfig:
     """More command-line arguments for the executable (the stand-in's `--behavior-spec`)."""
     cpu_core: int | None = None
     """The CPU core an instance worker and its Unity process are pinned to (None: not pinned)."""
+    render: bool = False
+    """Ask the stand-in for its agents' poses (the render side channel, `envs.standin.poses`),
+    kept in `StepBuffers.pose`; a Unity build sends none."""
+
+    @property
+    def pose_size(self) -> int:
+        """Columns of `StepBuffers.pose`: the stand-in's pose width when rendering, else 0."""
+        return POSE_SIZE if self.render else 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,16 @@ class SlotLayout:
         return (len(self.observations) == 1 and len(self.observations[0]) == 1
                 and not self.discrete_branches)
 
+    def split_actions(self, actions: Any) -> tuple[Any, Any]:
+        """(continuous, discrete) of actions in this layout's form (unchecked): a hybrid
+        behavior's pair, else one array of the kind it has, and None for the other."""
+        if self.continuous_size and self.discrete_branches:
+            if not isinstance(actions, tuple) or len(actions) != 2:
+                raise ValueError("expected (continuous, discrete) actions for this hybrid "
+                                 f"behavior, got {type(actions).__name__}")
+            return actions[0], actions[1]
+        return (actions, None) if self.continuous_size else (None, actions)
+
     def describe(self) -> str:
         """Such as `(59,) -> 21 continuous` or `(3, 84, 84), (8,) -> discrete (3, 2)`."""
         actions = [f"{self.continuous_size} continuous"] if self.continuous_size else []
@@ -132,7 +151,9 @@ class StepBuffers:
     `discrete`; a reset fills `obs`, `mask` and `agent_id`; a step fills everything else.
     `obs[k]` is observation k of every slot; `mask` is True where an action is allowed (one
     column per action of every branch); `final_obs` and `final_agent_id` are meaningful only
-    where `terminated | truncated`."""
+    where `terminated | truncated`. With rendering, `pose` holds each slot's pose after the step
+    and `final_pose` the last pose of a slot whose episode ended (`envs.standin.poses`); they
+    have no columns otherwise."""
 
     obs: tuple[np.ndarray, ...]  # each (n, *shape) float32
     final_obs: tuple[np.ndarray, ...]
@@ -144,9 +165,12 @@ class StepBuffers:
     final_agent_id: np.ndarray  # (n,) int64
     terminated: np.ndarray  # (n,) bool
     truncated: np.ndarray  # (n,) bool
+    pose: np.ndarray  # (n, pose size) float32
+    final_pose: np.ndarray  # (n, pose size) float32
 
     @staticmethod
-    def _fields(n: int, layout: SlotLayout) -> list[tuple[str, tuple[int, ...], Any]]:
+    def _fields(n: int, layout: SlotLayout, pose_size: int
+                ) -> list[tuple[str, tuple[int, ...], Any]]:
         observations = [(f"obs.{k}", (n, *shape), np.float32)
                         for k, shape in enumerate(layout.observations)]
         finals = [(f"final_obs.{k}", (n, *shape), np.float32)
@@ -156,24 +180,26 @@ class StepBuffers:
                 ("discrete", (n, len(layout.discrete_branches)), np.int32),
                 ("mask", (n, layout.mask_size), np.bool_), ("reward", (n,), np.float32),
                 ("agent_id", (n,), np.int64), ("final_agent_id", (n,), np.int64),
-                ("terminated", (n,), np.bool_), ("truncated", (n,), np.bool_)]
+                ("terminated", (n,), np.bool_), ("truncated", (n,), np.bool_),
+                ("pose", (n, pose_size), np.float32), ("final_pose", (n, pose_size), np.float32)]
 
     @classmethod
-    def nbytes(cls, n: int, layout: SlotLayout) -> int:
+    def nbytes(cls, n: int, layout: SlotLayout, pose_size: int = 0) -> int:
         """Bytes `over` needs for `n` slots (each array starts on a 64-byte boundary)."""
         total = 0
-        for _, shape, dtype in cls._fields(n, layout):
+        for _, shape, dtype in cls._fields(n, layout, pose_size):
             total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
         return total
 
     @classmethod
-    def over(cls, n: int, layout: SlotLayout, buffer: Any = None) -> StepBuffers:
+    def over(cls, n: int, layout: SlotLayout, buffer: Any = None,
+             pose_size: int = 0) -> StepBuffers:
         """Buffers for `n` slots laid out in `buffer` (a writable buffer of at least `nbytes`
         bytes, such as a shared mmap), or in fresh memory when None. Masks start all True."""
         if buffer is None:
-            buffer = bytearray(cls.nbytes(n, layout))
+            buffer = bytearray(cls.nbytes(n, layout, pose_size))
         arrays, offset = {}, 0
-        for name, shape, dtype in cls._fields(n, layout):
+        for name, shape, dtype in cls._fields(n, layout, pose_size):
             count = int(np.prod(shape))
             arrays[name] = np.frombuffer(buffer, dtype, count, offset).reshape(shape)
             offset += -(-count * np.dtype(dtype).itemsize // 64) * 64
@@ -190,7 +216,7 @@ class StepBuffers:
             tuple(o[start:stop] for o in self.obs), tuple(o[start:stop] for o in self.final_obs),
             *(getattr(self, name)[start:stop] for name in (
                 "actions", "discrete", "mask", "reward", "agent_id", "final_agent_id",
-                "terminated", "truncated")))
+                "terminated", "truncated", "pose", "final_pose")))
 
 
 @dataclass(frozen=True)
@@ -204,6 +230,8 @@ class InstanceInfo:
     port: int
     process_id: int | None
     """The Unity process (None when connected to an editor)."""
+    sends_poses: bool = False
+    """It answered the render side channel (the stand-in playing Huggy, when rendering)."""
 
 
 class UnityInstance:
@@ -229,6 +257,12 @@ class UnityInstance:
         self._parameters = EnvironmentParametersChannel()
         for key, value in config.parameters:
             self._parameters.set_float_parameter(key, float(value))
+        self._pose_channel: Any = None
+        if config.render:
+            from envs.render_channel import PoseChannel
+
+            self._pose_channel = PoseChannel()
+            self._parameters.set_float_parameter(RENDER_PARAMETER, 1.0)
         self._unity: Any = None
         tried: list[int] = []
         for candidate in config.worker_ids:
@@ -250,6 +284,8 @@ class UnityInstance:
                 raise ValueError(f"behavior {self.behavior_name!r} has {self.layout.describe()}, "
                                  f"expected {config.layout.describe()}")
             decision, _ = self._unity.get_steps(self.behavior_name)
+            self.sends_poses = (self._pose_channel is not None
+                                and self._pose_channel.take() is not None)
             if config.num_agents is not None and len(decision) != config.num_agents:
                 raise ValueError(
                     f"asked for {config.num_agents} agents, the environment has {len(decision)}"
@@ -277,7 +313,8 @@ class UnityInstance:
                 file_name=config.file_name, worker_id=worker_id, base_port=config.base_port,
                 seed=config.seed, no_graphics=config.no_graphics,
                 timeout_wait=config.timeout_wait, log_folder=config.log_folder,
-                side_channels=[self._engine, self._parameters],
+                side_channels=[self._engine, self._parameters,
+                               *([self._pose_channel] if self._pose_channel else [])],
                 additional_args=list(config.additional_args),
             )
         except UnityWorkerInUseException:
@@ -306,7 +343,8 @@ class UnityInstance:
         """The scene's sizes, the behavior, the worker id, port and Unity process id."""
         process = getattr(self._unity, "_process", None)
         return InstanceInfo(self.num_agents, self.layout, self.behavior_name, self.worker_id,
-                            self.port, None if process is None else process.pid)
+                            self.port, None if process is None else process.pid,
+                            self.sends_poses)
 
     # -- episodes -------------------------------------------------------------------------------
 
@@ -318,6 +356,8 @@ class UnityInstance:
         self._unity.reset()
         decision, _ = self._unity.get_steps(self.behavior_name)
         self._adopt(decision, out)
+        if self._pose_channel is not None:
+            self._write_poses(out)
 
     def _adopt(self, decision: Any, out: StepBuffers) -> None:
         """Start a fresh slot table from a reset's decision steps (slot = row)."""
@@ -339,7 +379,28 @@ class UnityInstance:
         """Send `out.actions` (one row per slot) and fill `out` with the step's results: the
         next observation of each slot (its successor's first one where an episode ended, with
         the finished agent's last observation and id in `final_obs`/`final_agent_id`), the
-        reward, terminated (ended before its max step) and truncated (interrupted at it)."""
+        reward, terminated (ended before its max step) and truncated (interrupted at it); with
+        rendering, the poses."""
+        self._step(out)
+        if self._pose_channel is not None:
+            self._write_poses(out)
+
+    def _write_poses(self, out: StepBuffers) -> None:
+        """Each slot's pose from the render side channel's latest record, and the last pose of
+        each slot whose episode just ended (found by the finished agent's id)."""
+        message = self._pose_channel.take()
+        if message is None:
+            return
+        slots = _rows_in(self._slot_ids, message.ids)
+        known = slots >= 0
+        out.pose[slots[known]] = message.poses[known]
+        if len(message.final_ids):
+            ended = np.flatnonzero(out.terminated | out.truncated)
+            rows = _rows_in(message.final_ids, out.final_agent_id[ended])
+            found = rows >= 0
+            out.final_pose[ended[found]] = message.final_poses[rows[found]]
+
+    def _step(self, out: StepBuffers) -> None:
         order = self._decision_slots
         rows = self._exchange(out.actions if order is None else out.actions[order],
                               out.discrete if order is None else out.discrete[order])

@@ -10,16 +10,22 @@ stepping uncounted, and episodes are reported in (slot, episode index) order, ne
 order they ended. This is Stable-Baselines3's `evaluate_policy` scheme. `rollout()` counts
 the slots of every instance as one group; `rollout_per_instance()` gives each instance its own
 N and its own quotas over its own slots.
+
+Recording (videos, `.demo` files, Minari datasets) is done by recorders that the loop feeds
+beside the statistics (`envs.recording.base`); they change nothing that is counted.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
+
+from envs.recording.base import Recorder, RecordingContext, StepRecord
+from envs.results import EpisodeResult, RolloutInterrupted, RolloutResult
 
 ESTIMATOR = "per-slot quota"
 ESTIMATOR_DESCRIPTION = (
@@ -44,41 +50,6 @@ class Agent(Protocol):
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
                        row_offset: int = 0, **masks_and_memory: Any) -> Any: ...
-
-
-@dataclass(frozen=True)
-class EpisodeResult:
-    """One counted episode: its return, its length in decisions, whether the environment ended
-    it (`terminated`, as Gymnasium names it; Huggy's episodes terminate at the stick) rather than
-    the step limit (truncated), its slot and its index among that slot's episodes."""
-
-    episode_return: float
-    length: int
-    terminated: bool
-    slot: int = 0
-    index: int = 0
-
-
-@dataclass
-class RolloutResult:
-    """Counted episodes in (slot, index) order, agent-steps taken and wall time."""
-
-    episodes: list[EpisodeResult] = field(default_factory=list)
-    agent_steps: int = 0
-    seconds: float = 0.0
-
-    @property
-    def agent_steps_per_second(self) -> float:
-        return self.agent_steps / self.seconds if self.seconds > 0 else 0.0
-
-
-class RolloutInterrupted(RuntimeError):
-    """The environment died mid-rollout; `.result` holds the episodes counted before, which
-    no longer fill every quota (and so are not an unbiased sample)."""
-
-    def __init__(self, message: str, result: RolloutResult) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 STEP_SEED_MULTIPLIER = 1_000_003  # seed of step t in stochastic mode: seed * M + t (mod 2**63)
@@ -137,6 +108,45 @@ class _SlotTally:
     def result(self, seconds: float) -> RolloutResult:
         return RolloutResult(sorted(self.counted, key=lambda e: (e.slot, e.index)),
                              self.agent_steps, seconds)
+
+
+class _Feed:
+    """The recorders of one group of slots (`part` of the env's rows) and their quotas."""
+
+    def __init__(self, recorders: Sequence[Recorder], env: Any, part: slice, tally: _SlotTally,
+                 seed: int | None, obs: Any, infos: dict[str, Any]) -> None:
+        self.recorders, self.part, self.tally = list(recorders), part, tally
+        context = RecordingContext(env, part, tally.quotas, seed)
+        rows = _rows(obs, part)
+        infos = {key: _rows(value, part) for key, value in infos.items()
+                 if isinstance(value, (np.ndarray, tuple))}
+        for recorder in self.recorders:
+            recorder.start(context, rows, infos)
+
+    def step(self, record: StepRecord) -> None:
+        """Hand every recorder this group's rows of `record` (before the tally counts it)."""
+        if self.recorders and not self.tally.done:
+            rows = record.rows(self.part)
+            for recorder in self.recorders:
+                recorder.step(rows)
+
+    def end(self, result: RolloutResult | None) -> None:
+        for recorder in self.recorders:
+            recorder.end(result)
+
+
+def _rows(value: Any, part: slice) -> Any:
+    return tuple(v[part] for v in value) if isinstance(value, tuple) else value[part]
+
+
+def _step_record(obs: Any, infos: dict[str, Any], actions: Any, step: tuple,
+                 tallies: Sequence[_SlotTally]) -> StepRecord:
+    """The whole env's `StepRecord` of one step (`step`: what `env.step` returned), with each
+    slot's episode index from the tallies of its group (concatenated in slot order)."""
+    next_obs, rewards, terminated, truncated, next_infos = step
+    return StepRecord(obs, actions, infos.get("action_mask"), rewards, terminated, truncated,
+                      next_obs, next_infos.get("final_obs"),
+                      np.concatenate([tally.finished for tally in tallies]))
 
 
 class _Acting:
@@ -203,6 +213,7 @@ def rollout(
     deterministic: bool = True,
     seed: int | None = None,
     progress: Callable[[EpisodeResult], None] | None = None,
+    recorders: Sequence[Recorder] = (),
 ) -> RolloutResult:
     """Run `env` (a `UnityVectorEnv`) until every slot has finished its quota of episodes.
 
@@ -213,6 +224,8 @@ def rollout(
     With `seed`, the env is reset with it, and in stochastic mode decision t uses
     `compute_action(..., seed=step_seed(seed, t))`, so a local and a remote agent give identical
     results. `progress` is called with each counted episode as it ends (in the order they end).
+    `recorders` see every step of every slot (`envs.recording.base`) until the last counted
+    episode ends, then the result (None if interrupted).
 
     Raises:
         RolloutInterrupted: the Unity process died or stopped answering; `.result` holds the
@@ -224,24 +237,38 @@ def rollout(
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     tally = _SlotTally(episodes, 1)
+    feed: _Feed | None = None
     start = time.perf_counter()
     try:
         obs, infos = env.reset(seed=seed)
         tally = _SlotTally(episodes, env.num_envs)
+        if recorders:
+            feed = _Feed(recorders, env, slice(0, env.num_envs), tally, seed, obs, infos)
         acting = _Acting(agent, env.num_envs, deterministic, seed)
         step = 0
         while not tally.done:
-            obs, rewards, terminated, truncated, infos = env.step(acting.act(obs, infos, step))
+            actions = acting.act(obs, infos, step)
+            outcome = env.step(actions)
+            if feed is not None:
+                feed.step(_step_record(obs, infos, actions, outcome, [tally]))
+            obs, rewards, terminated, truncated, infos = outcome
             step += 1
             acting.ended(terminated, truncated)
             tally.record(rewards, terminated, truncated, progress)
-    except UnityException as error:
+    except BaseException as error:
+        if feed is not None:
+            feed.end(None)
+        if not isinstance(error, UnityException):
+            raise
         result = tally.result(time.perf_counter() - start)
         raise RolloutInterrupted(
             f"the environment stopped after {len(tally.counted)} of {episodes} episodes: "
             f"{error}", result,
         ) from error
-    return tally.result(time.perf_counter() - start)
+    result = tally.result(time.perf_counter() - start)
+    if feed is not None:
+        feed.end(result)
+    return result
 
 
 def rollout_per_instance(
@@ -250,6 +277,7 @@ def rollout_per_instance(
     episodes: Sequence[int],
     seeds: Sequence[int],
     deterministic: bool = True,
+    recorders: Sequence[Sequence[Recorder]] = (),
 ) -> list[RolloutResult]:
     """One independent rollout per instance of `env` (a `UnityVectorEnv` of K instances),
     stepped together: what `rollout(agent, <one instance>, episodes[j], deterministic,
@@ -262,6 +290,9 @@ def rollout_per_instance(
     mode, `step_seed(seeds[j], t)`: the batch and the seeds a one-instance rollout would use, so
     no float can differ with K. An instance that is done (or has `episodes[j] == 0`) gets zero
     actions, which cannot affect the others, until every instance is done.
+
+    `recorders[j]` (empty or one list per instance) see instance j's slots, numbered from 0,
+    until its quotas are filled (`envs.recording.base`), then its result.
 
     Returns one `RolloutResult` per instance; `agent_steps` counts instance j's agent-steps
     until its quotas were filled (as `rollout` would), `seconds` is its share of the shared wall
@@ -281,11 +312,17 @@ def rollout_per_instance(
                          f"got {len(episodes)} and {len(seeds)}")
     if any(count < 0 for count in episodes):
         raise ValueError(f"episode counts must be >= 0, got {list(episodes)}")
+    if recorders and len(recorders) != len(slices):
+        raise ValueError(f"need one list of recorders per instance ({len(slices)}), got "
+                         f"{len(recorders)}")
     tallies = [_SlotTally(count, part.stop - part.start)
                for count, part in zip(episodes, slices, strict=True)]
+    feeds: dict[int, _Feed] = {}
     start = time.perf_counter()
     try:
         obs, infos = env.reset(options={"seeds": list(seeds)})
+        feeds = {j: _Feed(group, env, slices[j], tallies[j], seeds[j], obs, infos)
+                 for j, group in enumerate(recorders) if group}
         actions = _zero_actions(env.action_space)
         acting = _Acting(agent, env.num_envs, deterministic, None)
         step = 0
@@ -293,13 +330,22 @@ def rollout_per_instance(
             for tally, part, seed in zip(tallies, slices, seeds, strict=True):
                 _set_rows(actions, part, 0 if tally.done else
                           acting.act(obs, infos, step, part, seed))
-            obs, rewards, terminated, truncated, infos = env.step(actions)
+            outcome = env.step(actions)
+            if feeds:
+                record = _step_record(obs, infos, actions, outcome, tallies)
+                for feed in feeds.values():
+                    feed.step(record)
+            obs, rewards, terminated, truncated, infos = outcome
             step += 1
             acting.ended(terminated, truncated)
             for tally, part in zip(tallies, slices, strict=True):
                 if not tally.done:
                     tally.record(rewards[part], terminated[part], truncated[part], None)
-    except UnityException as error:
+    except BaseException as error:
+        for feed in feeds.values():
+            feed.end(None)
+        if not isinstance(error, UnityException):
+            raise
         counted = sum(len(tally.counted) for tally in tallies)
         offsets = [part.start for part in slices]
         merged = RolloutResult(
@@ -311,5 +357,8 @@ def rollout_per_instance(
             merged) from error
     seconds = time.perf_counter() - start
     steps = sum(tally.agent_steps for tally in tallies)
-    return [tally.result(seconds * tally.agent_steps / steps if steps else 0.0)
-            for tally in tallies]
+    results = [tally.result(seconds * tally.agent_steps / steps if steps else 0.0)
+               for tally in tallies]
+    for j, feed in feeds.items():
+        feed.end(results[j])
+    return results

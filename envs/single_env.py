@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from envs.vector_env import HuggyVectorEnv, UnityVectorEnv
+from envs.vector_env import RENDER_FPS, HuggyVectorEnv, UnityVectorEnv
 
 
 def _row(values: Any, index: int) -> Any:
@@ -25,15 +25,22 @@ class UnityEnv(gymnasium.Env):
     unless a seed is given). Infos hold only the agent's `action_mask` for its next decision
     where it has discrete actions (True = allowed): Unity's agent ids change every episode, so
     they would make equal seeds give unequal infos. Keyword arguments go to the vector env.
+
+    With `render_mode="rgb_array"`, `render()` returns the agent's frame (the vector env's
+    `render_frame`): after a step that ended its episode, the episode's last frame; after
+    `reset()`, the new episode's first.
     """
 
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": RENDER_FPS}
     vector_env_class: type[UnityVectorEnv] = UnityVectorEnv
 
-    def __init__(self, file_name: str | None = None, agent_index: int = 0, **kwargs: Any) -> None:
+    def __init__(self, file_name: str | None = None, agent_index: int = 0,
+                 render_mode: str | None = None, **kwargs: Any) -> None:
         if file_name is None:
             kwargs.setdefault("num_agents", 1)
-        self.vector_env = self.vector_env_class(file_name=file_name, **kwargs)
+        self.vector_env = self.vector_env_class(file_name=file_name, render_mode=render_mode,
+                                                **kwargs)
+        self.render_mode = render_mode
         if not 0 <= agent_index < self.vector_env.num_envs:
             self.vector_env.close()
             raise ValueError(
@@ -45,6 +52,7 @@ class UnityEnv(gymnasium.Env):
         self._successor: Any = None
         self._successor_mask: np.ndarray | None = None
         self._needs_reset = True
+        self._ended = False  # the last step ended the episode: render() shows its last frame
 
     def _info(self, infos: dict[str, Any]) -> dict[str, Any]:
         if "action_mask" not in infos:
@@ -62,7 +70,7 @@ class UnityEnv(gymnasium.Env):
         else:
             batch, infos = self.vector_env.reset(seed=seed, options=options)
             obs, self._successor, info = _row(batch, i), None, self._info(infos)
-        self._needs_reset = False
+        self._needs_reset = self._ended = False
         return obs, info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -79,10 +87,18 @@ class UnityEnv(gymnasium.Env):
             self._successor, obs = _row(obs, i), infos["final_obs"][i]
             self._successor_mask = info.get("action_mask")
             info = {}
-            self._needs_reset = True
+            self._needs_reset = self._ended = True
         else:
             obs = _row(obs, i)
         return obs, float(rewards[i]), bool(terminated[i]), bool(truncated[i]), info
+
+    def render(self) -> np.ndarray | None:
+        """The agent's frame, (H, W, 3) uint8; None, with a warning, without a render mode."""
+        if self.render_mode is None:
+            gymnasium.logger.warn("render() called on an environment made without render_mode; "
+                                  "pass render_mode='rgb_array'")
+            return None
+        return self.vector_env.render_frame(self.agent_index, final=self._ended)
 
     def close(self) -> None:
         self.vector_env.close()

@@ -15,6 +15,12 @@ slot and its successor takes it (`envs.instance`). Autoreset is same-step (gymna
 `AutoresetMode.SAME_STEP`): a finished slot returns its successor's first observation, with the
 finished agent's last observation in `infos["final_obs"]` (mask `infos["_final_obs"]`).
 ML-Agents' terminal steps map to `terminated`, interrupted ones (max step) to `truncated`.
+
+Rendering (`render_mode="rgb_array"`): the built-in stand-in playing Huggy sends its agents'
+poses on a side channel of its own (`envs.standin.poses`), and frames are drawn from them
+(`envs.render.huggy_frame`); a behavior with a camera observation (C, H, W) of 1 or 3 channels
+gives that image (`envs.render.visual_frame`). `render()` returns one frame per slot, as
+Gymnasium's vector envs do; `render_frame(slot)` draws one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from envs import render
 from envs.instance import (
     MAX_SEED,
     EnvironmentStartError,
@@ -39,11 +46,17 @@ from envs.instance import (
     check_seed,
     instance_seed,
 )
+from envs.standin import poses
 from envs.standin.launcher import builtin_huggy_path, spec_arguments
+from envs.standin.sim import DT
 from envs.workers import InstanceWorkers
 
-__all__ = ["MAX_SEED", "EnvironmentStartError", "HuggyVectorEnv", "UnityVectorEnv",
-           "instance_seed", "spaces_of"]
+__all__ = ["MAX_SEED", "RENDER_FPS", "EnvironmentStartError", "HuggyVectorEnv",
+           "UnityVectorEnv", "instance_seed", "spaces_of"]
+
+RENDER_FPS = 1.0 / DT
+"""Frames per second of real time: one frame per decision of Huggy (every 4 physics steps of
+0.02 s). A Unity build whose scene decides at another rate plays faster or slower."""
 
 
 def spaces_of(layout: SlotLayout) -> tuple[gymnasium.Space, gymnasium.Space]:
@@ -69,7 +82,7 @@ class _LocalInstance:
         info = self.instance.info()
         self.infos = [info]
         self.slices = [slice(0, info.num_agents)]
-        self.buffers = StepBuffers.over(info.num_agents, info.layout)
+        self.buffers = StepBuffers.over(info.num_agents, info.layout, pose_size=config.pose_size)
         self.worker_process_ids: list[int] = []
 
     def reset(self, seeds: Sequence[int | None]) -> None:
@@ -117,6 +130,11 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             two stay on one core (2 stand-in instances on 2 cores: +24-29% agent-decisions/s).
             Off by default: for a machine of your own. Several pinned environments at once
             share the same first cores, and a Unity build's own threads want several cores.
+        render_mode: None, or "rgb_array" for frames (see the module docstring): the stand-in
+            playing Huggy, or a behavior with a camera observation; anything else raises
+            ValueError here. The stand-in then sends its poses after every step (the
+            simulation's numbers are unchanged); without it nothing changes on the wire.
+        render_label: a name drawn on every frame (the policy's); `render_frame` can override it.
 
     `num_envs` is the number of agent slots in all; `instance_slices[i]` are instance i's.
     `reset(seed=s)` reseeds instance i with `instance_seed(s, i)` = `(s + i * 10_368_889) mod
@@ -125,7 +143,8 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
     `envs.workers.InstanceError` names it.
     """
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"],
+                "render_fps": RENDER_FPS}
 
     def __init__(
         self,
@@ -148,10 +167,14 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         instances: int = 1,
         behavior_spec: Any = None,
         pin_cores: bool = False,
+        render_mode: str | None = None,
+        render_label: str | None = None,
     ) -> None:
         from mlagents_envs import env_utils
         from mlagents_envs.environment import UnityEnvironment
 
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
             raise ValueError(f"instances must be an integer >= 1, got {instances!r}")
         if num_envs != 1:
@@ -191,7 +214,8 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
                 no_graphics=no_graphics, timeout_wait=timeout_wait, time_scale=time_scale,
                 parameters=parameters, log_folder=log_folder, behavior_name=behavior_name,
                 num_agents=num_agents, additional_args=additional_args,
-                cpu_core=cores[i % len(cores)] if cores else None)
+                cpu_core=cores[i % len(cores)] if cores else None,
+                render=render_mode is not None)
             for i in range(instances)
         ]
         if instances == 1:
@@ -205,17 +229,34 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         self._buffers: StepBuffers = self._instances.buffers
         self.layout: SlotLayout = infos[0].layout
         self.num_envs = sum(info.num_agents for info in infos)
+        self.render_mode = render_mode
+        self.render_label = render_label
         try:
             self._check_layout(self.layout)
+            self._frames = self._frame_source(infos) if render_mode else None
         except ValueError:
             self._instances.close()
             raise
+        self._tracks = render.SlotTracks(self.num_envs) if render_mode else None
         self.single_observation_space, self.single_action_space = spaces_of(self.layout)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
     def _check_layout(self, layout: SlotLayout) -> None:
         """Refuse a behavior this environment does not drive (every behavior here)."""
+
+    def _frame_source(self, infos: Sequence[InstanceInfo]) -> str | int:
+        """Where frames come from: "poses" (the stand-in's Huggy), else the index of the first
+        camera observation (C, H, W) of 1 or 3 channels; ValueError when there is neither."""
+        if all(info.sends_poses for info in infos):
+            return "poses"
+        for index, shape in enumerate(self.layout.observations):
+            if len(shape) == 3 and shape[0] in (1, 3):
+                return index
+        raise ValueError(
+            f"render_mode='rgb_array' needs the built-in stand-in playing Huggy (which sends its "
+            f"poses) or a camera sensor (a (C, H, W) observation of 1 or 3 channels); behavior "
+            f"{self.behavior_name!r} has {self.layout.describe()} and sends no poses")
 
     # -- where things run -----------------------------------------------------------------------
 
@@ -272,7 +313,15 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         seeds = self._instance_seeds(seed, options or {})
         super().reset(seed=seed)
         self._instances.reset(seeds)
+        if self._tracks is not None:
+            self._tracks.reset(self._floor_positions(self._buffers.pose))
         return self._observations(), self._infos()
+
+    def _floor_positions(self, pose_rows: np.ndarray) -> np.ndarray | None:
+        """(N, 2) floor positions (x, z) of pose rows, or None without poses."""
+        if self._frames != "poses":
+            return None
+        return pose_rows[:, [poses.POSITION.start, poses.POSITION.start + 2]]
 
     def _observations(self) -> Any:
         """Every slot's observation: one (N, *shape) array, or a tuple of them."""
@@ -338,21 +387,52 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
                                     "_agent_id": ended},
                      "_final_info": ended}
         infos.update(self._infos())
-        return self._observations(), buffers.reward.copy(), terminated, truncated, infos
+        rewards = buffers.reward.copy()
+        if self._tracks is not None:
+            self._tracks.step(rewards, terminated, truncated, self._floor_positions(buffers.pose),
+                              self._floor_positions(buffers.final_pose))
+        return self._observations(), rewards, terminated, truncated, infos
+
+    # -- rendering ------------------------------------------------------------------------------
+
+    def render(self) -> tuple[np.ndarray, ...] | None:
+        """One (H, W, 3) uint8 frame per slot (Gymnasium's vector convention), each as
+        `render_frame(slot)`; None, with a warning, without a render mode."""
+        if self.render_mode is None:
+            gymnasium.logger.warn("render() called on an environment made without render_mode; "
+                                  "pass render_mode='rgb_array'")
+            return None
+        return tuple(self.render_frame(slot) for slot in range(self.num_envs))
+
+    def render_frame(self, slot: int, *, final: bool = False, label: str | None = None
+                     ) -> np.ndarray:
+        """The frame of agent slot `slot` now, or with `final` the last frame of the episode it
+        ended at the last step (valid only right after that step). `label` (default
+        `render_label`) names the policy on a drawn frame. Returns (H, W, 3) uint8."""
+        if self._tracks is None:
+            raise RuntimeError("this environment was made without render_mode='rgb_array'")
+        if not 0 <= slot < self.num_envs:
+            raise ValueError(f"slot must be in [0, {self.num_envs}), got {slot}")
+        buffers, tracks = self._buffers, self._tracks
+        if isinstance(self._frames, int):  # a camera observation
+            images = buffers.final_obs if final else buffers.obs
+            return render.visual_frame(images[self._frames][slot])
+        ended = None  # the poses are Huggy's: its episodes terminate at the stick
+        if final:
+            ended = "reached the stick" if tracks.final_terminated[slot] else "max steps reached"
+        overlay = render.Overlay(
+            behavior=self.behavior_name.split("?")[0],
+            label=self.render_label if label is None else label,
+            step=int((tracks.final_lengths if final else tracks.lengths)[slot]),
+            episode_return=float((tracks.final_returns if final else tracks.returns)[slot]),
+            slot=slot, ended=ended)
+        return render.huggy_frame((buffers.final_pose if final else buffers.pose)[slot],
+                                  tracks.trail(slot, final), overlay)
 
     def _split_actions(self, actions: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(continuous, discrete) rows of `actions`, checked against the action space."""
         layout, n = self.layout, self.num_envs
-        hybrid = layout.continuous_size and layout.discrete_branches
-        if hybrid:
-            if not isinstance(actions, tuple) or len(actions) != 2:
-                raise ValueError("expected (continuous, discrete) actions for this hybrid "
-                                 f"behavior, got {type(actions).__name__}")
-            continuous, discrete = actions
-        elif layout.continuous_size:
-            continuous, discrete = actions, None
-        else:
-            continuous, discrete = None, actions
+        continuous, discrete = layout.split_actions(actions)
         if continuous is not None:
             continuous = np.asarray(continuous, dtype=np.float32)
             if continuous.shape != (n, layout.continuous_size):

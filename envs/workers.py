@@ -99,6 +99,7 @@ class InstanceWorkers:
 
     def __init__(self, configs: Sequence[InstanceConfig]) -> None:
         self._timeout = max(config.timeout_wait for config in configs) + ANSWER_MARGIN_S
+        self._pose_size = configs[0].pose_size
         self._workers: list[_Worker] = []
         self._memory_fd = _shared_memory_fd()
         self.closed = False
@@ -162,10 +163,10 @@ class InstanceWorkers:
                     f"{worker.describe()} has {info.behavior_name!r} with "
                     f"{info.layout.describe()}")
         rows = sum(info.num_agents for info in infos)
-        size = StepBuffers.nbytes(rows, first.layout)
+        size = StepBuffers.nbytes(rows, first.layout, self._pose_size)
         os.ftruncate(self._memory_fd, size)
         memory = mmap.mmap(self._memory_fd, size)  # kept alive by the arrays over it
-        self.buffers = StepBuffers.over(rows, first.layout, memory)
+        self.buffers = StepBuffers.over(rows, first.layout, memory, self._pose_size)
         self.slices: list[slice] = []
         start = 0
         for worker, info in zip(self._workers, infos, strict=True):
@@ -311,8 +312,8 @@ def serve(conn: Connection, memory_fd: int) -> int:
         if message == _CLOSE:
             return 0
         _, rows, layout, start = pickle.loads(message)
-        memory = mmap.mmap(memory_fd, StepBuffers.nbytes(rows, layout))
-        buffers = StepBuffers.over(rows, layout, memory).rows(
+        memory = mmap.mmap(memory_fd, StepBuffers.nbytes(rows, layout, config.pose_size))
+        buffers = StepBuffers.over(rows, layout, memory, config.pose_size).rows(
             start, start + instance.num_agents)
         conn.send(("ready",))
         while True:

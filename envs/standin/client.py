@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from envs.standin import poses
 from envs.standin.protocol import (
     PACKAGE_VERSION,
     apply_parameters,
@@ -30,7 +31,7 @@ from envs.standin.wire import ObservationEncoder, continuous_actions
 
 BEHAVIOR = "Huggy?team=0"
 PARAMETERS = {"num_agents", "max_steps", "arena_size", "episode_length", "episode_length_step",
-              "echo_actions", "seed"}
+              "echo_actions", "seed", poses.RENDER_PARAMETER}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -82,7 +83,7 @@ class StandIn:
         self.order = np.arange(self.sim.num_agents)
         self.last_actions = np.zeros((self.sim.num_agents, ACT_SIZE), dtype=np.float32)
         return self._message(self.sim.agent_id, zeros, zeros.astype(bool), zeros.astype(bool),
-                             self._echo(obs))
+                             self._echo(obs), self._poses(np.zeros(0, np.int64)))
 
     def _echo(self, obs: np.ndarray) -> np.ndarray:
         """`obs` (one row per slot) with the echo columns of `SimConfig.echo_actions`."""
@@ -100,9 +101,11 @@ class StandIn:
         r = sim.step(actions)
         self.last_actions = actions
         r.obs, r.new_obs = self._echo(r.obs), self._echo(r.new_obs)
+        side_channel = self._poses(r.agent_id[r.done])
         if not r.done.any():
             self.order = np.arange(sim.num_agents)
-            return self._message(r.agent_id, r.reward, r.done, r.max_step_reached, r.obs)
+            return self._message(r.agent_id, r.reward, r.done, r.max_step_reached, r.obs,
+                                 side_channel)
         # A finished agent reports its terminal step, and its successor (a new id, as Unity
         # gives every episode) asks for its first decision in the same message.
         fresh = np.flatnonzero(r.done)
@@ -112,16 +115,24 @@ class StandIn:
             np.concatenate([r.reward, np.zeros(len(fresh), np.float32)]),
             np.concatenate([r.done, np.zeros(len(fresh), bool)]),
             np.concatenate([r.max_step_reached, np.zeros(len(fresh), bool)]),
-            np.concatenate([r.obs, r.new_obs[fresh]]),
+            np.concatenate([r.obs, r.new_obs[fresh]]), side_channel,
         )
 
+    def _poses(self, finished_ids: np.ndarray) -> bytes:
+        """The render side channel's record (every dog's pose, and the last poses of the agents
+        `finished_ids`), or nothing unless the `render` parameter is on."""
+        sim = self.sim
+        if sim is None or not sim.config.render:
+            return b""
+        return poses.encode_record(sim.agent_id, sim.poses(), finished_ids, sim.final_poses)
+
     def _message(self, ids: np.ndarray, reward: np.ndarray, done: np.ndarray,
-                 max_step: np.ndarray, obs: np.ndarray) -> bytes:
+                 max_step: np.ndarray, obs: np.ndarray, side_channel: bytes = b"") -> bytes:
         infos = self.encoder.agent_infos(ids, reward, done, max_step, obs)
         init = b""
         if not self.announced:
             init, self.announced = self.initialization_output(True), True
-        return self.encoder.message(infos, init)
+        return self.encoder.message(infos, init, side_channel)
 
     def actions_from(self, rl_input: object) -> np.ndarray:
         sim = self.sim

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from envs.standin import poses as pose
+
 OBS_SIZE = 59
 ACT_SIZE = 21
 DECISION_PERIOD = 4  # physics steps per decision, as Huggy's DecisionRequester
@@ -93,6 +95,10 @@ class SimConfig:
     carries in columns 0-20 the actions it last received for slot s (zeros before the first
     step), in column 21 the slot's index s, in column 22 the stand-in's port. Applied by the
     stand-in's protocol side (`envs.standin.client`); the simulation itself is unchanged."""
+    render: int = 0
+    """When 1, the stand-in sends every agent's pose after each reset and step on the render
+    side channel (`envs.standin.poses`), for frames drawn outside the simulation; the
+    simulation's numbers are unchanged."""
 
     def validated(self) -> SimConfig:
         """This configuration, or ValueError naming the bad field."""
@@ -105,11 +111,12 @@ class SimConfig:
         if int(self.episode_length) < 0 or int(self.episode_length_step) < 0:
             raise ValueError("episode_length and episode_length_step must be >= 0, got "
                              f"{self.episode_length} and {self.episode_length_step}")
-        if int(self.echo_actions) not in (0, 1):
-            raise ValueError(f"echo_actions must be 0 or 1, got {self.echo_actions}")
+        for flag in ("echo_actions", "render"):
+            if int(getattr(self, flag)) not in (0, 1):
+                raise ValueError(f"{flag} must be 0 or 1, got {getattr(self, flag)}")
         return SimConfig(int(self.num_agents), int(self.max_steps), float(self.arena_size),
                          int(self.episode_length), int(self.episode_length_step),
-                         int(self.echo_actions))
+                         int(self.echo_actions), int(self.render))
 
 
 @dataclass
@@ -178,6 +185,7 @@ class HuggySim(SeededSim):
         self.stick = np.zeros((n, 3))
         self.steps = np.zeros(n, dtype=np.int64)
         self.agent_id = np.zeros(n, dtype=np.int64)
+        self.final_poses = np.zeros((0, pose.POSE_SIZE), np.float32)
         self._respawn(np.ones(n, dtype=bool))
         return self.observe()
 
@@ -285,6 +293,23 @@ class HuggySim(SeededSim):
         obs[:, 56:59] = up
         return obs
 
+    def poses(self) -> np.ndarray:
+        """(N, POSE_SIZE) float32: every dog's pose, for drawing (columns in
+        `envs.standin.poses`)."""
+        out = np.empty((self.config.num_agents, pose.POSE_SIZE), np.float32)
+        body, _, lower = self._contacts()
+        out[:, pose.ARENA] = self.config.arena_size
+        out[:, pose.POSITION] = self.pos
+        out[:, pose.YAW] = self.yaw
+        out[:, pose.PITCH] = self.pitch
+        out[:, pose.ROLL] = self.roll
+        out[:, pose.JOINTS] = self.joints
+        out[:, pose.STRENGTH] = self.strength
+        out[:, pose.FEET_DOWN] = lower
+        out[:, pose.BODY_CONTACT] = body
+        out[:, pose.STICK] = self.stick[:, [0, 2]]
+        return out
+
     def _scripted_ends(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Reward, reached and interrupted of the scripted episodes (see `SimConfig`)."""
         slot = np.arange(self.config.num_agents)
@@ -352,6 +377,8 @@ class HuggySim(SeededSim):
         done = reached | interrupted
         obs = self.observe()
         agent_id = self.agent_id.copy()
+        if self.config.render:  # the finished dogs' last poses, before they respawn
+            self.final_poses = self.poses()[done] if done.any() else self.final_poses[:0]
         self._respawn(done)
         new_obs = self.observe() if done.any() else obs
         return StepResult(obs, reward.astype(np.float32), done, interrupted, agent_id,

@@ -92,16 +92,20 @@ class ObservationEncoder:
             np.uint8).reshape(len(ids), -1)
         return table.tobytes()
 
-    def message(self, agent_infos: bytes, initialization_output: bytes = b"") -> bytes:
+    def message(self, agent_infos: bytes, initialization_output: bytes = b"",
+                side_channel: bytes = b"") -> bytes:
         """A `UnityMessageProto` (status 200) whose rl_output holds `agent_infos` (the bytes
         `agent_infos()` gives).
 
         `initialization_output` is the serialized `UnityRLInitializationOutputProto` to include
         (with the brain parameters) the first time the behavior appears, else empty.
+        `side_channel` holds the side-channel records to send (none when empty).
         """
         listing = agent_infos
         entry = length_delimited(1, self.behavior) + length_delimited(2, listing)
         rl_output = length_delimited(2, entry)  # UnityRLOutputProto.agentInfos (map) = 2
+        if side_channel:
+            rl_output += length_delimited(3, side_channel)  # UnityRLOutputProto.side_channel
         output = length_delimited(1, rl_output)
         if initialization_output:
             output += length_delimited(2, initialization_output)
