@@ -1,7 +1,11 @@
 """`huggy benchmark`: our compute_action, through `auto` and through each engine asked for,
 against onnxruntime and a plain eager torch forward, measured in one run with one thread count
 (interleaved, so that load from other processes hits every candidate alike), plus the machine's
-own float32 matmul rate and each engine's load and first-call time."""
+own float32 matmul rate and each engine's load and first-call time.
+
+Deterministic and stochastic actions both: onnxruntime's stochastic reference is the ML-Agents
+graph's own `continuous_actions`, sampled in the graph (RandomNormalLike); ours draws the host
+noise of a fresh stream per call (`seed=None`)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,10 @@ from huggy_agent.devices import available_devices
 from huggy_agent.engines import ENGINES, resolve_engine
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.reference import canonical_observations
+
+
+STOCHASTIC = ", stochastic"
+"""The suffix of the stochastic rows' names."""
 
 
 @dataclass
@@ -83,14 +91,16 @@ def _plain_eager(agent: HuggyAgent) -> Callable[[np.ndarray], np.ndarray]:
     return forward
 
 
-def _onnxruntime(onnx_path: Path, threads: int) -> Callable[[np.ndarray], object]:
+def _onnxruntime(onnx_path: Path, threads: int, output: str) -> Callable[[np.ndarray], object]:
+    """`output` (`deterministic_continuous_actions` or `continuous_actions`) of an ML-Agents ONNX
+    file, run by onnxruntime with `threads` intra-op threads."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    return lambda obs: session.run(["deterministic_continuous_actions"], {"obs_0": obs})
+    return lambda obs: session.run([output], {"obs_0": obs})
 
 
 def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls: int
@@ -152,9 +162,10 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
     """All figures of `huggy benchmark` as a dict (see the README for what each means).
 
     Row 0 is `huggy compute_action` through `auto` on the CPU, rows 1 and 2 the references
-    (onnxruntime on the policy's ML-Agents ONNX file or an export of it, plain eager torch), then
-    one row per other (engine, device) of `engines` (names, or `all`): the engine `auto` runs on
-    the CPU is row 0 (a second session of it would only compete with the first for the cores).
+    (onnxruntime on the policy's ML-Agents ONNX file or an export of it, plain eager torch), rows
+    3 and 4 stochastic actions (ours through `auto`, onnxruntime's in-graph sampling), then one
+    row per other (engine, device) of `engines` (names, or `all`): the engine `auto` runs on the
+    CPU is row 0 (a second session of it would only compete with the first for the cores).
     """
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -166,12 +177,19 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = agent.loaded.origin if agent.loaded.file_format == "mlagents-onnx" \
             else export_onnx(agent.net, Path(tmp) / "policy.onnx")
-        ort_run = _onnxruntime(Path(onnx_path), threads)
+        ort_run = _onnxruntime(Path(onnx_path), threads, "deterministic_continuous_actions")
+        ort_sample = _onnxruntime(Path(onnx_path), threads, "continuous_actions")
         eager = _plain_eager(agent)
+
+        def stochastic(obs: np.ndarray) -> object:
+            return agent.compute_action(obs, deterministic=False)
+
         candidates = [
             Candidate("huggy compute_action", agent.compute_action, agent.compute_action),
             Candidate("onnxruntime", lambda o: ort_run(o[None]), ort_run),
             Candidate("torch eager Sequential", lambda o: eager(o[None]), eager),
+            Candidate(f"huggy compute_action{STOCHASTIC}", stochastic, stochastic),
+            Candidate(f"onnxruntime{STOCHASTIC}", lambda o: ort_sample(o[None]), ort_sample),
         ]
         for engine, device in setups:
             other = HuggyAgent(policy, device=device, engine=engine)
@@ -192,7 +210,10 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
             "batch_obs_per_s": throughputs[candidate.name],
             "matmul_efficiency": throughputs[candidate.name] * flops / (gflops * 1e9),
         })
-    ours, ort_result, eager_result = results[0], results[1], results[2]
+    ours, ort_result, eager_result, ours_sampled, ort_sampled = results[:5]
+    for result in results:  # stochastic rows against onnxruntime's sampling, the rest against its
+        reference = ort_sampled if result["name"].endswith(STOCHASTIC) else ort_result
+        result["p50_vs_onnxruntime"] = result["p50_us"] / reference["p50_us"]
     return {
         "threads": threads, "batch_size": batch_size, "flops_per_obs": flops,
         "matmul_gflops": gflops, "auto_engine": agent.engine,
@@ -203,8 +224,9 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
         "ratios": {
             "p50_vs_onnxruntime": ours["p50_us"] / ort_result["p50_us"],
             "p50_vs_eager": ours["p50_us"] / eager_result["p50_us"],
+            "stochastic_p50_vs_onnxruntime": ours_sampled["p50_us"] / ort_sampled["p50_us"],
+            "batch_vs_onnxruntime": ours["batch_obs_per_s"] / ort_result["batch_obs_per_s"],
             "batch_vs_matmul_rate": ours["matmul_efficiency"],
-            "per_row_p50_vs_onnxruntime": {r["name"]: r["p50_us"] / ort_result["p50_us"]
-                                           for r in results},
+            "per_row_p50_vs_onnxruntime": {r["name"]: r["p50_vs_onnxruntime"] for r in results},
         },
     }
