@@ -277,9 +277,9 @@ class HuggyAgent:
             noise = None if deterministic else gaussian_noise(
                 self._new_stream() if seed is None else seed, 1, self.spec.continuous_size,
                 row_offset)
-            actions = row_act(obs, noise)
-            if actions is not None:
-                return actions
+            row_actions = row_act(obs, noise)
+            if row_actions is not None:
+                return row_actions
             # A value is not finite: validation below raises, naming it.
         inputs, single = as_input_batches(obs, self.spec)
         rows = len(inputs[0])

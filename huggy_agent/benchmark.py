@@ -27,7 +27,6 @@ from huggy_agent.engines import ENGINES, resolve_engine
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.reference import canonical_observations
 
-
 STOCHASTIC = ", stochastic"
 """The suffix of the stochastic rows' names."""
 

@@ -292,9 +292,11 @@ def mlp_policy(net: nn.Module) -> MlpPolicy:
     vector_input = net.network_body.observation_encoder.processors[0]
     distribution = net.action_model._continuous_distribution
     assert isinstance(vector_input, VectorInput) and distribution is not None
+    log_sigma = distribution.log_sigma
+    assert isinstance(log_sigma, (nn.Parameter, nn.Linear))
     hidden = tuple(layer for layer in net.network_body._body_endoder.seq_layers
                    if isinstance(layer, nn.Linear))
-    return MlpPolicy(vector_input.normalizer, hidden, distribution.mu, distribution.log_sigma,
+    return MlpPolicy(vector_input.normalizer, hidden, distribution.mu, log_sigma,
                      architecture.head)
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from huggy_agent.engines.base import ActionHead, Engine, EngineFailure, InputShapes
 from huggy_agent.actor import mlp_policy
+from huggy_agent.engines.base import ActionHead, Engine, EngineFailure, InputShapes
 from huggy_agent.engines.graphs import CudaGraphEngine, NpuGraphEngine, device_graphs
 from huggy_agent.engines.native import NATIVE_ROWS, NativeEngine
 from huggy_agent.engines.onnx_runtime import OnnxRuntimeEngine, onnxruntime_available

@@ -86,8 +86,10 @@ class NativeEngine(Engine):
         log_sigma = None if self._shared_log_sigma is not None else np.empty_like(mu)
         if not self._compiled.mlp_forward(self.plan, inputs[0], mu, log_sigma, rows):
             raise ValueError("observations must be finite")  # validated by the agent before
-        return (torch.from_numpy(mu), self._shared_log_sigma if log_sigma is None
-                else torch.from_numpy(log_sigma))
+        if log_sigma is None:
+            assert self._shared_log_sigma is not None
+            return torch.from_numpy(mu), self._shared_log_sigma
+        return torch.from_numpy(mu), torch.from_numpy(log_sigma)
 
     def act(self, inputs: Sequence[np.ndarray], noise: np.ndarray | None) -> np.ndarray:
         rows = len(inputs[0])
