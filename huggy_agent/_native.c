@@ -128,8 +128,14 @@ static int as_count(PyObject *object, Py_ssize_t *value, const char *what) {
     return 0;
 }
 
-static int parse_stream(PyObject *const *args, uint64_t *seed, uint64_t *row_offset,
+/* The (seed, row_offset, rows, cols, ...) arguments of a noise function taking `expected`. */
+static int parse_stream(const char *name, PyObject *const *args, Py_ssize_t nargs,
+                        Py_ssize_t expected, uint64_t *seed, uint64_t *row_offset,
                         Py_ssize_t *rows, Py_ssize_t *cols) {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, expected, nargs);
+        return -1;
+    }
     if (as_uint64(args[0], seed) < 0 || as_uint64(args[1], row_offset) < 0 ||
         as_count(args[2], rows, "rows") < 0 || as_count(args[3], cols, "cols") < 0)
         return -1;
@@ -141,11 +147,8 @@ static PyObject *gaussian_noise(PyObject *self, PyObject *const *args, Py_ssize_
     (void)self;
     uint64_t seed, row_offset;
     Py_ssize_t rows, cols;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "gaussian_noise takes 6 arguments");
+    if (parse_stream("gaussian_noise", args, nargs, 6, &seed, &row_offset, &rows, &cols) < 0)
         return NULL;
-    }
-    if (parse_stream(args, &seed, &row_offset, &rows, &cols) < 0) return NULL;
     Py_buffer constants, out;
     if (get_buffer(args[4], &constants, 0, "d", CONSTANTS, "constants") < 0) return NULL;
     if (get_buffer(args[5], &out, 1, "f", rows * cols, "out") < 0) {
@@ -178,11 +181,8 @@ static PyObject *uniform_noise(PyObject *self, PyObject *const *args, Py_ssize_t
     (void)self;
     uint64_t seed, row_offset;
     Py_ssize_t rows, cols;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "uniform_noise takes 5 arguments");
+    if (parse_stream("uniform_noise", args, nargs, 5, &seed, &row_offset, &rows, &cols) < 0)
         return NULL;
-    }
-    if (parse_stream(args, &seed, &row_offset, &rows, &cols) < 0) return NULL;
     Py_buffer out;
     if (get_buffer(args[4], &out, 1, "d", rows * cols, "out") < 0) return NULL;
     double *values = out.buf;

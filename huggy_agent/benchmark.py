@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from huggy_agent.actor.encoders import Normalizer, VectorInput
+from huggy_agent.actor import mlp_policy
+from huggy_agent.actor.encoders import Normalizer
 from huggy_agent.agent import HuggyAgent
 from huggy_agent.devices import available_devices
 from huggy_agent.engines import ENGINES, resolve_engine
@@ -59,19 +60,12 @@ def matmul_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float
 
 
 def mlp_parts(agent: HuggyAgent) -> tuple[Normalizer | None, nn.Sequential]:
-    """The normalizer (None without one) and an `nn.Sequential` of the body and mu layers of a
-    single-vector, continuous-action MLP policy such as Huggy's: what a user would run by hand.
+    """The normalizer (None without one) and an `nn.Sequential` of the body and mu layers of an
+    MLP policy such as Huggy's (`huggy_agent.actor.MlpPolicy`): what a user would run by hand.
     ValueError for any other kind (the plain-eager baselines cover that kind only)."""
-    spec, net = agent.spec, agent.net
-    if (len(spec.inputs) != 1 or spec.inputs[0].kind != "vector" or spec.kind != "continuous"
-            or spec.memory_size):
-        raise ValueError("the plain-eager baseline covers one vector input and continuous "
-                         f"actions only, not {spec.describe()}")
-    body = net.network_body._body_endoder.seq_layers
-    distribution = net.action_model._continuous_distribution
-    vector_input = net.network_body.observation_encoder.processors[0]
-    assert distribution is not None and isinstance(vector_input, VectorInput)
-    return vector_input.normalizer, nn.Sequential(*body, distribution.mu)
+    parts = mlp_policy(agent.net)
+    body = agent.net.network_body._body_endoder.seq_layers
+    return parts.normalizer, nn.Sequential(*body, parts.mu)
 
 
 def _plain_eager(agent: HuggyAgent) -> Callable[[np.ndarray], np.ndarray]:

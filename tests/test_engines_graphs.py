@@ -318,7 +318,7 @@ def stand_in_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[[CpuGraphs], None
 
     def install(backend: CpuGraphs) -> None:
         monkeypatch.setattr(agent_module, "choose_engine",
-                            lambda name, device, precision: ("cuda-graph", AUTO_CUDA_REASON))
+                            lambda name, device, precision, net: ("cuda-graph", AUTO_CUDA_REASON))
         monkeypatch.setattr(agent_module, "create_engine",
                             lambda name, net, shapes, device, precision, head: StandInCudaGraph(
                                 net, shapes, device, head, backend, 64, precision))
