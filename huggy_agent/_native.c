@@ -483,89 +483,56 @@ static Plan *get_plan(PyObject *capsule) {
     return PyCapsule_GetPointer(capsule, "huggy_agent._native.Plan");
 }
 
-/* mlp_act(plan, obs, noise | None, out, rows) -> bool: actions for `rows` observations into
- * `out` (rows, actions), False (out untouched past the bad row) if an observation value is not
- * finite. PPO: clip(mu + z exp(log_sigma), -3, 3) / 3; SAC: tanh(mu + z exp(log_sigma)); without
- * noise z, the same with z = 0. */
-static PyObject *mlp_act(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "mlp_act takes 5 arguments");
-        return NULL;
-    }
-    Plan *plan = get_plan(args[0]);
-    Py_ssize_t rows;
-    if (!plan || as_count(args[4], &rows, "rows") < 0) return NULL;
-    Py_buffer obs, noise, out;
-    int has_noise = args[2] != Py_None;
-    if (get_buffer(args[1], &obs, 0, "f", rows * plan->inputs, "obs") < 0) return NULL;
-    if (has_noise && get_buffer(args[2], &noise, 0, "f", rows * plan->actions, "noise") < 0) {
-        PyBuffer_Release(&obs);
-        return NULL;
-    }
-    if (get_buffer(args[3], &out, 1, "f", rows * plan->actions, "out") < 0) {
-        PyBuffer_Release(&obs);
-        if (has_noise) PyBuffer_Release(&noise);
-        return NULL;
-    }
-    int status = 0, c = plan->actions;
-    float *scratch = aligned_floats((size_t)2 * plan->widest + 2 * padded(c));
-    if (!scratch) status = -2;
-    Py_BEGIN_ALLOW_THREADS
-    float *raw = scratch ? scratch + 2 * plan->widest : NULL;
-    for (Py_ssize_t r = 0; r < rows && status == 0; r++) {
-        status = run_plan(plan, (const float *)obs.buf + r * plan->inputs, raw, scratch);
-        if (status) break;
-        float *actions = (float *)out.buf + r * c;
-        const float *z = has_noise ? (const float *)noise.buf + r * c : NULL;
-        for (int i = 0; i < c; i++) {
-            float mu = raw[i], action = mu;
-            if (z) {
-                float log_sigma = plan->sac ? raw[c + i] : plan->log_sigma[i];
-                if (plan->sac)
-                    log_sigma = log_sigma < SAC_LOG_SIGMA_LOW ? SAC_LOG_SIGMA_LOW
-                              : (log_sigma > SAC_LOG_SIGMA_HIGH ? SAC_LOG_SIGMA_HIGH : log_sigma);
-                action = mu + z[i] * expf(log_sigma);
-            }
-            if (plan->sac) {
-                actions[i] = tanhf(action);
-            } else {
-                action = action < -PPO_CLIP ? -PPO_CLIP : (action > PPO_CLIP ? PPO_CLIP : action);
-                actions[i] = action / PPO_CLIP;
-            }
-        }
-    }
-    Py_END_ALLOW_THREADS
-    free(scratch);
-    PyBuffer_Release(&obs);
-    if (has_noise) PyBuffer_Release(&noise);
-    PyBuffer_Release(&out);
-    if (status == -2) return PyErr_NoMemory();
-    return PyBool_FromLong(status == 0);
+static inline float clamp_log_sigma(float value) {
+    return value < SAC_LOG_SIGMA_LOW ? SAC_LOG_SIGMA_LOW
+                                     : (value > SAC_LOG_SIGMA_HIGH ? SAC_LOG_SIGMA_HIGH : value);
 }
 
-/* mlp_forward(plan, obs, mu, log_sigma, rows) -> bool: the raw outputs of `rows` observations:
- * mu (rows, actions) and, for SAC, log-sigma (rows, actions) clamped to [-20, 2] (PPO's shared
- * log-sigma is the caller's). False if an observation value is not finite. */
-static PyObject *mlp_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
+/* The actions of one row from its raw outputs (mu, then SAC's raw log-sigma) and noise z (NULL:
+ * deterministic). PPO: clip(mu + z exp(log_sigma), -3, 3) / 3; SAC: tanh(mu + z exp(log_sigma)). */
+static void head(const Plan *plan, const float *raw, const float *z, float *actions) {
+    const int c = plan->actions;
+    for (int i = 0; i < c; i++) {
+        float action = raw[i];
+        if (z) {
+            float log_sigma = plan->sac ? clamp_log_sigma(raw[c + i]) : plan->log_sigma[i];
+            action = action + z[i] * expf(log_sigma);
+        }
+        if (plan->sac) {
+            actions[i] = tanhf(action);
+        } else {
+            action = action < -PPO_CLIP ? -PPO_CLIP : (action > PPO_CLIP ? PPO_CLIP : action);
+            actions[i] = action / PPO_CLIP;
+        }
+    }
+}
+
+/* mlp_act and mlp_forward: (plan, obs, out, extra, rows) -> bool, False (and `out` written only
+ * up to that row) if an observation value is not finite.
+ * - act: `out` the actions (rows, actions); `extra` the noise (rows, actions), or None for
+ *   deterministic actions;
+ * - forward: `out` mu (rows, actions); `extra` SAC's log-sigma (rows, actions), clamped to
+ *   [-20, 2], or None for PPO (whose shared log-sigma is the caller's). */
+static PyObject *run_rows(const char *name, int act, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "mlp_forward takes 5 arguments");
+        PyErr_Format(PyExc_TypeError, "%s takes 5 arguments, got %zd", name, nargs);
         return NULL;
     }
     Plan *plan = get_plan(args[0]);
     Py_ssize_t rows;
     if (!plan || as_count(args[4], &rows, "rows") < 0) return NULL;
-    int c = plan->actions, sac = plan->sac;
-    Py_buffer obs, mu, log_sigma;
+    const int c = plan->actions;
+    int has_extra = act ? args[3] != Py_None : plan->sac;
+    Py_buffer obs, out, extra;
     if (get_buffer(args[1], &obs, 0, "f", rows * plan->inputs, "obs") < 0) return NULL;
-    if (get_buffer(args[2], &mu, 1, "f", rows * c, "mu") < 0) {
+    if (get_buffer(args[2], &out, 1, "f", rows * c, act ? "actions" : "mu") < 0) {
         PyBuffer_Release(&obs);
         return NULL;
     }
-    if (sac && get_buffer(args[3], &log_sigma, 1, "f", rows * c, "log_sigma") < 0) {
+    if (has_extra && get_buffer(args[3], &extra, !act, "f", rows * c,
+                                act ? "noise" : "log_sigma") < 0) {
         PyBuffer_Release(&obs);
-        PyBuffer_Release(&mu);
+        PyBuffer_Release(&out);
         return NULL;
     }
     int status = 0;
@@ -576,23 +543,32 @@ static PyObject *mlp_forward(PyObject *self, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t r = 0; r < rows && status == 0; r++) {
         status = run_plan(plan, (const float *)obs.buf + r * plan->inputs, raw, scratch);
         if (status) break;
-        memcpy((float *)mu.buf + r * c, raw, c * sizeof(float));
-        if (sac) {
-            float *into = (float *)log_sigma.buf + r * c;
-            for (int i = 0; i < c; i++) {
-                float value = raw[c + i];
-                into[i] = value < SAC_LOG_SIGMA_LOW ? SAC_LOG_SIGMA_LOW
-                        : (value > SAC_LOG_SIGMA_HIGH ? SAC_LOG_SIGMA_HIGH : value);
-            }
+        float *row_out = (float *)out.buf + r * c;
+        float *row_extra = has_extra ? (float *)extra.buf + r * c : NULL;
+        if (act) {
+            head(plan, raw, row_extra, row_out);
+        } else {
+            memcpy(row_out, raw, c * sizeof(float));
+            for (int i = 0; row_extra && i < c; i++) row_extra[i] = clamp_log_sigma(raw[c + i]);
         }
     }
     Py_END_ALLOW_THREADS
     free(scratch);
     PyBuffer_Release(&obs);
-    PyBuffer_Release(&mu);
-    if (sac) PyBuffer_Release(&log_sigma);
+    PyBuffer_Release(&out);
+    if (has_extra) PyBuffer_Release(&extra);
     if (status == -2) return PyErr_NoMemory();
     return PyBool_FromLong(status == 0);
+}
+
+static PyObject *mlp_act(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return run_rows("mlp_act", 1, args, nargs);
+}
+
+static PyObject *mlp_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return run_rows("mlp_forward", 0, args, nargs);
 }
 
 /* mlp_kernel(plan) -> str: the kernel the plan runs. */

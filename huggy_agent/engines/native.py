@@ -96,7 +96,7 @@ class NativeEngine(Engine):
         if rows > self.native_rows:
             return self.batches.act(inputs, noise)
         actions = np.empty((rows, self.actions), dtype=np.float32)
-        if not self._compiled.mlp_act(self.plan, inputs[0], noise, actions, rows):
+        if not self._compiled.mlp_act(self.plan, inputs[0], actions, noise, rows):
             raise ValueError("observations must be finite")  # validated by the agent before
         return actions
 
@@ -104,7 +104,7 @@ class NativeEngine(Engine):
         """Actions (c,) for one float32 C-contiguous observation of the policy's input shape,
         unvalidated; None if a value is not finite (the caller raises, naming it)."""
         actions = np.empty(self.actions, dtype=np.float32)
-        return actions if self._compiled.mlp_act(self.plan, obs, noise, actions, 1) else None
+        return actions if self._compiled.mlp_act(self.plan, obs, actions, noise, 1) else None
 
     def describe(self) -> str:
         return (f"native ({self.kernel} kernel) for up to {self.native_rows} row(s), larger "
