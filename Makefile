@@ -18,7 +18,7 @@ install: $(STAMP)
 # requirement fails the install.
 MLAGENTS_PINS := ^mlagents(-envs)? 1\.1\.0 (requires|has requirement)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py huggy_agent/_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml
 		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi
 	@$(PY) -c "import envs" && echo "mlagents-envs 1.1.0: installed without its pins;" \
 		"envs/compat.py adapts it to the installed grpcio, numpy and protobuf (import envs: ok)"
+	@$(PY) -c "from huggy_agent.native import mlp_kernels; print('compiled kernels:'," \
+		"', '.join(mlp_kernels()) or 'not built (no C compiler): numpy, onnxruntime and torch instead')"
 	touch $(STAMP)
 
 run: install

@@ -28,17 +28,25 @@ import torch
 
 from huggy_agent.actor import Actor, expected_keys
 from huggy_agent.devices import resolve_device, resolve_precision
-from huggy_agent.engines import Engine, EngineFailure, TorchEngine, choose_engine, create_engine
+from huggy_agent.engines import (
+    Engine,
+    EngineFailure,
+    NativeEngine,
+    TorchEngine,
+    choose_engine,
+    create_engine,
+)
 from huggy_agent.formats import LoadedPolicy, load_policy
 from huggy_agent.formats.sources import hub_provenance
 from huggy_agent.heads import ContinuousHead, discrete_actions
 from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
-from huggy_agent.noise import SEED_RANGE, gaussian_noise, uniform_noise
+from huggy_agent.noise import gaussian_noise, uniform_noise
 from huggy_agent.spec import ActorSpec
 
 logger = logging.getLogger(__name__)
 
 WARMUP_PATHS = ("deterministic", "stochastic", "distribution")
+_FLOAT32 = np.dtype(np.float32)
 
 _Result = TypeVar("_Result")
 
@@ -133,14 +141,18 @@ class HuggyAgent:
         self.engine_reason: str
         """Why that engine runs: the rule or request that chose it, or why a graph engine was
         given up for `torch`."""
-        self.engine, self.engine_reason = choose_engine(engine, self.device, precision)
+        self.engine, self.engine_reason = choose_engine(engine, self.device, precision, self.net)
         self._engine: Engine = create_engine(self.engine, self.net, shapes, self.device,
                                              precision, self.head)
         self._engine_lock = threading.Lock()
         # Continuous actions only, no memory: the engine runs the head too (in graph engines,
         # captured with the network).
         self._fused = self.spec.kind == "continuous" and not self.spec.memory_size
+        # One float32 observation row straight into the native engine, which checks it is finite.
+        self._row_act = self._engine.act_row if isinstance(self._engine, NativeEngine) else None
+        self._row_shape = self.spec.inputs[0].shape
         self._rng = np.random.default_rng(seed)
+        self._raw_draw = self._rng.bit_generator.random_raw
         self.fingerprint = weights_fingerprint(self.loaded)
 
     @classmethod
@@ -175,10 +187,17 @@ class HuggyAgent:
         with self._engine_lock:
             if self._engine is failed:
                 self._engine = TorchEngine(self.net, failed.input_shapes, self.device, self.head)
+                self._row_act = None
                 self.engine = self._engine.name
                 self.engine_reason = f"{failure}; running the torch engine instead"
                 logger.warning("%s", self.engine_reason)
             return self._engine
+
+    def _new_stream(self) -> int:
+        """A fresh noise stream from the agent's generator: what `Generator.integers(2**63)`
+        draws (one raw 64-bit word, halved: Lemire's method with a power-of-two range never
+        rejects), without its few microseconds of argument handling."""
+        return int(self._raw_draw()) >> 1
 
     def _forward(self, inputs: list[np.ndarray]) -> PolicyOutputs:
         """The engine's pass over (N, ...) float32 inputs (the memory last, if any)."""
@@ -219,7 +238,7 @@ class HuggyAgent:
         mask = as_mask_batch(action_mask, spec, rows)
         stream = None
         if not deterministic:
-            stream = int(self._rng.integers(SEED_RANGE)) if seed is None else seed
+            stream = self._new_stream() if seed is None else seed
         continuous = discrete = None
         with torch.inference_mode():
             if spec.continuous_size:
@@ -252,6 +271,17 @@ class HuggyAgent:
         shape, a non-finite value, or a branch with no allowed action. See `actions_from` for
         `seed` and `row_offset`.
         """
+        row_act = self._row_act
+        if (row_act is not None and type(obs) is np.ndarray and obs.shape == self._row_shape
+                and obs.dtype is _FLOAT32 and action_mask is None and memory is None
+                and obs.flags.c_contiguous):
+            noise = None if deterministic else gaussian_noise(
+                self._new_stream() if seed is None else seed, 1, self.spec.continuous_size,
+                row_offset)
+            row_actions = row_act(obs, noise)
+            if row_actions is not None:
+                return row_actions
+            # A value is not finite: validation below raises, naming it.
         inputs, single = as_input_batches(obs, self.spec)
         rows = len(inputs[0])
         if self._fused and action_mask is None and memory is None:
@@ -259,7 +289,7 @@ class HuggyAgent:
                 noise = None
             else:
                 if seed is None:
-                    seed = int(self._rng.integers(SEED_RANGE))
+                    seed = self._new_stream()
                 noise = gaussian_noise(seed, rows, self.spec.continuous_size, row_offset)
             fused = self._run(lambda engine: engine.act(inputs, noise))
             return fused[0] if single else fused

@@ -1,7 +1,11 @@
 """`huggy benchmark`: our compute_action, through `auto` and through each engine asked for,
 against onnxruntime and a plain eager torch forward, measured in one run with one thread count
 (interleaved, so that load from other processes hits every candidate alike), plus the machine's
-own float32 matmul rate and each engine's load and first-call time."""
+own float32 matmul rate and each engine's load and first-call time.
+
+Deterministic and stochastic actions both: onnxruntime's stochastic reference is the ML-Agents
+graph's own `continuous_actions`, sampled in the graph (RandomNormalLike); ours draws the host
+noise of a fresh stream per call (`seed=None`)."""
 
 from __future__ import annotations
 
@@ -16,12 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from huggy_agent.actor.encoders import Normalizer, VectorInput
+from huggy_agent.actor import mlp_policy
+from huggy_agent.actor.encoders import Normalizer
 from huggy_agent.agent import HuggyAgent
 from huggy_agent.devices import available_devices
 from huggy_agent.engines import ENGINES, resolve_engine
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.reference import canonical_observations
+
+STOCHASTIC = ", stochastic"
+"""The suffix of the stochastic rows' names."""
 
 
 @dataclass
@@ -52,19 +60,12 @@ def matmul_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float
 
 
 def mlp_parts(agent: HuggyAgent) -> tuple[Normalizer | None, nn.Sequential]:
-    """The normalizer (None without one) and an `nn.Sequential` of the body and mu layers of a
-    single-vector, continuous-action MLP policy such as Huggy's: what a user would run by hand.
+    """The normalizer (None without one) and an `nn.Sequential` of the body and mu layers of an
+    MLP policy such as Huggy's (`huggy_agent.actor.MlpPolicy`): what a user would run by hand.
     ValueError for any other kind (the plain-eager baselines cover that kind only)."""
-    spec, net = agent.spec, agent.net
-    if (len(spec.inputs) != 1 or spec.inputs[0].kind != "vector" or spec.kind != "continuous"
-            or spec.memory_size):
-        raise ValueError("the plain-eager baseline covers one vector input and continuous "
-                         f"actions only, not {spec.describe()}")
-    body = net.network_body._body_endoder.seq_layers
-    distribution = net.action_model._continuous_distribution
-    vector_input = net.network_body.observation_encoder.processors[0]
-    assert distribution is not None and isinstance(vector_input, VectorInput)
-    return vector_input.normalizer, nn.Sequential(*body, distribution.mu)
+    parts = mlp_policy(agent.net)
+    body = agent.net.network_body._body_endoder.seq_layers
+    return parts.normalizer, nn.Sequential(*body, parts.mu)
 
 
 def _plain_eager(agent: HuggyAgent) -> Callable[[np.ndarray], np.ndarray]:
@@ -83,14 +84,16 @@ def _plain_eager(agent: HuggyAgent) -> Callable[[np.ndarray], np.ndarray]:
     return forward
 
 
-def _onnxruntime(onnx_path: Path, threads: int) -> Callable[[np.ndarray], object]:
+def _onnxruntime(onnx_path: Path, threads: int, output: str) -> Callable[[np.ndarray], object]:
+    """`output` (`deterministic_continuous_actions` or `continuous_actions`) of an ML-Agents ONNX
+    file, run by onnxruntime with `threads` intra-op threads."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    return lambda obs: session.run(["deterministic_continuous_actions"], {"obs_0": obs})
+    return lambda obs: session.run([output], {"obs_0": obs})
 
 
 def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls: int
@@ -152,9 +155,10 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
     """All figures of `huggy benchmark` as a dict (see the README for what each means).
 
     Row 0 is `huggy compute_action` through `auto` on the CPU, rows 1 and 2 the references
-    (onnxruntime on the policy's ML-Agents ONNX file or an export of it, plain eager torch), then
-    one row per other (engine, device) of `engines` (names, or `all`): the engine `auto` runs on
-    the CPU is row 0 (a second session of it would only compete with the first for the cores).
+    (onnxruntime on the policy's ML-Agents ONNX file or an export of it, plain eager torch), rows
+    3 and 4 stochastic actions (ours through `auto`, onnxruntime's in-graph sampling), then one
+    row per other (engine, device) of `engines` (names, or `all`): the engine `auto` runs on the
+    CPU is row 0 (a second session of it would only compete with the first for the cores).
     """
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -166,12 +170,19 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = agent.loaded.origin if agent.loaded.file_format == "mlagents-onnx" \
             else export_onnx(agent.net, Path(tmp) / "policy.onnx")
-        ort_run = _onnxruntime(Path(onnx_path), threads)
+        ort_run = _onnxruntime(Path(onnx_path), threads, "deterministic_continuous_actions")
+        ort_sample = _onnxruntime(Path(onnx_path), threads, "continuous_actions")
         eager = _plain_eager(agent)
+
+        def stochastic(obs: np.ndarray) -> object:
+            return agent.compute_action(obs, deterministic=False)
+
         candidates = [
             Candidate("huggy compute_action", agent.compute_action, agent.compute_action),
             Candidate("onnxruntime", lambda o: ort_run(o[None]), ort_run),
             Candidate("torch eager Sequential", lambda o: eager(o[None]), eager),
+            Candidate(f"huggy compute_action{STOCHASTIC}", stochastic, stochastic),
+            Candidate(f"onnxruntime{STOCHASTIC}", lambda o: ort_sample(o[None]), ort_sample),
         ]
         for engine, device in setups:
             other = HuggyAgent(policy, device=device, engine=engine)
@@ -192,7 +203,10 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
             "batch_obs_per_s": throughputs[candidate.name],
             "matmul_efficiency": throughputs[candidate.name] * flops / (gflops * 1e9),
         })
-    ours, ort_result, eager_result = results[0], results[1], results[2]
+    ours, ort_result, eager_result, ours_sampled, ort_sampled = results[:5]
+    for result in results:  # stochastic rows against onnxruntime's sampling, the rest against its
+        reference = ort_sampled if result["name"].endswith(STOCHASTIC) else ort_result
+        result["p50_vs_onnxruntime"] = result["p50_us"] / reference["p50_us"]
     return {
         "threads": threads, "batch_size": batch_size, "flops_per_obs": flops,
         "matmul_gflops": gflops, "auto_engine": agent.engine,
@@ -203,8 +217,9 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
         "ratios": {
             "p50_vs_onnxruntime": ours["p50_us"] / ort_result["p50_us"],
             "p50_vs_eager": ours["p50_us"] / eager_result["p50_us"],
+            "stochastic_p50_vs_onnxruntime": ours_sampled["p50_us"] / ort_sampled["p50_us"],
+            "batch_vs_onnxruntime": ours["batch_obs_per_s"] / ort_result["batch_obs_per_s"],
             "batch_vs_matmul_rate": ours["matmul_efficiency"],
-            "per_row_p50_vs_onnxruntime": {r["name"]: r["p50_us"] / ort_result["p50_us"]
-                                           for r in results},
+            "per_row_p50_vs_onnxruntime": {r["name"]: r["p50_vs_onnxruntime"] for r in results},
         },
     }

@@ -180,6 +180,12 @@ def test_benchmark_reports_every_implementation(capsys) -> None:
     ours = report["results"][0]
     assert report["ratios"]["p50_vs_onnxruntime"] == pytest.approx(
         ours["p50_us"] / report["results"][1]["p50_us"])
+    sampled, sampled_reference = report["results"][3:5]
+    assert (sampled["name"], sampled_reference["name"]) == (
+        "huggy compute_action, stochastic", "onnxruntime, stochastic")
+    assert report["ratios"]["stochastic_p50_vs_onnxruntime"] == pytest.approx(
+        sampled["p50_us"] / sampled_reference["p50_us"]) == pytest.approx(
+        sampled["p50_vs_onnxruntime"])
 
 
 def test_entry_point_runs_as_a_process() -> None:

@@ -19,14 +19,17 @@ from torch import nn
 from huggy_agent import HuggyAgent
 from huggy_agent.engines import Engine, auto_choice, auto_engine, choose_engine, resolve_engine
 from huggy_agent.engines.graphs import GRAPH_MODULE_API, GraphEngine, device_graphs, graph_backend
+from huggy_agent.engines.native import NativeEngine
 from huggy_agent.engines.onnx_runtime import OnnxRuntimeEngine
 from huggy_agent.engines.torch_eager import TorchEngine
 from huggy_agent.heads import ContinuousHead
+from huggy_agent.native import mlp_kernels
 from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.reference import canonical_observations, float64_actions, float64_outputs
+from tests.support.engines import AUTO_CPU
 from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir
-from tests.test_engines_graphs import CpuGraphs, cpu_graph_engine
+from tests.support.graphs import CpuGraphs, cpu_graph_engine
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
@@ -36,6 +39,13 @@ ENGINES: dict[str, Callable[[HuggyAgent], Engine]] = {
     "onnxruntime": lambda a: OnnxRuntimeEngine(a.net, ((a.obs_size,),), a.device, a.head),
     "graph (CPU stand-in)": cpu_graph_engine,
 }
+if mlp_kernels():  # the compiled kernels were built: the engine as auto runs it, and each kernel
+    # of this CPU on every row (not only single observations)
+    ENGINES["native"] = lambda a: NativeEngine(a.net, ((a.obs_size,),), a.device, a.head)
+    for _kernel in mlp_kernels():
+        ENGINES[f"native kernel {_kernel}, every row"] = (
+            lambda a, kernel=_kernel: NativeEngine(a.net, ((a.obs_size,),), a.device, a.head,
+                                                   kernel=kernel, native_rows=max(SIZES)))
 
 
 def _policy_file(run: str, file_format: str) -> Path:
@@ -116,12 +126,12 @@ def test_distribution_outputs_match_the_torch_engine(policy: tuple, engine_name:
 @pytest.mark.parametrize("file_format", ["onnx", "pt"])
 def test_named_engines_through_the_agent(file_format: str) -> None:
     path = _policy_file("ppo_baseline", file_format)
-    agents = {name: HuggyAgent(path, device="cpu", engine=name)
-              for name in ("auto", "torch", "onnxruntime")}
+    names = ("auto", "torch", "onnxruntime", *(("native",) if mlp_kernels() else ()))
+    agents = {name: HuggyAgent(path, device="cpu", engine=name) for name in names}
     obs = canonical_observations(agents["torch"].loaded, 64, seed=1)
     expected = agents["torch"].compute_action(obs, deterministic=False, seed=3)
     for name, agent in agents.items():
-        assert agent.engine == ("onnxruntime" if name == "auto" else name)
+        assert agent.engine == (AUTO_CPU if name == "auto" else name)
         stochastic = agent.compute_action(obs, deterministic=False, seed=3)
         assert np.abs(stochastic - expected).max() <= FP32_ACTION_ATOL, name
         dist = agent.distribution(obs)
@@ -153,32 +163,40 @@ def test_sac_head_and_per_row_log_sigma_in_every_engine(tmp_path: Path) -> None:
 
 # --- auto: a fixed rule -------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("device", "precision", "onnxruntime", "graphs", "expected"), [
-    ("cpu", "fp32", True, False, "onnxruntime"),
-    ("cpu", "fp32", False, False, "torch"),
-    ("cpu", "bf16", True, False, "torch"),
-    ("cpu", "fp16", True, False, "torch"),
-    ("cuda", "fp32", False, True, "cuda-graph"),
-    ("cuda", "bf16", False, True, "cuda-graph"),
-    ("cuda", "fp32", False, False, "torch"),
-    ("npu", "fp32", False, True, "npu-graph"),
-    ("npu", "fp16", False, False, "torch"),
+@pytest.mark.parametrize(("device", "precision", "onnxruntime", "graphs", "native", "expected"), [
+    ("cpu", "fp32", True, False, True, "native"),
+    ("cpu", "fp32", False, False, True, "native"),
+    ("cpu", "bf16", True, False, True, "torch"),
+    ("cuda", "fp32", False, True, True, "cuda-graph"),
+    ("cpu", "fp32", True, False, False, "onnxruntime"),
+    ("cpu", "fp32", False, False, False, "torch"),
+    ("cpu", "bf16", True, False, False, "torch"),
+    ("cpu", "fp16", True, False, False, "torch"),
+    ("cuda", "fp32", False, True, False, "cuda-graph"),
+    ("cuda", "bf16", False, True, False, "cuda-graph"),
+    ("cuda", "fp32", False, False, False, "torch"),
+    ("npu", "fp32", False, True, False, "npu-graph"),
+    ("npu", "fp16", False, False, False, "torch"),
 ])
-def test_auto_rule(device: str, precision: str, onnxruntime: bool, graphs: bool,
+def test_auto_rule(device: str, precision: str, onnxruntime: bool, graphs: bool, native: bool,
                    expected: str) -> None:
-    assert auto_engine(device, precision, onnxruntime=onnxruntime, graphs=graphs) == expected
+    assert auto_engine(device, precision, onnxruntime=onnxruntime, graphs=graphs,
+                       native=native) == expected
 
 
 def test_auto_is_the_default_and_resolves_the_same_way_every_time() -> None:
     assert inspect.signature(HuggyAgent).parameters["engine"].default == "auto"
     assert inspect.signature(HuggyAgent.from_checkpoint).parameters["engine"].default == "auto"
     cpu = torch.device("cpu")
-    assert {resolve_engine("auto", cpu, "fp32") for _ in range(5)} == {"onnxruntime"}
-    assert HuggyAgent(device="cpu").engine == "onnxruntime"
+    net = HuggyAgent(device="cpu", engine="torch").net
+    assert {resolve_engine("auto", cpu, "fp32", net) for _ in range(5)} == {AUTO_CPU}
+    assert resolve_engine("auto", cpu, "fp32") == "onnxruntime"  # a network of unknown shape
+    assert HuggyAgent(device="cpu").engine == AUTO_CPU
     assert HuggyAgent(device="cpu", precision="bf16").engine == "torch"
     info = HuggyAgent(device="cpu").describe()
-    assert info["engine"] == "onnxruntime" and "onnxruntime" in info["engine_detail"]
-    assert info["engine_reason"] == "auto: onnxruntime for fp32 on the CPU"
+    assert info["engine"] == AUTO_CPU and "onnxruntime" in info["engine_detail"]
+    assert info["engine_reason"] == auto_choice("cpu", "fp32", onnxruntime=True, graphs=False,
+                                                native=AUTO_CPU == "native")[1]
 
 
 @pytest.mark.parametrize(("device", "precision", "onnxruntime", "graphs", "expected"), [
@@ -198,6 +216,13 @@ def test_auto_says_why_it_picks_an_engine(device: str, precision: str, onnxrunti
     assert auto_choice(device, precision, onnxruntime=onnxruntime, graphs=graphs) == expected
 
 
+@pytest.mark.parametrize(("onnxruntime", "batches"), [(True, "onnxruntime"), (False, "torch")])
+def test_auto_says_why_it_picks_native(onnxruntime: bool, batches: str) -> None:
+    assert auto_choice("cpu", "fp32", onnxruntime=onnxruntime, graphs=False, native=True) == (
+        "native", "auto: native for an MLP policy on a CPU with AVX2 (compiled kernels for 1 "
+                  f"observation, {batches} for larger batches)")
+
+
 def test_an_engine_asked_for_by_name_says_so() -> None:
     agent = HuggyAgent(device="cpu", engine="torch")
     assert (agent.engine, agent.engine_reason) == ("torch", "torch, as asked")
@@ -207,8 +232,9 @@ def test_an_engine_asked_for_by_name_says_so() -> None:
 
 @pytest.mark.parametrize(("name", "precision", "message"), [
     ("tensorrt", "fp32", "unknown engine 'tensorrt'; expected one of auto, torch, onnxruntime, "
-                         "cuda-graph, npu-graph"),
+                         "native, cuda-graph, npu-graph"),
     ("onnxruntime", "bf16", "the onnxruntime engine runs fp32 on the CPU, not bf16 on cpu"),
+    ("native", "fp16", "the native engine runs fp32 on the CPU, not fp16 on cpu"),
     ("cuda-graph", "fp32", "the cuda-graph engine needs a cuda device with graph capture, not cpu"),
     ("npu-graph", "fp32", "the npu-graph engine needs a npu device with graph capture, not cpu"),
 ])
@@ -336,6 +362,8 @@ def test_benchmark_prints_every_engine_beside_the_references(capsys: pytest.Capt
     rows = {line.split("  ")[0] for line in out.splitlines()}
     assert {"huggy compute_action", "onnxruntime", "torch eager Sequential",
             "huggy compute_action [torch, cpu]"} <= rows
-    assert "auto runs onnxruntime on the CPU (row 'huggy compute_action')" in out
+    assert f"auto runs {AUTO_CPU} on the CPU (row 'huggy compute_action')" in out
+    assert {"huggy compute_action, stochastic", "onnxruntime, stochastic"} <= rows
+    assert "stochastic ours/onnxruntime p50: " in out and "batch 64 ours/onnxruntime: " in out
     for engine in ("auto (cpu)", "torch (cpu)"):  # load and first call
         assert any(line.startswith(engine) for line in out.splitlines()), engine

@@ -8,7 +8,6 @@ same static inputs and writes into those same outputs. Everything else is the en
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
@@ -38,65 +37,11 @@ from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.reference import canonical_observations
 from tests.support.fixtures import fixtures_dir
+from tests.support.graphs import CpuGraphs, cpu_graph_engine
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
 BASELINE = fixtures_dir() / "ppo_baseline" / "Huggy.onnx"
-
-
-class _Done:
-    def synchronize(self) -> None:
-        """CPU copies are synchronous: nothing to wait for."""
-
-
-class CpuGraphs:
-    """`GraphBackend` on the CPU: streams and events are no-ops, "pinned" memory is plain."""
-
-    device = torch.device("cpu")
-
-    def __init__(self) -> None:
-        self.captures = 0
-        self.host_buffers: list[tuple[tuple[int, ...], torch.dtype]] = []
-
-    def new_stream(self) -> object:
-        return object()
-
-    def new_pool(self) -> object:
-        return object()
-
-    def current_stream(self) -> object:
-        return None
-
-    def use_stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext()
-
-    def wait(self, stream: Any, other: Any) -> None:
-        pass
-
-    def capture(self, fn: Callable[[], tuple[torch.Tensor, ...]], pool: Any
-                ) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
-        self.captures += 1
-        outputs = fn()
-
-        def replay() -> None:
-            for static, fresh in zip(outputs, fn(), strict=True):
-                if static is not fresh:  # a parameter returned as it is (PPO's log_sigma)
-                    static.copy_(fresh)
-
-        return replay, outputs
-
-    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        self.host_buffers.append((tuple(shape), dtype))
-        return torch.zeros(shape, dtype=dtype)
-
-    def record(self, stream: Any) -> _Done:
-        return _Done()
-
-
-def cpu_graph_engine(agent: HuggyAgent, max_rung: int = 1024) -> GraphEngine:
-    """A graph engine over `agent`'s network and head, on the CPU stand-in."""
-    return GraphEngine(agent.net, ((agent.obs_size,),), agent.device, agent.head, CpuGraphs(),
-                       max_rung)
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +263,7 @@ def stand_in_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[[CpuGraphs], None
 
     def install(backend: CpuGraphs) -> None:
         monkeypatch.setattr(agent_module, "choose_engine",
-                            lambda name, device, precision: ("cuda-graph", AUTO_CUDA_REASON))
+                            lambda name, device, precision, net: ("cuda-graph", AUTO_CUDA_REASON))
         monkeypatch.setattr(agent_module, "create_engine",
                             lambda name, net, shapes, device, precision, head: StandInCudaGraph(
                                 net, shapes, device, head, backend, 64, precision))

@@ -16,7 +16,9 @@ from deploy.serving.replica import warmup_sizes
 from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
+from huggy_agent.engines import auto_choice
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from tests.support.engines import AUTO_CPU
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster
 
@@ -49,8 +51,9 @@ def test_warmup_sizes_cover_every_rung_up_to_the_batch_limit() -> None:
 
 def test_replica_runs_auto_and_warmed_up_before_it_was_healthy(url: str) -> None:
     info = requests.get(f"{url}/v1/info", timeout=10).json()
-    assert info["engine"] == "onnxruntime" and "1 thread(s)" in info["engine_detail"]
-    assert info["engine_reason"] == "auto: onnxruntime for fp32 on the CPU"
+    assert info["engine"] == AUTO_CPU and "1 thread(s)" in info["engine_detail"]
+    assert info["engine_reason"] == auto_choice("cpu", "fp32", onnxruntime=True, graphs=False,
+                                                native=AUTO_CPU == "native")[1]
     assert info["warmed_up_to"] == info["batching"]["max_batch_size"] == 256
 
 

@@ -14,7 +14,7 @@ from huggy_agent import HuggyAgent
 from huggy_agent.formats.export_onnx import export_onnx, output_names
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir, mlagents_policy_files
-from tests.test_policy_kinds import random_inputs, random_masks, run_onnx
+from tests.support.kinds import random_inputs, random_masks, run_onnx
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 

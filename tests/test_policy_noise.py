@@ -12,6 +12,7 @@ from huggy_agent import HuggyAgent
 from huggy_agent.devices import available_devices
 from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from tests.support.engines import RECORDED_NOISE_BITS
 from tests.support.fixtures import fixtures_dir
 from tests.support.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
 
@@ -40,10 +41,6 @@ def test_noise_is_float32_and_reproducible() -> None:
 
 # Bits of gaussian_noise(seed, 1, 4, row_offset) recorded on an x86-64 machine; the noise uses
 # only IEEE-exact float64 operations, so every machine must give exactly these.
-RECORDED_NOISE_BITS = {
-    (0, 0): [1046829706, 3206148323, 1069272552, 3212937285],
-    (2**64 - 1, 10**12): [3220899446, 1057677471, 1045981931, 1051926344],
-}
 
 
 def test_noise_bits_are_the_same_on_every_machine() -> None:

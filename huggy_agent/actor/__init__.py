@@ -6,9 +6,11 @@ from huggy_agent.actor.networks import (
     Actor,
     ActorArchitecture,
     InputArchitecture,
+    MlpPolicy,
     build_actor,
     expected_keys,
+    mlp_policy,
 )
 
 __all__ = ["PPO_ACTION_CLIP", "SAC_LOG_SIGMA_RANGE", "Actor", "ActorArchitecture",
-           "InputArchitecture", "build_actor", "expected_keys"]
+           "InputArchitecture", "MlpPolicy", "build_actor", "expected_keys", "mlp_policy"]

@@ -264,6 +264,42 @@ class Actor(nn.Module):
         return counts
 
 
+@dataclass(frozen=True)
+class MlpPolicy:
+    """The modules of an MLP policy, the kind Huggy is: one vector input (normalized or not),
+    Linear + Swish layers, Gaussian continuous actions, nothing else (no discrete actions, no
+    memory). `log_sigma` is PPO's shared (1, c) parameter or SAC's Linear layer (clamped to
+    `SAC_LOG_SIGMA_RANGE`)."""
+
+    normalizer: Normalizer | None
+    hidden: tuple[nn.Linear, ...]
+    mu: nn.Linear
+    log_sigma: nn.Parameter | nn.Linear
+    head: Head
+
+
+def mlp_policy(net: nn.Module) -> MlpPolicy:
+    """The parts of `net` if it is an MLP policy (see `MlpPolicy`); ValueError naming its
+    interface otherwise."""
+    if not isinstance(net, Actor):
+        raise ValueError(f"expected an ML-Agents actor, got {type(net).__name__}")
+    architecture = net.architecture
+    inputs = architecture.inputs
+    if (len(inputs) != 1 or inputs[0].input.kind != "vector" or architecture.discrete_branches
+            or architecture.memory_size or not architecture.continuous_size):
+        raise ValueError("an MLP policy has one vector input and continuous actions only, not "
+                         f"{architecture.spec.describe()}")
+    vector_input = net.network_body.observation_encoder.processors[0]
+    distribution = net.action_model._continuous_distribution
+    assert isinstance(vector_input, VectorInput) and distribution is not None
+    log_sigma = distribution.log_sigma
+    assert isinstance(log_sigma, (nn.Parameter, nn.Linear))
+    hidden = tuple(layer for layer in net.network_body._body_endoder.seq_layers
+                   if isinstance(layer, nn.Linear))
+    return MlpPolicy(vector_input.normalizer, hidden, distribution.mu, log_sigma,
+                     architecture.head)
+
+
 def expected_keys(architecture: ActorArchitecture) -> dict[str, tuple[int, ...]]:
     """The state-dict keys an `Actor` of `architecture` holds, with their shapes, in order."""
     return {key: tuple(value.shape) for key, value in Actor(architecture).state_dict().items()}
@@ -288,5 +324,5 @@ def build_actor(architecture: ActorArchitecture, tensors: dict[str, torch.Tensor
     return actor.eval().requires_grad_(False)
 
 
-__all__ = ["Actor", "ActorArchitecture", "InputArchitecture", "Normalizer", "build_actor",
-           "expected_keys"]
+__all__ = ["Actor", "ActorArchitecture", "InputArchitecture", "MlpPolicy", "Normalizer",
+           "build_actor", "expected_keys", "mlp_policy"]

@@ -1,9 +1,10 @@
-"""How a built network is run: `torch` (eager, the reference), `onnxruntime` (CPU), `cuda-graph`,
-`npu-graph`, and `auto`, which picks one of them by a fixed rule (`auto_engine`).
+"""How a built network is run: `torch` (eager, the reference), `onnxruntime` (CPU), `native`
+(CPU, MLP policies), `cuda-graph`, `npu-graph`, and `auto`, which picks one of them by a fixed
+rule (`auto_engine`).
 
 An engine knows nothing of the network's shape, only "float32 inputs of these feature shapes in,
-a tuple of outputs out" (see `base`). Heavy imports (onnxruntime, torch.onnx) happen in the engine
-that needs them.
+a tuple of outputs out" (see `base`), except `native`, which freezes an MLP policy's layers into
+compiled kernels. Heavy imports (onnxruntime, torch.onnx) happen in the engine that needs them.
 
 Graph engines check every graph they capture against eager torch; one that fails its check or
 raises in capture or replay raises `EngineFailure`, and the agent runs `torch` from then on.
@@ -14,14 +15,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from huggy_agent.actor import mlp_policy
 from huggy_agent.engines.base import ActionHead, Engine, EngineFailure, InputShapes
 from huggy_agent.engines.graphs import CudaGraphEngine, NpuGraphEngine, device_graphs
+from huggy_agent.engines.native import NATIVE_ROWS, NativeEngine
 from huggy_agent.engines.onnx_runtime import OnnxRuntimeEngine, onnxruntime_available
 from huggy_agent.engines.torch_eager import TorchEngine
+from huggy_agent.native import mlp_kernels
 
 ENGINES: dict[str, type[Engine]] = {
     "torch": TorchEngine,
     "onnxruntime": OnnxRuntimeEngine,
+    "native": NativeEngine,
     "cuda-graph": CudaGraphEngine,
     "npu-graph": NpuGraphEngine,
 }
@@ -32,21 +37,28 @@ GRAPH_ENGINES: dict[str, type[CudaGraphEngine] | type[NpuGraphEngine]] = {
 }
 
 
-def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool
-                ) -> tuple[str, str]:
+def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool,
+                native: bool = False) -> tuple[str, str]:
     """(engine, why) for `auto` on a device kind and precision; a fixed rule, never a timing.
 
-    - cpu: `onnxruntime` for fp32 where it is installed, else `torch` (onnxruntime's CPU kernels
-      are not used for fp16/bf16 layers);
+    - cpu: `native` for fp32 where `native` says so (an MLP policy, and the compiled kernels
+      run here with AVX2: `native_fits`); else `onnxruntime` for fp32 where it is installed;
+      else `torch` (onnxruntime's CPU kernels are not used for fp16/bf16 layers);
     - cuda, npu: the device's graph engine where its torch module offers graph capture
       (`graphs`), else `torch`.
 
-    The same engine serves every batch size on a device; the measurements behind the rule are
-    in the README ("Engines").
+    The same engine serves every batch size on a device (`native` hands batches over
+    `NATIVE_ROWS` rows to onnxruntime, or torch); the measurements behind the rule are in the
+    README ("Engines").
     """
     if device_type == "cpu":
         if precision != "fp32":
             return "torch", f"auto: torch for {precision} layers on the CPU (onnxruntime runs fp32)"
+        if native:
+            batches = "onnxruntime" if onnxruntime else "torch"
+            return "native", ("auto: native for an MLP policy on a CPU with AVX2 (compiled "
+                              f"kernels for {NATIVE_ROWS} observation, {batches} for larger "
+                              "batches)")
         if onnxruntime:
             return "onnxruntime", "auto: onnxruntime for fp32 on the CPU"
         return "torch", "auto: torch on the CPU (onnxruntime is not installed)"
@@ -56,35 +68,56 @@ def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: 
     return "torch", f"auto: torch on {device_type} (its torch module offers no graph capture)"
 
 
-def auto_engine(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool) -> str:
+def native_fits(net: nn.Module | None) -> bool:
+    """Whether `auto` runs `net` on the CPU with `native`: an MLP policy, and the compiled
+    kernels run here with AVX2 (their `generic` kernel, for other CPUs, is slower than
+    onnxruntime; it runs when asked for by name)."""
+    if net is None or "avx2" not in mlp_kernels():
+        return False
+    try:
+        mlp_policy(net)
+    except ValueError:
+        return False
+    return True
+
+
+def auto_engine(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool,
+                native: bool = False) -> str:
     """The engine of `auto_choice`."""
-    return auto_choice(device_type, precision, onnxruntime=onnxruntime, graphs=graphs)[0]
+    return auto_choice(device_type, precision, onnxruntime=onnxruntime, graphs=graphs,
+                       native=native)[0]
 
 
-def resolve_engine(name: str, device: torch.device, precision: str) -> str:
-    """`name` as a concrete engine for `device` and `precision` (`auto` resolved).
+def resolve_engine(name: str, device: torch.device, precision: str, net: nn.Module | None = None
+                   ) -> str:
+    """`name` as a concrete engine for `device` and `precision` (`auto` resolved, for `net`; never
+    to `native` without one).
 
     Raises ValueError for an unknown name and for an engine that cannot run there.
     """
-    return choose_engine(name, device, precision)[0]
+    return choose_engine(name, device, precision, net)[0]
 
 
-def choose_engine(name: str, device: torch.device, precision: str) -> tuple[str, str]:
-    """(the concrete engine, why) for `name` on `device` in `precision`; raises as
-    `resolve_engine` does."""
+def choose_engine(name: str, device: torch.device, precision: str, net: nn.Module | None = None
+                  ) -> tuple[str, str]:
+    """(the concrete engine, why) for `name` on `device` in `precision` (running `net`); raises
+    as `resolve_engine` does."""
     if name not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINE_NAMES)}")
+    cpu = device.type == "cpu"
     if name == "auto":
-        return auto_choice(device.type, precision,
-                           onnxruntime=device.type == "cpu" and onnxruntime_available(),
-                           graphs=device.type != "cpu" and device_graphs(device) is not None)
-    if name == "onnxruntime":
-        if device.type != "cpu" or precision != "fp32":
-            raise ValueError(f"the onnxruntime engine runs fp32 on the CPU, not {precision} on "
-                             f"{device}; use engine='torch' or 'auto'")
-        if not onnxruntime_available():
-            raise ValueError("the onnxruntime engine needs onnxruntime: pip install "
-                             "'huggy-agent[onnx]'")
+        return auto_choice(device.type, precision, onnxruntime=cpu and onnxruntime_available(),
+                           graphs=not cpu and device_graphs(device) is not None,
+                           native=cpu and native_fits(net))
+    if name in ("onnxruntime", "native") and (not cpu or precision != "fp32"):
+        raise ValueError(f"the {name} engine runs fp32 on the CPU, not {precision} on "
+                         f"{device}; use engine='torch' or 'auto'")
+    if name == "onnxruntime" and not onnxruntime_available():
+        raise ValueError("the onnxruntime engine needs onnxruntime: pip install "
+                         "'huggy-agent[onnx]'")
+    if name == "native" and not mlp_kernels():
+        raise ValueError("the native engine needs the package's compiled kernels, which were "
+                         "not built (no C compiler at install); use engine='auto'")
     graph_device = {"cuda-graph": "cuda", "npu-graph": "npu"}.get(name)
     if graph_device is not None and (device.type != graph_device or device_graphs(device) is None):
         raise ValueError(f"the {name} engine needs a {graph_device} device with graph capture, "
@@ -97,12 +130,12 @@ def create_engine(name: str, net: nn.Module, input_shapes: InputShapes, device: 
                   precision: str, head: ActionHead) -> Engine:
     """The engine `name` (`auto` resolved by `resolve_engine`) running `net` on `device`; graph
     engines check their graphs within the tolerance of `precision`."""
-    resolved = resolve_engine(name, device, precision)
+    resolved = resolve_engine(name, device, precision, net)
     if resolved in GRAPH_ENGINES:
         return GRAPH_ENGINES[resolved](net, input_shapes, device, head, precision=precision)
     return ENGINES[resolved](net, input_shapes, device, head)
 
 
 __all__ = ["ENGINES", "ENGINE_NAMES", "ActionHead", "Engine", "EngineFailure", "InputShapes",
-           "TorchEngine", "auto_choice", "auto_engine", "choose_engine", "create_engine",
-           "resolve_engine"]
+           "NativeEngine", "TorchEngine", "auto_choice", "auto_engine", "choose_engine",
+           "create_engine", "native_fits", "resolve_engine"]

@@ -1,0 +1,608 @@
+/* The package's compiled kernels: host noise and a single-observation MLP policy.
+ *
+ * Noise (`gaussian_noise`, `uniform_noise`) is the same computation as huggy_agent/noise.py,
+ * operation for operation: 64-bit integer hashing, then float64 + - * / and sqrt, each correctly
+ * rounded by IEEE 754. The extension is compiled with -ffp-contract=off, so no multiply and add
+ * is fused, and the results are bit-identical to numpy's. The float64 constants (the series
+ * coefficients, ln 2, ...) come from noise.py with every call: one definition.
+ *
+ * The MLP (`mlp_plan`, `mlp_act`, `mlp_forward`) is a frozen copy of a policy's weights: an
+ * optional normalizer, Linear + SiLU layers, a continuous head. Weights are stored row by row,
+ * each row padded with zeros to a multiple of 8 floats and aligned to 32 bytes, so the dot
+ * products run without tails. Two kernels: `avx2` (AVX2 + FMA intrinsics, x86-64 CPUs that have
+ * them) and `generic` (plain C that compilers vectorize for any CPU). Float32 throughout; the
+ * results differ from a BLAS by summation order only.
+ *
+ * Every buffer is passed through the buffer protocol, so the module needs no numpy headers.
+ * Calls release the GIL while they compute.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define HUGGY_X86 1
+#include <immintrin.h>
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Noise
+ * ------------------------------------------------------------------------------------------- */
+
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+#define MIX1 0xBF58476D1CE4E5B9ULL
+#define MIX2 0x94D049BB133111EBULL
+#define UNIFORM_DOMAIN 0x5DEECE66D5A17C3BULL
+#define POLY_TERMS 9
+/* constants[]: LN2_HI, LN2_LO, SQRT_HALF, HALF_PI, then the atanh, cos and sin series, each
+ * POLY_TERMS coefficients, highest power first (noise.py's _POLYNOMIALS). */
+#define CONSTANTS (4 + 3 * POLY_TERMS)
+
+static inline uint64_t splitmix64(uint64_t x) {
+    uint64_t z = x + GOLDEN;
+    z = (z ^ (z >> 30)) * MIX1;
+    z = (z ^ (z >> 27)) * MIX2;
+    return z ^ (z >> 31);
+}
+
+/* Horner's rule as noise.py's _three_polynomials runs it: x * c[0], then (+ c[k]) * x for
+ * k = 1 .. POLY_TERMS - 2, then + c[POLY_TERMS - 1]. */
+static inline double horner(const double *c, double x) {
+    double result = x * c[0];
+    for (int k = 1; k < POLY_TERMS - 1; k++) {
+        result += c[k];
+        result *= x;
+    }
+    return result + c[POLY_TERMS - 1];
+}
+
+/* noise.py's _box_muller for one pair (a in (0, 1], b in [0, 1)). */
+static double box_muller(double a, double b, const double *k) {
+    const double ln2_hi = k[0], ln2_lo = k[1], sqrt_half = k[2], half_pi = k[3];
+    int exponent;
+    double m = frexp(a, &exponent);
+    int low = m < sqrt_half;
+    if (low) m = m * 2.0;
+    double e = (double)(exponent - low);
+    double s = (m - 1.0) / (m + 1.0);
+    double t = b * 4.0;
+    double quadrant = floor(t);
+    double f = t - quadrant;
+    int upper = f > 0.5;
+    double y = (upper ? 1.0 - f : f) * half_pi;
+    double y2 = y * y;
+    double atanh2 = horner(k + 4, s * s);
+    double cos_y = horner(k + 4 + POLY_TERMS, y2);
+    double sin_y = horner(k + 4 + 2 * POLY_TERMS, y2);
+    double log_a = e * ln2_hi + (e * ln2_lo + s * atanh2);
+    sin_y *= y;
+    double cos_x = upper ? sin_y : cos_y;
+    double sin_x = upper ? cos_y : sin_y;
+    double cos_b;
+    switch ((int)quadrant) {
+        case 0: cos_b = cos_x; break;
+        case 1: cos_b = -sin_x; break;
+        case 2: cos_b = -cos_x; break;
+        default: cos_b = sin_x; break;
+    }
+    return sqrt(-2.0 * log_a) * cos_b;
+}
+
+static int get_buffer(PyObject *object, Py_buffer *view, int writable, const char *format,
+                      Py_ssize_t items, const char *what) {
+    if (PyObject_GetBuffer(object, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS |
+                           PyBUF_FORMAT) < 0)
+        return -1;
+    if (strcmp(view->format, format) != 0 || view->len != items * view->itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd C-contiguous items of format '%s', got "
+                     "%zd bytes of format '%s'", what, items, format, view->len, view->format);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* An integer argument (anything with __index__, numpy's integers too) as uint64 or Py_ssize_t. */
+static int as_uint64(PyObject *object, uint64_t *value) {
+    PyObject *index = PyNumber_Index(object);
+    if (!index) return -1;
+    *value = PyLong_AsUnsignedLongLong(index);
+    Py_DECREF(index);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int as_count(PyObject *object, Py_ssize_t *value, const char *what) {
+    PyObject *index = PyNumber_Index(object);
+    if (!index) return -1;
+    *value = PyLong_AsSsize_t(index);
+    Py_DECREF(index);
+    if (PyErr_Occurred()) return -1;
+    if (*value < 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= 0, got %zd", what, *value);
+        return -1;
+    }
+    return 0;
+}
+
+/* The (seed, row_offset, rows, cols, ...) arguments of a noise function taking `expected`. */
+static int parse_stream(const char *name, PyObject *const *args, Py_ssize_t nargs,
+                        Py_ssize_t expected, uint64_t *seed, uint64_t *row_offset,
+                        Py_ssize_t *rows, Py_ssize_t *cols) {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, expected, nargs);
+        return -1;
+    }
+    if (as_uint64(args[0], seed) < 0 || as_uint64(args[1], row_offset) < 0 ||
+        as_count(args[2], rows, "rows") < 0 || as_count(args[3], cols, "cols") < 0)
+        return -1;
+    return 0;
+}
+
+/* gaussian_noise(seed, row_offset, rows, cols, constants, out): fills out, float32 (rows, cols). */
+static PyObject *gaussian_noise(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    uint64_t seed, row_offset;
+    Py_ssize_t rows, cols;
+    if (parse_stream("gaussian_noise", args, nargs, 6, &seed, &row_offset, &rows, &cols) < 0)
+        return NULL;
+    Py_buffer constants, out;
+    if (get_buffer(args[4], &constants, 0, "d", CONSTANTS, "constants") < 0) return NULL;
+    if (get_buffer(args[5], &out, 1, "f", rows * cols, "out") < 0) {
+        PyBuffer_Release(&constants);
+        return NULL;
+    }
+    const double *k = constants.buf;
+    float *values = out.buf;
+    uint64_t key = splitmix64(seed), columns = (uint64_t)cols;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        uint64_t row = row_offset + (uint64_t)r;
+        for (Py_ssize_t c = 0; c < cols; c++) {
+            uint64_t counter = (row * columns + (uint64_t)c) * 2u;
+            uint64_t bits_a = splitmix64(key ^ splitmix64(counter)) >> 11;
+            uint64_t bits_b = splitmix64(key ^ splitmix64(counter + 1u)) >> 11;
+            double a = ((double)bits_a + 1.0) * 0x1p-53;
+            double b = (double)bits_b * 0x1p-53;
+            values[r * cols + c] = (float)box_muller(a, b, k);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&constants);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+/* uniform_noise(seed, row_offset, rows, cols, out): fills out, float64 (rows, cols). */
+static PyObject *uniform_noise(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    uint64_t seed, row_offset;
+    Py_ssize_t rows, cols;
+    if (parse_stream("uniform_noise", args, nargs, 5, &seed, &row_offset, &rows, &cols) < 0)
+        return NULL;
+    Py_buffer out;
+    if (get_buffer(args[4], &out, 1, "d", rows * cols, "out") < 0) return NULL;
+    double *values = out.buf;
+    uint64_t key = splitmix64(seed ^ UNIFORM_DOMAIN), columns = (uint64_t)cols;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        uint64_t row = row_offset + (uint64_t)r;
+        for (Py_ssize_t c = 0; c < cols; c++) {
+            uint64_t bits = splitmix64(key ^ splitmix64(row * columns + (uint64_t)c)) >> 11;
+            values[r * cols + c] = (double)bits * 0x1p-53;
+        }
+    }
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * MLP
+ * ------------------------------------------------------------------------------------------- */
+
+#define LANES 8
+#define ALIGNMENT 32
+#define NORMALIZER_CLIP 5.0f
+#define PPO_CLIP 3.0f
+#define SAC_LOG_SIGMA_LOW -20.0f
+#define SAC_LOG_SIGMA_HIGH 2.0f
+
+typedef struct {
+    int out, in, in_pad; /* rows, inputs, inputs padded to LANES */
+    float *weight;       /* out x in_pad, aligned */
+    float *bias;         /* out */
+} Layer;
+
+typedef void (*GemvFn)(const Layer *, const float *, float *);
+typedef void (*SiluFn)(float *, int);
+
+typedef struct {
+    int inputs, actions, hidden_layers, widest; /* widest: the largest in_pad / out */
+    int sac;                                     /* head: 0 PPO (shared log-sigma), 1 SAC */
+    float *mean, *std;                           /* NULL without a normalizer */
+    Layer *layers;           /* hidden layers, then the output layer: mu (and SAC's log-sigma) */
+    float *log_sigma;        /* PPO's shared log-sigma (actions); NULL for SAC */
+    GemvFn gemv;
+    SiluFn silu;
+    const char *kernel;
+} Plan;
+
+static size_t padded(size_t n) { return (n + LANES - 1) / LANES * LANES; }
+
+static float *aligned_floats(size_t n) {
+    void *memory = NULL;
+    size_t bytes = (n * sizeof(float) + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+    if (posix_memalign(&memory, ALIGNMENT, bytes ? bytes : ALIGNMENT) != 0) return NULL;
+    memset(memory, 0, bytes);
+    return memory;
+}
+
+/* exp(x) for float32 x, to about 2 ulp (Cephes' expf polynomial), written so that compilers
+ * vectorize loops over it: round to nearest by adding and subtracting 1.5 * 2**23 (exact without
+ * contraction), scale by 2**n through the exponent bits. */
+static inline float exp_approx(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* x * sigmoid(x) = x / (1 + exp(-x)), in place. */
+static void silu_generic(float *values, int n) {
+    for (int i = 0; i < n; i++) values[i] = values[i] / (1.0f + exp_approx(-values[i]));
+}
+
+static inline float sum_lanes(const float *lanes) {
+    return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+           ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
+/* Four rows at a time, LANES partial sums each (independent chains a compiler vectorizes). */
+static void gemv_generic(const Layer *layer, const float *x, float *y) {
+    const int in_pad = layer->in_pad;
+    int j = 0;
+    for (; j + 4 <= layer->out; j += 4) {
+        const float *w = layer->weight + (size_t)j * in_pad;
+        float lanes[4][LANES] = {{0}};
+        for (int i = 0; i < in_pad; i += LANES)
+            for (int r = 0; r < 4; r++)
+                for (int l = 0; l < LANES; l++)
+                    lanes[r][l] += w[(size_t)r * in_pad + i + l] * x[i + l];
+        for (int r = 0; r < 4; r++) y[j + r] = sum_lanes(lanes[r]) + layer->bias[j + r];
+    }
+    for (; j < layer->out; j++) {
+        const float *w = layer->weight + (size_t)j * in_pad;
+        float lanes[LANES] = {0};
+        for (int i = 0; i < in_pad; i += LANES)
+            for (int l = 0; l < LANES; l++) lanes[l] += w[i + l] * x[i + l];
+        y[j] = sum_lanes(lanes) + layer->bias[j];
+    }
+}
+
+#ifdef HUGGY_X86
+__attribute__((target("avx2,fma"))) static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Four rows at a time, one accumulator each: four weight streams, x loaded once per step. */
+__attribute__((target("avx2,fma"))) static void gemv_avx2(const Layer *layer, const float *x,
+                                                           float *y) {
+    const int in_pad = layer->in_pad;
+    int j = 0;
+    for (; j + 4 <= layer->out; j += 4) {
+        const float *w0 = layer->weight + (size_t)j * in_pad;
+        const float *w1 = w0 + in_pad, *w2 = w1 + in_pad, *w3 = w2 + in_pad;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int i = 0; i < in_pad; i += LANES) {
+            __m256 xv = _mm256_load_ps(x + i);
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(w0 + i), xv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_load_ps(w1 + i), xv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_load_ps(w2 + i), xv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_load_ps(w3 + i), xv, a3);
+        }
+        y[j] = hsum256(a0) + layer->bias[j];
+        y[j + 1] = hsum256(a1) + layer->bias[j + 1];
+        y[j + 2] = hsum256(a2) + layer->bias[j + 2];
+        y[j + 3] = hsum256(a3) + layer->bias[j + 3];
+    }
+    for (; j < layer->out; j++) {
+        const float *w = layer->weight + (size_t)j * in_pad;
+        __m256 a = _mm256_setzero_ps();
+        for (int i = 0; i < in_pad; i += LANES)
+            a = _mm256_fmadd_ps(_mm256_load_ps(w + i), _mm256_load_ps(x + i), a);
+        y[j] = hsum256(a) + layer->bias[j];
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void silu_avx2(float *values, int n) {
+    for (int i = 0; i < n; i++) values[i] = values[i] / (1.0f + exp_approx(-values[i]));
+}
+#endif
+
+static void free_plan(Plan *plan) {
+    if (plan->layers) {
+        for (int l = 0; l <= plan->hidden_layers; l++) {
+            free(plan->layers[l].weight);
+            free(plan->layers[l].bias);
+        }
+        free(plan->layers);
+    }
+    free(plan->mean);
+    free(plan->std);
+    free(plan->log_sigma);
+    free(plan);
+}
+
+static void plan_capsule_destructor(PyObject *capsule) {
+    free_plan(PyCapsule_GetPointer(capsule, "huggy_agent._native.Plan"));
+}
+
+/* Copies `rows` x `cols` float32 from a buffer into an aligned, zero-padded layout. */
+static int copy_matrix(PyObject *object, int rows, int cols, int row_stride, float *into,
+                       const char *what) {
+    Py_buffer view;
+    if (get_buffer(object, &view, 0, "f", (Py_ssize_t)rows * cols, what) < 0) return -1;
+    const float *from = view.buf;
+    for (int r = 0; r < rows; r++)
+        memcpy(into + (size_t)r * row_stride, from + (size_t)r * cols, cols * sizeof(float));
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+/* mlp_plan(mean | None, std | None, layers, log_sigma | None, sac, kernel) -> capsule.
+ * layers: a sequence of (weight (out, in), bias (out,)) float32 buffers with their shapes as
+ * (weight, bias, out, in) tuples: the hidden layers, then the output layer (mu, and for SAC the
+ * log-sigma rows after it: 2 x actions rows). log_sigma: PPO's (actions,) shared log-sigma.
+ * kernel: "avx2" or "generic". */
+static PyObject *mlp_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "mlp_plan takes 6 arguments");
+        return NULL;
+    }
+    PyObject *layers = PySequence_Fast(args[2], "layers must be a sequence");
+    if (!layers) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(layers);
+    int sac = PyObject_IsTrue(args[4]);
+    const char *kernel = PyUnicode_AsUTF8(args[5]);
+    Plan *plan = calloc(1, sizeof(Plan));
+    if (!plan || count < 1 || sac < 0 || !kernel) goto fail;
+    if (strcmp(kernel, "generic") == 0) {
+        plan->gemv = gemv_generic;
+        plan->silu = silu_generic;
+        plan->kernel = "generic";
+#ifdef HUGGY_X86
+    } else if (strcmp(kernel, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma")) {
+        plan->gemv = gemv_avx2;
+        plan->silu = silu_avx2;
+        plan->kernel = "avx2";
+#endif
+    } else {
+        PyErr_Format(PyExc_ValueError, "kernel %s does not run on this CPU", kernel);
+        goto fail;
+    }
+    plan->sac = sac;
+    plan->hidden_layers = (int)count - 1;
+    plan->layers = calloc(count, sizeof(Layer));
+    if (!plan->layers) goto fail;
+    for (Py_ssize_t l = 0; l < count; l++) {
+        int out, in;
+        PyObject *weight, *bias;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(layers, l), "OOii", &weight, &bias, &out,
+                              &in))
+            goto fail;
+        Layer *layer = &plan->layers[l];
+        layer->out = out;
+        layer->in = in;
+        layer->in_pad = (int)padded(in);
+        layer->weight = aligned_floats((size_t)out * layer->in_pad);
+        layer->bias = aligned_floats(out);
+        if (!layer->weight || !layer->bias) goto fail;
+        if (copy_matrix(weight, out, in, layer->in_pad, layer->weight, "weight") < 0 ||
+            copy_matrix(bias, 1, out, out, layer->bias, "bias") < 0)
+            goto fail;
+        if (l == 0) plan->inputs = in;
+        if (layer->in_pad > plan->widest) plan->widest = layer->in_pad;
+        if ((int)padded(out) > plan->widest) plan->widest = (int)padded(out);
+    }
+    Layer *last = &plan->layers[count - 1];
+    plan->actions = sac ? last->out / 2 : last->out;
+    if (args[0] != Py_None) {
+        plan->mean = aligned_floats(plan->inputs);
+        plan->std = aligned_floats(plan->inputs);
+        if (!plan->mean || !plan->std) goto fail;
+        if (copy_matrix(args[0], 1, plan->inputs, plan->inputs, plan->mean, "mean") < 0 ||
+            copy_matrix(args[1], 1, plan->inputs, plan->inputs, plan->std, "std") < 0)
+            goto fail;
+    }
+    if (!sac) {
+        plan->log_sigma = aligned_floats(plan->actions);
+        if (!plan->log_sigma ||
+            copy_matrix(args[3], 1, plan->actions, plan->actions, plan->log_sigma,
+                        "log_sigma") < 0)
+            goto fail;
+    }
+    Py_DECREF(layers);
+    PyObject *capsule = PyCapsule_New(plan, "huggy_agent._native.Plan", plan_capsule_destructor);
+    if (!capsule) free_plan(plan);
+    return capsule;
+fail:
+    Py_DECREF(layers);
+    if (plan) free_plan(plan);
+    if (!PyErr_Occurred()) PyErr_NoMemory();
+    return NULL;
+}
+
+/* One observation through the plan: the outputs (mu, then SAC's raw log-sigma) into `outputs`.
+ * Returns 0, or -1 when an observation value is not finite. */
+static int run_plan(const Plan *plan, const float *obs, float *outputs, float *scratch) {
+    float *a = scratch, *b = scratch + plan->widest;
+    for (int i = 0; i < plan->inputs; i++) {
+        if (!isfinite(obs[i])) return -1;
+        float value = obs[i];
+        if (plan->mean) {
+            value = (value - plan->mean[i]) / plan->std[i];
+            value = value < -NORMALIZER_CLIP ? -NORMALIZER_CLIP
+                                             : (value > NORMALIZER_CLIP ? NORMALIZER_CLIP : value);
+        }
+        a[i] = value;
+    }
+    for (int i = plan->inputs; i < plan->widest; i++) a[i] = 0.0f;
+    for (int l = 0; l < plan->hidden_layers; l++) {
+        const Layer *layer = &plan->layers[l];
+        plan->gemv(layer, a, b);
+        plan->silu(b, layer->out);
+        for (int i = layer->out; i < (int)padded(layer->out); i++) b[i] = 0.0f;
+        float *swap = a;
+        a = b;
+        b = swap;
+    }
+    plan->gemv(&plan->layers[plan->hidden_layers], a, outputs);
+    return 0;
+}
+
+static Plan *get_plan(PyObject *capsule) {
+    return PyCapsule_GetPointer(capsule, "huggy_agent._native.Plan");
+}
+
+static inline float clamp_log_sigma(float value) {
+    return value < SAC_LOG_SIGMA_LOW ? SAC_LOG_SIGMA_LOW
+                                     : (value > SAC_LOG_SIGMA_HIGH ? SAC_LOG_SIGMA_HIGH : value);
+}
+
+/* The actions of one row from its raw outputs (mu, then SAC's raw log-sigma) and noise z (NULL:
+ * deterministic). PPO: clip(mu + z exp(log_sigma), -3, 3) / 3; SAC: tanh(mu + z exp(log_sigma)). */
+static void head(const Plan *plan, const float *raw, const float *z, float *actions) {
+    const int c = plan->actions;
+    for (int i = 0; i < c; i++) {
+        float action = raw[i];
+        if (z) {
+            float log_sigma = plan->sac ? clamp_log_sigma(raw[c + i]) : plan->log_sigma[i];
+            action = action + z[i] * expf(log_sigma);
+        }
+        if (plan->sac) {
+            actions[i] = tanhf(action);
+        } else {
+            action = action < -PPO_CLIP ? -PPO_CLIP : (action > PPO_CLIP ? PPO_CLIP : action);
+            actions[i] = action / PPO_CLIP;
+        }
+    }
+}
+
+/* mlp_act and mlp_forward: (plan, obs, out, extra, rows) -> bool, False (and `out` written only
+ * up to that row) if an observation value is not finite.
+ * - act: `out` the actions (rows, actions); `extra` the noise (rows, actions), or None for
+ *   deterministic actions;
+ * - forward: `out` mu (rows, actions); `extra` SAC's log-sigma (rows, actions), clamped to
+ *   [-20, 2], or None for PPO (whose shared log-sigma is the caller's). */
+static PyObject *run_rows(const char *name, int act, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "%s takes 5 arguments, got %zd", name, nargs);
+        return NULL;
+    }
+    Plan *plan = get_plan(args[0]);
+    Py_ssize_t rows;
+    if (!plan || as_count(args[4], &rows, "rows") < 0) return NULL;
+    const int c = plan->actions;
+    int has_extra = act ? args[3] != Py_None : plan->sac;
+    Py_buffer obs, out, extra;
+    if (get_buffer(args[1], &obs, 0, "f", rows * plan->inputs, "obs") < 0) return NULL;
+    if (get_buffer(args[2], &out, 1, "f", rows * c, act ? "actions" : "mu") < 0) {
+        PyBuffer_Release(&obs);
+        return NULL;
+    }
+    if (has_extra && get_buffer(args[3], &extra, !act, "f", rows * c,
+                                act ? "noise" : "log_sigma") < 0) {
+        PyBuffer_Release(&obs);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    int status = 0;
+    float *scratch = aligned_floats((size_t)2 * plan->widest + 2 * padded(c));
+    if (!scratch) status = -2;
+    Py_BEGIN_ALLOW_THREADS
+    float *raw = scratch ? scratch + 2 * plan->widest : NULL;
+    for (Py_ssize_t r = 0; r < rows && status == 0; r++) {
+        status = run_plan(plan, (const float *)obs.buf + r * plan->inputs, raw, scratch);
+        if (status) break;
+        float *row_out = (float *)out.buf + r * c;
+        float *row_extra = has_extra ? (float *)extra.buf + r * c : NULL;
+        if (act) {
+            head(plan, raw, row_extra, row_out);
+        } else {
+            memcpy(row_out, raw, c * sizeof(float));
+            for (int i = 0; row_extra && i < c; i++) row_extra[i] = clamp_log_sigma(raw[c + i]);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    PyBuffer_Release(&obs);
+    PyBuffer_Release(&out);
+    if (has_extra) PyBuffer_Release(&extra);
+    if (status == -2) return PyErr_NoMemory();
+    return PyBool_FromLong(status == 0);
+}
+
+static PyObject *mlp_act(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return run_rows("mlp_act", 1, args, nargs);
+}
+
+static PyObject *mlp_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return run_rows("mlp_forward", 0, args, nargs);
+}
+
+/* mlp_kernel(plan) -> str: the kernel the plan runs. */
+static PyObject *mlp_kernel(PyObject *self, PyObject *capsule) {
+    (void)self;
+    Plan *plan = get_plan(capsule);
+    return plan ? PyUnicode_FromString(plan->kernel) : NULL;
+}
+
+/* kernels() -> tuple[str, ...]: the MLP kernels this CPU runs, fastest first. */
+static PyObject *kernels(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+#ifdef HUGGY_X86
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return Py_BuildValue("(ss)", "avx2", "generic");
+#endif
+    return Py_BuildValue("(s)", "generic");
+}
+
+static PyMethodDef methods[] = {
+    {"gaussian_noise", (PyCFunction)(void (*)(void))gaussian_noise, METH_FASTCALL, NULL},
+    {"uniform_noise", (PyCFunction)(void (*)(void))uniform_noise, METH_FASTCALL, NULL},
+    {"mlp_plan", (PyCFunction)(void (*)(void))mlp_plan, METH_FASTCALL, NULL},
+    {"mlp_act", (PyCFunction)(void (*)(void))mlp_act, METH_FASTCALL, NULL},
+    {"mlp_forward", (PyCFunction)(void (*)(void))mlp_forward, METH_FASTCALL, NULL},
+    {"mlp_kernel", mlp_kernel, METH_O, NULL},
+    {"kernels", kernels, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The package's compiled kernels (see _native.c).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

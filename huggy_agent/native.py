@@ -1,0 +1,29 @@
+"""The package's compiled kernels (`huggy_agent/_native.c`), built at install where a C compiler
+is found: the host noise (bit-identical to `huggy_agent.noise`'s numpy) and the `native` engine's
+single-observation MLP. Where they were not built, `KERNELS` is None and numpy, onnxruntime and
+torch do the same work, slower.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def _load() -> ModuleType | None:
+    """The compiled submodule `huggy_agent._native` (a file of its own, not the package's
+    `__init__`), or None where it was not built."""
+    try:
+        return importlib.import_module("huggy_agent._native")
+    except ImportError:  # installed without a C compiler
+        return None
+
+
+KERNELS = _load()
+"""The compiled module, or None."""
+
+
+def mlp_kernels() -> tuple[str, ...]:
+    """The MLP kernels this CPU runs, fastest first: `avx2` (x86-64 with AVX2 and FMA) and
+    `generic` (any CPU); none where the kernels were not built."""
+    return () if KERNELS is None else tuple(KERNELS.kernels())

@@ -1,0 +1,230 @@
+"""The `native` engine and the compiled kernels: single observations through the agent's direct
+path against onnxruntime and float64, deterministic and seeded stochastic, on every fixture run
+and kernel; its validation; the policies it takes and refuses; the compiled noise against
+numpy's, bit for bit; fresh noise streams against numpy's own `Generator.integers`."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from huggy_agent import HuggyAgent
+from huggy_agent.engines import native_fits
+from huggy_agent.engines.native import NativeEngine
+from huggy_agent.native import KERNELS, mlp_kernels
+from huggy_agent.noise import (
+    _numpy_gaussian_noise,
+    _numpy_uniform_noise,
+    gaussian_noise,
+    uniform_noise,
+)
+from huggy_agent.numerics import FP32_ACTION_ATOL, fp32_action_tolerance
+from huggy_agent.reference import canonical_observations, float64_actions
+from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir, mlagents_policy_files
+
+pytestmark = [pytest.mark.numerics,  # rerun by .ci/run under other CPU kernel paths
+              pytest.mark.skipif(KERNELS is None, reason="the compiled kernels were not built "
+                                 "(no C compiler at install): the native engine is absent")]
+
+ROWS = 64
+
+
+@pytest.fixture(scope="module", params=[(run, kernel) for run in FIXTURE_RUNS
+                                        for kernel in mlp_kernels()], ids="-".join)
+def native(request: pytest.FixtureRequest) -> tuple[HuggyAgent, np.ndarray, np.ndarray]:
+    """(an agent on the native engine with one kernel, on-scale observations with 16 scaled by
+    1e3, onnxruntime's deterministic actions on the run's ML-Agents export) per fixture run."""
+    run, kernel = request.param
+    path = fixtures_dir() / run / "Huggy.onnx"
+    agent = HuggyAgent(path, device="cpu", engine="native")
+    agent._engine = NativeEngine(agent.net, ((agent.obs_size,),), agent.device, agent.head,
+                                 kernel=kernel)
+    agent._row_act = agent._engine.act_row
+    obs = canonical_observations(agent.loaded, ROWS, seed=8)
+    obs[:16] *= 1e3  # far beyond the training scale: the normalizer clips them
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (reference,) = session.run(["deterministic_continuous_actions"], {"obs_0": obs})
+    return agent, obs, reference
+
+
+def test_single_observations_match_onnxruntime_and_float64(native: tuple) -> None:
+    """Within the contract's tolerance (scaled for off-scale rows of a policy without a
+    normalizer: `fp32_action_tolerance`)."""
+    agent, obs, reference = native
+    noise = gaussian_noise(17, ROWS, 21, row_offset=5)
+    sampled_reference = float64_actions(agent.loaded, obs, noise)
+    for row in range(ROWS):
+        tolerance = fp32_action_tolerance(obs[row], agent.arch.inputs[0].normalize)
+        actions = agent.compute_action(obs[row])
+        assert actions.shape == (21,) and actions.dtype == np.float32
+        assert np.abs(actions - reference[row]).max() <= tolerance, row
+        sampled = agent.compute_action(obs[row], deterministic=False, seed=17, row_offset=5 + row)
+        assert np.abs(sampled - sampled_reference[row]).max() <= tolerance, row
+
+
+def test_a_row_gets_the_same_noise_alone_as_in_a_batch(native: tuple) -> None:
+    """Row i of a seeded batch and the row alone with row_offset i: the same host noise, so the
+    same action within the contract (the batch runs through onnxruntime)."""
+    agent, obs, _ = native
+    batch = agent.compute_action(obs, deterministic=False, seed=2**64 - 1)
+    alone = np.stack([agent.compute_action(obs[row], deterministic=False, seed=2**64 - 1,
+                                           row_offset=row) for row in range(ROWS)])
+    tolerance = fp32_action_tolerance(obs, agent.arch.inputs[0].normalize)
+    assert np.abs(alone - batch).max() <= tolerance
+    assert np.abs(alone - agent.compute_action(obs)).max() > 1e-2  # the noise is there
+
+
+def test_rows_that_take_the_validating_path_agree(native: tuple) -> None:
+    """float64 rows, lists, tensors, strided views and (1, n) batches are converted and validated
+    first; they answer as a float32 row does."""
+    agent, obs, reference = native
+    strided = np.repeat(obs[3], 2)[::2]
+    assert not strided.flags.c_contiguous
+    for given in (obs[3].astype(np.float64), obs[3].tolist(), torch.from_numpy(obs[3].copy()),
+                  strided):
+        assert np.abs(agent.compute_action(given) - reference[3]).max() <= FP32_ACTION_ATOL
+    one_row = agent.compute_action(obs[3:4])
+    assert one_row.shape == (1, 21)
+    assert np.abs(one_row[0] - reference[3]).max() <= FP32_ACTION_ATOL
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_is_refused_with_its_place(native: tuple, bad: float) -> None:
+    agent, obs, _ = native
+    row = obs[0].copy()
+    row[7] = bad
+    message = f"observation must be finite: received {bad} at row 0, column 7"
+    for deterministic in (True, False):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            agent.compute_action(row, deterministic=deterministic)
+
+
+def test_distribution_of_one_row_matches_onnxruntime(native: tuple) -> None:
+    agent, obs, _ = native
+    expected = HuggyAgent(agent.loaded.origin, device="cpu", engine="onnxruntime").distribution(
+        obs[20:21])  # an on-scale row: raw outputs, not bounded actions, are compared
+    outputs = agent.distribution(obs[20])
+    assert outputs.mu is not None and outputs.log_sigma is not None
+    assert outputs.mu.shape == (1, 21) and outputs.log_sigma.shape == (1, 21)
+    assert float((outputs.mu - expected.mu).abs().max()) <= FP32_ACTION_ATOL
+    torch.testing.assert_close(outputs.log_sigma, expected.log_sigma, rtol=0, atol=0)
+
+
+def test_threads_calling_at_once_get_their_own_answers(native: tuple) -> None:
+    """The kernel releases the GIL and keeps no state between calls."""
+    agent, obs, reference = native
+    answers: dict[int, np.ndarray] = {}
+
+    def worker(first: int) -> None:
+        for row in range(first, ROWS, 4):
+            answers[row] = agent.compute_action(obs[row])
+
+    threads = [threading.Thread(target=worker, args=(first,)) for first in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(answers) == list(range(ROWS))
+    assert np.abs(np.stack([answers[row] for row in range(ROWS)]) - reference).max() <= (
+        fp32_action_tolerance(obs, agent.arch.inputs[0].normalize))
+
+
+def test_unseeded_calls_draw_the_streams_of_generator_integers() -> None:
+    """A fresh stream per unseeded call is numpy's own `Generator(seed).integers(2**63)`: the
+    native engine's single rows and the onnxruntime engine's batches follow one sequence."""
+    obs = canonical_observations(HuggyAgent(device="cpu", engine="torch").loaded, 3, seed=4)
+    native_agent = HuggyAgent(device="cpu", engine="native", seed=99)
+    reference_agent = HuggyAgent(device="cpu", engine="onnxruntime", seed=99)
+    streams = np.random.default_rng(99).integers(2**63, size=6)
+    for call, stream in enumerate(streams):
+        row = obs[call % 3]
+        expected = reference_agent.compute_action(row, deterministic=False, seed=int(stream))
+        got = native_agent.compute_action(row, deterministic=False)
+        assert np.abs(got - expected).max() <= FP32_ACTION_ATOL, call
+
+
+# --- the policies it takes ----------------------------------------------------------------------
+
+def _is_mlp_policy(agent: HuggyAgent) -> bool:
+    spec = agent.spec
+    return (len(spec.inputs) == 1 and spec.inputs[0].kind == "vector" and spec.kind == "continuous"
+            and not spec.memory_size)
+
+
+@pytest.mark.parametrize("path", mlagents_policy_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_auto_runs_native_exactly_for_mlp_policies(path: Path) -> None:
+    """Every ML-Agents kind: `native` (with AVX2) for one vector input and continuous actions
+    only, against onnxruntime's engine at one row and a batch; `onnxruntime` for the rest, and
+    `native` by name refused naming the policy's interface."""
+    reference = HuggyAgent(path, device="cpu", engine="onnxruntime")
+    if not _is_mlp_policy(reference):
+        assert not native_fits(reference.net) and HuggyAgent(path, device="cpu").engine == (
+            "onnxruntime")
+        with pytest.raises(ValueError, match=re.escape(
+                "an MLP policy has one vector input and continuous actions only, not "
+                f"{reference.spec.describe()}")):
+            HuggyAgent(path, device="cpu", engine="native")
+        return
+    assert native_fits(reference.net) == ("avx2" in mlp_kernels())
+    agent = HuggyAgent(path, device="cpu", engine="native")
+    rng = np.random.default_rng(3)
+    obs = (rng.standard_normal((ROWS, reference.obs_size)) * 2).astype(np.float32)
+    for kwargs in ({}, {"deterministic": False, "seed": 12, "row_offset": 7}):
+        expected = reference.compute_action(obs, **kwargs)
+        assert np.abs(agent.compute_action(obs, **kwargs) - expected).max() <= FP32_ACTION_ATOL
+        row = 9
+        offset = {"row_offset": 7 + row} if kwargs else {}
+        single = agent.compute_action(obs[row], **{**kwargs, **offset})
+        assert np.abs(single - expected[row]).max() <= FP32_ACTION_ATOL
+
+
+def test_networks_that_are_not_actors_are_refused() -> None:
+    net = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="expected an ML-Agents actor, got Linear"):
+        NativeEngine(net, ((4,),), torch.device("cpu"), HuggyAgent(device="cpu").head)
+    assert not native_fits(net) and not native_fits(None)
+
+
+def test_a_kernel_this_cpu_lacks_is_refused() -> None:
+    agent = HuggyAgent(device="cpu", engine="torch")
+    with pytest.raises(ValueError, match="kernel avx512 does not run on this CPU"):
+        NativeEngine(agent.net, ((agent.obs_size,),), agent.device, agent.head, kernel="avx512")
+
+
+# --- the compiled noise -------------------------------------------------------------------------
+
+def test_compiled_noise_is_numpys_bit_for_bit() -> None:
+    """Random seeds, offsets near 2**64 (rows wrap around), shapes from one value to thousands."""
+    rng = np.random.default_rng(21)
+    shapes = [(1, 1), (1, 21), (3, 7), (17, 5), (200, 21), (1, 4096)]
+    for index in range(60):
+        seed = int(rng.integers(2**64, dtype=np.uint64))
+        row_offset = int(rng.integers(2**64, dtype=np.uint64)) if index % 2 else index
+        rows, cols = shapes[index % len(shapes)]
+        np.testing.assert_array_equal(gaussian_noise(seed, rows, cols, row_offset).view(np.uint32),
+                                      _numpy_gaussian_noise(seed, rows, cols, row_offset)
+                                      .view(np.uint32))
+        np.testing.assert_array_equal(uniform_noise(seed, rows, cols, row_offset).view(np.uint64),
+                                      _numpy_uniform_noise(seed, rows, cols, row_offset)
+                                      .view(np.uint64))
+
+
+def test_numpy_noise_keeps_the_recorded_bits() -> None:
+    """The numpy definition itself, which the compiled kernel replaces where built."""
+    from tests.support.engines import RECORDED_NOISE_BITS
+
+    for (seed, row), bits in RECORDED_NOISE_BITS.items():
+        assert _numpy_gaussian_noise(seed, 1, 4, row).view(np.uint32)[0].tolist() == bits
+
+
+def test_compiled_noise_takes_numpy_integers_and_refuses_negative_offsets() -> None:
+    np.testing.assert_array_equal(gaussian_noise(np.uint64(5), 2, 3, np.int64(9)),
+                                  _numpy_gaussian_noise(5, 2, 3, 9))
+    with pytest.raises(OverflowError):
+        gaussian_noise(5, 1, 3, row_offset=-1)
