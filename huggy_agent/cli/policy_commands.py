@@ -9,16 +9,26 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from huggy_agent.agent import ActionResult, Actions, HuggyAgent, split_memory
+from huggy_agent.benchmark import run_benchmark
+from huggy_agent.diagnostics import (
+    Agreement,
+    fingerprints,
+    onnx_compare,
+    policy_stats,
+    precision_report,
+)
 from huggy_agent.engines import ENGINE_NAMES
+from huggy_agent.formats.export_onnx import export_onnx
+from huggy_agent.formats.results import list_checkpoints
 from huggy_agent.formats.sources import policy_path
-
-if TYPE_CHECKING:
-    from huggy_agent.agent import ActionResult, HuggyAgent
-    from huggy_agent.diagnostics import Agreement
+from huggy_agent.reference import canonical_inputs
+from huggy_agent.spec import ActorSpec
+from huggy_agent.tables import format_table
 
 
 def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
@@ -40,8 +50,6 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
 
 
 def _agent(args: argparse.Namespace, seed: int | None = None) -> HuggyAgent:
-    from huggy_agent import HuggyAgent
-
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=seed,
                       engine=args.engine)
 
@@ -61,8 +69,6 @@ def _observation(args: argparse.Namespace, agent: HuggyAgent) -> list[np.ndarray
                              f"({agent.spec.describe()}); give a JSON list of one observation "
                              "per input")
         return [np.asarray(row, dtype=np.float32) for row in inputs]
-    from huggy_agent.reference import canonical_inputs
-
     return [array[1] for array in canonical_inputs(agent.loaded, 2, seed=args.obs_seed)]
 
 
@@ -89,8 +95,6 @@ def _policy_args(agent: HuggyAgent, observation: list[np.ndarray], args: argpars
 
 def _as_lists(result: ActionResult, agent: HuggyAgent) -> dict[str, list[Any]]:
     """A compute_action result as JSON-ready lists by kind."""
-    from huggy_agent import Actions, split_memory
-
     out: dict[str, list[Any]] = {}
     actions, memory = split_memory(result)
     if memory is not None:
@@ -103,8 +107,6 @@ def _as_lists(result: ActionResult, agent: HuggyAgent) -> dict[str, list[Any]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from huggy_agent.tables import format_table
-
     agent = _agent(args)
     agent.warmup([1])  # a graph engine captures and checks its first graphs: say what really runs
     info = agent.describe()
@@ -127,8 +129,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _agent_spec_line(info: dict[str, Any]) -> str:
-    from huggy_agent.spec import ActorSpec
-
     return ActorSpec.from_dict(info["spec"]).describe()
 
 
@@ -151,9 +151,6 @@ def cmd_act(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from huggy_agent import Actions, split_memory
-    from huggy_agent.tables import format_table
-
     agent = _agent(args, seed=args.seed)
     observation = _observation(args, agent)
     samples, _ = split_memory(agent.compute_action(
@@ -189,8 +186,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def _batch_inputs(args: argparse.Namespace, agent: HuggyAgent) -> list[np.ndarray]:
     if args.input is None:
-        from huggy_agent.reference import canonical_inputs
-
         return canonical_inputs(agent.loaded, args.count, seed=args.obs_seed)
     loaded = np.load(args.input)
     if isinstance(loaded, np.ndarray):
@@ -229,8 +224,6 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def _agreement_table(rows: list[Agreement]) -> str:
-    from huggy_agent.tables import format_table
-
     return format_table(
         ["run", "max abs error", "mean abs error", "cosine", "tolerance", "ok"],
         [(r.label, r.max_abs_error, r.mean_abs_error, f"{r.cosine_similarity:.6f}", r.tolerance,
@@ -238,8 +231,6 @@ def _agreement_table(rows: list[Agreement]) -> str:
 
 
 def cmd_precision(args: argparse.Namespace) -> int:
-    from huggy_agent.diagnostics import precision_report
-
     rows = precision_report(args.policy, args.devices, args.count)
     if args.json:
         _print_json([r.as_dict() for r in rows])
@@ -251,8 +242,6 @@ def cmd_precision(args: argparse.Namespace) -> int:
 
 
 def cmd_onnx_compare(args: argparse.Namespace) -> int:
-    from huggy_agent.diagnostics import onnx_compare
-
     onnx_path = args.onnx
     if args.policy is None:
         args.policy = onnx_path
@@ -265,8 +254,6 @@ def cmd_onnx_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
-    from huggy_agent.diagnostics import fingerprints
-
     result = fingerprints(_agent(args))
     if args.json:
         _print_json(result)
@@ -281,9 +268,6 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from huggy_agent.diagnostics import policy_stats
-    from huggy_agent.tables import format_table
-
     stats = policy_stats(_agent(args))
     if args.json:
         _print_json(stats)
@@ -303,9 +287,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    from huggy_agent.benchmark import run_benchmark
-    from huggy_agent.tables import format_table
-
     print("benchmarking (about 30 s)...", file=sys.stderr)
     report = run_benchmark(args.policy, args.threads, args.rounds, args.calls, args.batch,
                            engines=[args.engine])
@@ -334,8 +315,6 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_export_onnx(args: argparse.Namespace) -> int:
-    from huggy_agent.formats.export_onnx import export_onnx
-
     agent = _agent(args)
     path = export_onnx(agent.loaded.build(), args.output)  # the source weights, in float32
     print(f"wrote {path} (ML-Agents interface, opset 9; weights fingerprint {agent.fingerprint})")
@@ -343,9 +322,6 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
-    from huggy_agent.formats.results import list_checkpoints
-    from huggy_agent.tables import format_table
-
     entries = list_checkpoints(args.folder)
     if args.json:
         _print_json([{"behavior": e.behavior, "step": e.step, "reward": e.reward,
