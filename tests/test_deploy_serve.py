@@ -127,8 +127,8 @@ def test_info_healthz_openapi(server: Server, local: HuggyAgent) -> None:
     assert document["openapi"].startswith("3.")
     schemas = document["components"]["schemas"]
     assert schemas["Row_obs_0"]["minItems"] == schemas["Row_obs_0"]["maxItems"] == 59
-    assert [variant["required"] for variant in schemas["ActRequest"]["oneOf"]] == [["inputs"],
-                                                                                  ["obs"]]
+    assert [variant["required"] for variant in schemas["ActRequest"]["oneOf"]] == [
+        ["inputs"], ["obs"], ["instances"]]
     assert "security" not in document  # no key here
     wrong_method = requests.get(f"{server.url}/v1/act", timeout=10)
     assert (wrong_method.status_code, wrong_method.headers["Allow"]) == (405, "POST")
