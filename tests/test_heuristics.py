@@ -12,6 +12,7 @@ from envs.heuristics import HEURISTICS, SOCCER_SPEC, is_heuristic, load_heuristi
 from envs.standin.soccer import rays
 from envs.standin.soccer.sim import AGENT_TEAM, SoccerConfig, SoccerSim
 
+
 def _observation(ahead: dict[int, tuple[int, float]] | None = None,
                  behind: dict[int, tuple[int, float]] | None = None,
                  older_ahead: dict[int, tuple[int, float]] | None = None
