@@ -14,8 +14,9 @@ machine only ever slow a round down). Also printed: the stand-in's own work per 
 (in process, no gRPC) and matches/s (an arena's episode is a match).
 
 With `--win-rates N`, it plays instead N matches (episodes) per pairing of the scripted players
-in process (`SoccerSim` directly, one arena's episode per match, the first N to end), each
-player on each side, and prints wins, draws (the step limit) and losses of the first named.
+in process (`envs.standin.soccer.matches.play_matches`: one arena's episode per match, the
+first N to end), each player on each side, and prints wins, draws (the step limit) and losses
+of the one playing blue.
 
     .venv/bin/python bench/bench_soccer.py [--num-arenas 16] [--seconds 10] [--rounds 3]
     .venv/bin/python bench/bench_soccer.py --win-rates 300
@@ -39,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from envs.heuristics import load_heuristic  # noqa: E402
 from envs.standin.launcher import builtin_huggy_path, builtin_soccertwos_path  # noqa: E402
+from envs.standin.soccer.matches import play_matches  # noqa: E402
 
 TARGET = 10_000.0
 """Agent-decisions/s one stand-in SoccerTwos process must reach with scripted players."""
@@ -152,34 +154,6 @@ def standin_work(num_arenas: int, steps: int = 300) -> float:
     return 1000 * (time.perf_counter() - start) / max(done, 1)
 
 
-def play_in_process(blue: str, purple: str, matches: int, num_arenas: int = 16,
-                    seed: int = 0) -> tuple[int, int, int]:
-    """(wins, draws, losses) of `blue` against `purple` (scripted players) over the first
-    `matches` episodes to end in a `SoccerSim` of `num_arenas` arenas."""
-    from envs.standin.soccer.sim import AGENT_TEAM, SoccerConfig, SoccerSim
-
-    players = (load_heuristic(blue, seed=1), load_heuristic(purple, seed=2))
-    sim = SoccerSim(SoccerConfig(num_arenas=num_arenas), seed=seed)
-    team = AGENT_TEAM[np.arange(sim.num_agents) % 4]
-    obs = np.zeros((sim.num_agents, 336), np.float32)
-    report = sim.opening
-    results: list[int] = []
-    while len(results) < matches:
-        first_blue = report.done & (report.slot % 4 == 0)  # one row per finished arena
-        results += np.where(report.interrupted[first_blue], 0,
-                            np.sign(report.group_reward[first_blue])).astype(int).tolist()
-        obs[report.slot[~report.done]] = report.obs[~report.done]
-        actions = np.zeros((sim.num_agents, 3), np.int64)
-        if len(sim.awaiting):
-            for side, player in enumerate(players):
-                rows = np.flatnonzero(team == side)
-                actions[rows] = player.compute_action([obs[rows, :264], obs[rows, 264:]],
-                                                      deterministic=False)
-        report = sim.step(actions)
-    outcome = np.array(results[:matches])
-    return int((outcome > 0).sum()), int((outcome == 0).sum()), int((outcome < 0).sum())
-
-
 def win_rates(matches: int, num_arenas: int) -> None:
     """Print each scripted pairing's results, both ways round."""
     pairings = [("chaser", "random"), ("chaser", "idle"), ("random", "idle"),
@@ -188,8 +162,10 @@ def win_rates(matches: int, num_arenas: int) -> None:
     for a, b in pairings:
         for blue, purple in ((a, b), (b, a)) if a != b else ((a, b),):
             start = time.perf_counter()
-            wins, draws, losses = play_in_process(f"heuristic:{blue}", f"heuristic:{purple}",
-                                                  matches, num_arenas)
+            outcomes = play_matches(load_heuristic(f"heuristic:{blue}", seed=1),
+                                    load_heuristic(f"heuristic:{purple}", seed=2), matches,
+                                    num_arenas)
+            wins, draws, losses = ((outcomes == k).sum() for k in (1, 0, -1))
             print(f"{'heuristic:' + blue:>18s} vs {'heuristic:' + purple:18s} {wins:5d} "
                   f"{draws:6d} {losses:7d}   ({time.perf_counter() - start:.0f} s)", flush=True)
 
