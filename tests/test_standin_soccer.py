@@ -17,7 +17,7 @@ from envs.standin.soccer import field, rays
 from envs.standin.soccer.sim import SoccerConfig, SoccerSim
 from envs.standin.soccer.standin import BEHAVIORS, SoccerStandIn
 from envs.standin.spec_client import parse_behavior_spec
-from tests.conftest import free_port
+from tests.support.processes import free_port
 
 # The scene's numbers, written out here as the reference (SoccerFieldTwos.prefab, AgentSoccer.cs).
 AGENT_RADIUS, BALL_RADIUS, CAST_RADIUS, RAY_LENGTH = 0.5, 0.015 * 41.61146, 0.5, 20.0
