@@ -274,6 +274,52 @@ def test_same_seed_same_episodes() -> None:
     assert not np.array_equal(first[0], run(6)[0])
 
 
+def test_arenas_are_independent_and_seeded_apart() -> None:
+    """An arena's episode depends only on its own seed and actions: arena 3 of five, seeded
+    123, plays as the only arena of another simulation seeded 123 (positions compared to 1e-9,
+    far below any effect of one 0.02 s step; in fact they are equal)."""
+    alone = SoccerSim(SoccerConfig(num_arenas=1), seed=0, arena_seeds={0: 123})
+    among = SoccerSim(SoccerConfig(num_arenas=5), seed=9, arena_seeds={3: 123})
+    pattern = np.array([[1, 0, 2], [1, 1, 0], [2, 0, 1], [1, 2, 2]])
+    for step in range(40):
+        actions = np.roll(pattern, step, axis=0)
+        alone.step(actions)
+        among.step(np.tile(actions, (5, 1)))
+        np.testing.assert_allclose(among.pos[:, 3], alone.pos[:, 0], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(among.yaw[3], alone.yaw[0], rtol=0, atol=1e-12)
+
+
+def test_arena_seed_parameter_seeds_that_arenas_next_episode() -> None:
+    """`arena_seed_K` sent before the first reset seeds arena K's first episode; sent later,
+    its next one (here after a goal), as `SoccerSim(arena_seeds=...)` does."""
+    from mlagents_envs.side_channel.environment_parameters_channel import (
+        EnvironmentParametersChannel,
+    )
+    from mlagents_envs.side_channel.side_channel_manager import SideChannelManager
+
+    def side_channel(**values: float) -> bytes:
+        channel = EnvironmentParametersChannel()
+        for key, value in values.items():
+            channel.set_float_parameter(key, value)
+        return bytes(SideChannelManager([channel]).generate_side_channel_messages())
+
+    def start(seed: int) -> np.ndarray:
+        return SoccerSim(SoccerConfig(num_arenas=1), arena_seeds={0: seed}).pos[:, 0]
+
+    log = io.StringIO()
+    standin = SoccerStandIn(log)
+    standin.apply_parameters(side_channel(num_arenas=3, arena_seed_1=77, arena_seed_2=-1))
+    standin.reset(5)
+    assert "ignoring environment parameter arena_seed_2=-1.0" in log.getvalue()
+    np.testing.assert_array_equal(standin.sim.pos[:, 1], start(77))
+    standin.apply_parameters(side_channel(arena_seed_0=4000))
+    sim = standin.sim
+    sim.pos[:, 0, 4] = (15.0, 0.0)
+    sim.vel[:, 0, 4] = (20.0, 0.0)
+    standin.step(np.zeros((12, 3), np.int64))  # a goal in arena 0: its next episode starts
+    np.testing.assert_array_equal(sim.pos[:, 0], start(4000))
+
+
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="num_arenas must be >= 1, got 0"):
         SoccerConfig(num_arenas=0).validated()

@@ -52,11 +52,17 @@ def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
 
 
 def apply_parameters(stand_in: Any, side_channel: bytes, allowed: set[str]) -> None:
-    """Apply the EnvironmentParameters in `side_channel` to `stand_in` (a `StandIn` or a
+    """Apply the EnvironmentParameters in `side_channel` to `stand_in` (see
+    `apply_parameter_values`)."""
+    apply_parameter_values(stand_in, parse_environment_parameters(side_channel), allowed)
+
+
+def apply_parameter_values(stand_in: Any, values: dict[str, float], allowed: set[str]) -> None:
+    """Apply environment parameters to `stand_in` (a `StandIn`, `SoccerStandIn` or
     `spec_client.SpecStandIn`): `seed` is kept for the next reset, the others replace fields of
     its `config` (a dataclass with `validated()`), effective at the next reset; unknown keys and
     invalid values are logged and ignored, as Unity would."""
-    for key, value in parse_environment_parameters(side_channel).items():
+    for key, value in values.items():
         if key not in allowed:
             stand_in.log.write(f"ignoring unknown environment parameter {key}={value}\n")
         elif key == "seed":

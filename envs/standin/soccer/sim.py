@@ -17,10 +17,13 @@ group -1, as group rewards, and ends both groups' episodes (terminal); at the st
 are interrupted (group reward 0). The only individual reward is `ball_touch * 0.2` each time
 an agent starts touching the ball (0 by default, as in the scene).
 
-Random (from the seeded generator, in this order at each reset of a set of arenas): each
-agent's start x offset U(-5, 5) and heading U(80, 100) degrees (mirrored for purple), then the
-ball's x and z offsets U(-2.5, 2.5). Nothing else is random: the same seed and the same actions
-give the same episodes.
+Random: each arena's start positions at each of its resets, from a stream of its own: each
+agent's start x offset U(-5, 5), then each agent's heading U(80, 100) degrees (mirrored for
+purple), then the ball's x and z offsets U(-2.5, 2.5). The arenas' streams are drawn from the
+simulation's seed at every reset of the whole simulation; `seed_next_episode(arena, seed)`
+replaces an arena's stream for its next episode (a tournament's match seed). Nothing else is
+random, and arenas never affect each other: the same seeds and the same actions give the same
+episodes, and an arena's episodes depend only on its own stream and actions.
 """
 
 from __future__ import annotations
@@ -142,8 +145,15 @@ class SoccerSim(SeededSim):
     report asked for a decision.
     """
 
-    def __init__(self, config: SoccerConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, config: SoccerConfig | None = None, seed: int = 0,
+                 arena_seeds: dict[int, int] | None = None) -> None:
+        self.next_seeds = dict(arena_seeds or {})
         super().__init__(config or SoccerConfig(), seed)
+
+    def seed_next_episode(self, arena: int, seed: int) -> None:
+        """Start the next episode of `arena` (at its next restart, or the next reset) from
+        `seed`: its start positions then depend on `seed` alone."""
+        self.next_seeds[arena] = seed
 
     @property
     def num_agents(self) -> int:
@@ -167,6 +177,9 @@ class SoccerSim(SeededSim):
         self.group_id = 1 + 2 * np.arange(a)[:, None] + AGENT_TEAM[None, :]
         self.stack = rays.FrameStack(a * AGENTS_PER_ARENA)
         self.academy_step = 0
+        # One stream per arena, so that an arena's episodes depend on its stream alone.
+        self.arena_rng = [np.random.default_rng(seed)
+                          for seed in self.rng.integers(2**63, size=a).tolist()]
         self._restart(np.arange(a))
         self.awaiting = np.arange(self.num_agents)
         self.opening = self._decisions()
@@ -177,10 +190,16 @@ class SoccerSim(SeededSim):
         stored actions, empty frame stacks, the step counter at 0."""
         k = len(arenas)
         slots = (arenas[:, None] * AGENTS_PER_ARENA + np.arange(AGENTS_PER_ARENA)).ravel()
-        offsets = self.rng.uniform(-field.START_SPREAD_X, field.START_SPREAD_X,
-                                   (k, AGENTS_PER_ARENA))
-        headings = self.rng.uniform(*field.START_YAW, (k, AGENTS_PER_ARENA))
-        ball = self.rng.uniform(-field.BALL_SPREAD, field.BALL_SPREAD, (k, 2))
+        offsets, headings, ball = (np.empty((k, AGENTS_PER_ARENA)), np.empty((k, AGENTS_PER_ARENA)),
+                                   np.empty((k, 2)))
+        for row, arena in enumerate(arenas.tolist()):
+            if arena in self.next_seeds:
+                self.arena_rng[arena] = np.random.default_rng(self.next_seeds.pop(arena))
+            rng = self.arena_rng[arena]
+            offsets[row] = rng.uniform(-field.START_SPREAD_X, field.START_SPREAD_X,
+                                       AGENTS_PER_ARENA)
+            headings[row] = rng.uniform(*field.START_YAW, AGENTS_PER_ARENA)
+            ball[row] = rng.uniform(-field.BALL_SPREAD, field.BALL_SPREAD, 2)
         side = np.where(AGENT_TEAM == 0, -1.0, 1.0)  # blue starts at -x facing +x
         self.pos[0, arenas, :AGENTS_PER_ARENA] = side * field.AGENT_START_X + offsets
         self.pos[1, arenas, :AGENTS_PER_ARENA] = np.tile(field.AGENT_START_Z, 2)
@@ -292,8 +311,10 @@ class SoccerSim(SeededSim):
         gap = distance - _PAIR_REACH
         target = _target(gap, closing, _PAIR_RESTITUTION)
         impulse = np.maximum(target - closing, 0.0) * _PAIR_MASS  # to the second body
-        vx += ((impulse * nx) @ _INCIDENCE) * _INVERSE_MASS
-        vz += ((impulse * nz) @ _INCIDENCE) * _INVERSE_MASS
+        # Summed, not multiplied through BLAS: an arena's result then never depends on how many
+        # arenas the arrays hold.
+        vx += (impulse[..., None] * nx[..., None] * _INCIDENCE).sum(axis=1) * _INVERSE_MASS
+        vz += (impulse[..., None] * nz[..., None] * _INCIDENCE).sum(axis=1) * _INVERSE_MASS
         # static pieces: their play-area face, within their length
         x3, z3 = x[..., None], z[..., None]
         height = x3 * _NX + z3 * _NZ - _NORMAL_OFFSET  # (A, bodies, pieces)
@@ -302,8 +323,8 @@ class SoccerSim(SeededSim):
         target = _target(height, closing, _RESTITUTION[:, None])
         push = np.where(np.abs(along) <= field.WALL_HALF_LENGTH,
                         np.maximum(target - closing, 0.0), 0.0)
-        change_x = push @ _NX
-        change_z = push @ _NZ
+        change_x = (push * _NX).sum(axis=2)
+        change_z = (push * _NZ).sum(axis=2)
         # goal posts
         nx, nz = x3 - _POST_X, z3 - _POST_Z
         distance = np.sqrt(nx * nx + nz * nz)

@@ -6,19 +6,23 @@ Two behaviors as mlagents-envs sees them, `SoccerTwos?team=0` (blue) and `Soccer
 message. Each agent reports its two stacked ray observations (264 and 72 floats, named as Unity
 names them), its individual reward, its multi-agent group (one per team per arena) and group
 reward; messages are written straight to wire bytes (`envs.standin.wire`). Environment
-parameters: `num_arenas`, `max_environment_steps`, `ball_touch` (`SoccerConfig`), `seed`.
+parameters: `num_arenas`, `max_environment_steps`, `ball_touch` (`SoccerConfig`), `seed`, and
+`arena_seed_K`, the seed of the next episode to start in arena K (a match's seed; sent as a
+float, so exact up to 2**24).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, TextIO
 
 import numpy as np
 
 from envs.standin.protocol import (
-    apply_parameters,
+    apply_parameter_values,
     handshake_message,
     initialization_output,
+    parse_environment_parameters,
     reset_seed,
 )
 from envs.standin.soccer.rays import BACKWARD_SIZE, FORWARD_SIZE, SENSOR_NAMES
@@ -30,6 +34,8 @@ BEHAVIORS = (f"{NAME}?team=0", f"{NAME}?team=1")
 """The two teams' behaviors on the wire: blue (team 0), purple (team 1)."""
 TEAM_NAMES = ("Blue", "Purple")
 PARAMETERS = {"num_arenas", "max_environment_steps", "ball_touch", "seed"}
+ARENA_SEED = re.compile(r"arena_seed_(\d+)")
+"""`arena_seed_K`: the seed of the next episode to start in arena K (see `SoccerSim`)."""
 
 
 class SoccerStandIn:
@@ -41,6 +47,7 @@ class SoccerStandIn:
         self.sim: SoccerSim | None = None
         self.config = SoccerConfig()
         self.pending_seed: int | None = None
+        self.arena_seeds: dict[int, int] = {}  # for arenas' next episodes, before the sim exists
         self.encoders = [
             ObservationEncoder(behavior, (FORWARD_SIZE, BACKWARD_SIZE),
                                [name.format(team=team) for name in SENSOR_NAMES], groups=True)
@@ -53,12 +60,22 @@ class SoccerStandIn:
         return handshake_message(NAME)
 
     def apply_parameters(self, side_channel: bytes) -> None:
-        apply_parameters(self, side_channel, PARAMETERS)
+        values = parse_environment_parameters(side_channel)
+        for key in [key for key in values if ARENA_SEED.fullmatch(key)]:
+            arena, value = int(key.rsplit("_", 1)[1]), values.pop(key)
+            if not (value >= 0 and value == int(value)):
+                self.log.write(f"ignoring environment parameter {key}={value}: a seed must be "
+                               "a non-negative integer\n")
+            elif self.sim is None:
+                self.arena_seeds[arena] = int(value)
+            else:
+                self.sim.seed_next_episode(arena, int(value))
+        apply_parameter_values(self, values, PARAMETERS)
 
     def reset(self, seed: int) -> bytes:
         seed = reset_seed(self, seed)
         if self.sim is None:
-            self.sim = SoccerSim(self.config, seed)
+            self.sim = SoccerSim(self.config, seed, self.arena_seeds)
             report = self.sim.opening
         else:
             report = self.sim.reset(self.config)
