@@ -23,7 +23,8 @@ def play_matches(blue: Any, purple: Any, matches: int, num_arenas: int = 16, see
     sim = SoccerSim(config, seed=seed)
     team = AGENT_TEAM[np.arange(sim.num_agents) % AGENTS_PER_ARENA]
     obs = np.zeros((sim.num_agents, sim.opening.obs.shape[1]), np.float32)
-    report, outcomes = sim.opening, []
+    report = sim.opening
+    outcomes: list[int] = []
     while len(outcomes) < matches:
         first_blue = report.done & (report.slot % AGENTS_PER_ARENA == 0)  # one row per arena
         outcomes += np.where(report.interrupted[first_blue], 0,
