@@ -65,18 +65,38 @@ def _environment(file_name: str, parameters: dict[str, float]) -> Any:
                             no_graphics=True, timeout_wait=60, side_channels=[channel])
 
 
+def _waiting(env: Any, totals: dict[str, float]) -> None:
+    """Count the time `env` waits for the stand-in's answers in `totals["wait"]`."""
+    connection = env._communicator.unity_to_external.parent_conn
+    for name in ("poll", "recv"):
+        original = getattr(connection, name)
+
+        def timed(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                totals["wait"] += time.perf_counter() - start
+
+        setattr(connection, name, timed)
+
+
 def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, float]:
     """Drive `env` for `seconds` (after a warm-up) with `players` {behavior: player}, each
-    given its deciding agents' observations; decisions, finished agents and seconds."""
+    given its deciding agents' observations: decisions, finished agents, seconds, and the
+    seconds spent waiting for the stand-in and in the players."""
     from mlagents_envs.base_env import ActionTuple
 
     env.reset()
+    totals = {"wait": 0.0, "players": 0.0}
+    _waiting(env, totals)
     rows = {b: 0 for b in players}
     decisions = finished = 0
     start = deadline = 0.0
     for step in range(1_000_000):
         if step == 20:  # warm-up done
             decisions = finished = 0
+            totals.update(wait=0.0, players=0.0)
             start = time.perf_counter()
             deadline = start + seconds
         elif step > 20 and time.perf_counter() >= deadline:
@@ -93,13 +113,15 @@ def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, flo
                 actions = ActionTuple(continuous=np.zeros((len(decision), spec.continuous_size),
                                                           np.float32))
             else:
+                before = time.perf_counter()
                 chosen = player.compute_action(obs, deterministic=False, row_offset=rows[behavior])
+                totals["players"] += time.perf_counter() - before
                 actions = ActionTuple(discrete=np.asarray(chosen, np.int32))
             rows[behavior] += len(decision)
             env.set_actions(behavior, actions)
         env.step()
     return {"decisions": decisions, "finished": finished,
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, **totals}
 
 
 def network_policy(folder: Path) -> Any:
@@ -172,8 +194,8 @@ def win_rates(matches: int, num_arenas: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-arenas", type=int, default=16,
-                        help="SoccerTwos fields in the stand-in (default: its own default, 16)")
+    parser.add_argument("--num-arenas", type=int, default=32,
+                        help="SoccerTwos fields in the stand-in (default: its own default, 32)")
     parser.add_argument("--seconds", type=float, default=10.0, help="time per round and phase")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")
     parser.add_argument("--no-networks", action="store_true",
@@ -215,11 +237,14 @@ def main() -> None:
     work = min(standin_work(args.num_arenas) for _ in range(3))
     baseline = best["huggy"]["rate"]
     print()
-    print(f"{'phase':22s} {'agent-decisions/s':>18s} {'vs huggy':>9s} {'matches/s':>10s}")
+    print(f"{'phase':22s} {'agent-decisions/s':>18s} {'vs huggy':>9s} {'matches/s':>10s}   "
+          "share of the loop: waiting for the stand-in / players / mlagents-envs and the rest")
     for name, result in best.items():
         matches = (f"{result['finished'] / 4 / result['seconds']:10.1f}" if name != "huggy"
                    else f"{'-':>10s}")
-        print(f"{name:22s} {result['rate']:18,.0f} {result['rate'] / baseline:9.2f} {matches}")
+        wait, players = (result[key] / result["seconds"] for key in ("wait", "players"))
+        print(f"{name:22s} {result['rate']:18,.0f} {result['rate'] / baseline:9.2f} {matches}   "
+              f"{wait:.0%} / {players:.0%} / {1 - wait - players:.0%}")
     print(f"\nstand-in's own work per SoccerTwos decision step ({4 * args.num_arenas} agents): "
           f"{work:.2f} ms")
     rate = best["soccer, heuristics"]["rate"]

@@ -128,8 +128,7 @@ def test_cast_ignores_what_it_starts_inside_and_reports_the_nearest() -> None:
     radius = np.array([agent_reach] * 4 + [1.0])
     tags = np.array([[rays.TEAMMATE, rays.TEAMMATE, rays.OPPONENT, rays.OPPONENT, rays.BALL]])
     distance, tag = rays.cast(x, z, yaw, bodies_x, bodies_z, radius, tags,
-                              np.full((1, len(field.WALL_KIND)), rays.WALL),
-                              np.full((1, len(field.POSTS)), rays.WALL))
+                              np.full((1, len(field.WALL_KIND)), rays.WALL))
     # body 3 at 0.5 m overlaps the cast at its start: skipped; the teammate at 3 m is first
     assert tag[0, 0] == rays.TEAMMATE
     assert distance[0, 0] == pytest.approx(3.0 - agent_reach, abs=1e-9)

@@ -9,11 +9,13 @@ moves at one height (the scene freezes the agents' and the ball's Y position), s
 kicks and ray hits are planar; the rays' height only sets how wide an agent or the ball looks
 to them (`RAY_AGENT_RADIUS`, `RAY_BALL_RADIUS`).
 
-Static pieces (`WALLS`) are boxes seen from above: a centre, a unit direction along the box, a
-half-length, a half-thickness, the unit normal toward the play area, and what it is (a wall, or
-blue's or purple's goal net). Bodies only ever meet a piece from its play-area side (the corners
-are closed), so each piece acts on the play-area side of its face, within its length; the goal
-posts, where a corner wall ends at a goal mouth, are round caps (`POSTS`).
+Static pieces (`WALL_*`) are the faces of the scene's boxes seen from above: a centre, a unit
+direction along the face, a half-length, the half-thickness of the box behind it, the unit
+normal toward the play area, and what it is (a wall, or blue's or purple's goal net). Bodies
+only ever meet a face from its play-area side (the corners are closed), so each acts on that
+side, along its length. The goal posts, where a corner wall ends at a goal mouth, are that
+wall's end faces; the other ends lie behind other pieces or in a net's corner, where its two
+faces already hold bodies in.
 """
 
 from __future__ import annotations
@@ -108,8 +110,15 @@ def _pieces() -> list[tuple[float, ...]]:
         for side in (1.0, -1.0)]
     for sx in (1.0, -1.0):
         for sz in (1.0, -1.0):
-            pieces.append((sx * _CHAMFER_CENTRE[0], sz * _CHAMFER_CENTRE[1], 0.5,
-                           -_SIN60 * sx * sz, 2.4, _WALL_HALF_THICKNESS, WALL, 0.0, 0.0))
+            centre_x, centre_z = sx * _CHAMFER_CENTRE[0], sz * _CHAMFER_CENTRE[1]
+            along_x, along_z = 0.5, -_SIN60 * sx * sz
+            pieces.append((centre_x, centre_z, along_x, along_z, 2.4, _WALL_HALF_THICKNESS,
+                           WALL, 0.0, 0.0))
+            # its end at the goal mouth (the post): a face across the wall, facing the mouth
+            end = 1.0 if along_z * sz < 0 else -1.0  # the end nearer z = 0
+            post_x, post_z = centre_x + end * 2.4 * along_x, centre_z + end * 2.4 * along_z
+            pieces.append((post_x, post_z, -along_z, along_x, _WALL_HALF_THICKNESS, 0.0, WALL,
+                           post_x + end * along_x, post_z + end * along_z))
     # Goal nets (GoalNetBlue / GoalNetPurple, tagged as their goal): the back box 0.936 m behind
     # the net's centre, and two side boxes at z = +-4.2, each 2 m long and 0.1 m thick.
     for net_x, back_offset, back_half, kind in ((-16.5, -0.9363, 0.0637, BLUE_GOAL),
@@ -122,22 +131,14 @@ def _pieces() -> list[tuple[float, ...]]:
 
 _TABLE = np.array(_pieces())
 WALL_CENTRE = _TABLE[:, 0:2].copy()
-"""(pieces, 2) centres."""
+"""(pieces, 2) centres of the faces' boxes (of the posts: the corner walls' ends)."""
 WALL_DIRECTION = _TABLE[:, 2:4] / np.linalg.norm(_TABLE[:, 2:4], axis=1, keepdims=True)
-"""(pieces, 2) unit vectors along each piece."""
+"""(pieces, 2) unit vectors along each face."""
 WALL_HALF_LENGTH = _TABLE[:, 4].copy()
 WALL_HALF_THICKNESS = _TABLE[:, 5].copy()
+"""How far each face stands in front of its centre line (0 for the posts' end faces)."""
 WALL_KIND = _TABLE[:, 6].astype(np.int64)
 _PERPENDICULAR = np.stack([-WALL_DIRECTION[:, 1], WALL_DIRECTION[:, 0]], axis=1)
 _FACING = np.einsum("ij,ij->i", _TABLE[:, 7:9] - WALL_CENTRE, _PERPENDICULAR)
 WALL_NORMAL = _PERPENDICULAR * np.sign(_FACING)[:, None]
 """(pieces, 2) unit normals toward the play area."""
-_CHAMFERS = np.flatnonzero(WALL_HALF_LENGTH == 2.4)
-_ENDS = np.concatenate([WALL_CENTRE[_CHAMFERS] + WALL_DIRECTION[_CHAMFERS] * 2.4,
-                        WALL_CENTRE[_CHAMFERS] - WALL_DIRECTION[_CHAMFERS] * 2.4])
-POSTS = _ENDS[np.abs(_ENDS[:, 1]) < GOAL_HALF_WIDTH + 0.5]
-"""(4, 2) the goal posts: the corner walls' ends at the goal mouths, round caps of the walls'
-half-thickness (`POST_RADIUS`). The pieces' other ends lie behind other pieces or in a net's
-corner, where its two faces already hold bodies in."""
-POST_RADIUS = _WALL_HALF_THICKNESS
-POST_KIND = WALL

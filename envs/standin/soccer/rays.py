@@ -117,12 +117,9 @@ def _first_face_hits(x: np.ndarray, z: np.ndarray, dx: np.ndarray, dz: np.ndarra
     return np.where(valid, distance, np.inf)
 
 
-_POST_CLEARANCE = np.full(len(field.POSTS), field.POST_RADIUS + field.RAY_CAST_RADIUS)
-
-
 def cast(x: np.ndarray, z: np.ndarray, yaw: np.ndarray, body_x: np.ndarray,
          body_z: np.ndarray, body_radius: np.ndarray, body_tag: np.ndarray,
-         wall_tag: np.ndarray, post_tag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+         wall_tag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Cast every ray of K agents.
 
     Args:
@@ -134,22 +131,17 @@ def cast(x: np.ndarray, z: np.ndarray, yaw: np.ndarray, body_x: np.ndarray,
             (`field.RAY_AGENT_RADIUS`, `field.RAY_BALL_RADIUS`).
         body_tag: (K, M) each body's tag index for that agent.
         wall_tag: (K, pieces) each static piece's tag index for that agent.
-        post_tag: (K, posts) each goal post's tag index for that agent.
 
     Returns:
         distance: (K, 14) hit distance in metres (inf where nothing was hit);
         tag: (K, 14) the tag index of what was hit (-1 where nothing was).
     """
     dx, dz = ray_directions(yaw)
-    k = len(x)
-    post_x = np.broadcast_to(field.POSTS[:, 0], (k, len(field.POSTS)))
-    post_z = np.broadcast_to(field.POSTS[:, 1], (k, len(field.POSTS)))
     candidates = np.concatenate([
         _first_circle_hits(x, z, dx, dz, body_x, body_z, body_radius),
         _first_face_hits(x, z, dx, dz),
-        _first_circle_hits(x, z, dx, dz, post_x, post_z, _POST_CLEARANCE),
     ], axis=2)
-    tags = np.concatenate([body_tag, wall_tag, post_tag], axis=1)
+    tags = np.concatenate([body_tag, wall_tag], axis=1)
     first = np.argmin(candidates, axis=2)
     distance = np.take_along_axis(candidates, first[..., None], axis=2)[..., 0]
     tag = np.take_along_axis(tags, first, axis=1)

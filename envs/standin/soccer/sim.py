@@ -61,14 +61,14 @@ _UX, _UZ = field.WALL_DIRECTION.T
 _WALL_REACH = field.WALL_HALF_THICKNESS + _RADIUS[:, None]  # (bodies, pieces)
 _NORMAL_OFFSET = np.einsum("pd,pd->p", field.WALL_CENTRE, field.WALL_NORMAL) + _WALL_REACH
 _ALONG_OFFSET = np.einsum("pd,pd->p", field.WALL_CENTRE, field.WALL_DIRECTION)
-_POST_X, _POST_Z = field.POSTS.T
-_POST_REACH = field.POST_RADIUS + _RADIUS[:, None]  # (bodies, posts)
+_WALL_EXTENT = field.WALL_HALF_LENGTH + _RADIUS[:, None]
+"""(bodies, pieces): how far along a face its hold on a body reaches: its length plus the body's
+radius, so that corners are closed (square)."""
 _KICK = field.KICK_FORCE * field.DT / field.BALL_MASS
 """The ball's velocity change from one kick (m/s)."""
 # Tag index of each static piece, post and body for an agent of team 0 / team 1.
 _PIECE_TAG = np.array([[rays.WALL, rays.OWN_GOAL, rays.OPPOSING_GOAL],
                        [rays.WALL, rays.OPPOSING_GOAL, rays.OWN_GOAL]])[:, field.WALL_KIND]
-_POST_TAG = np.full((2, len(field.POSTS)), rays.WALL)
 _BODY_TAG = np.array([[rays.TEAMMATE, rays.TEAMMATE, rays.OPPONENT, rays.OPPONENT, rays.BALL],
                       [rays.OPPONENT, rays.OPPONENT, rays.TEAMMATE, rays.TEAMMATE, rays.BALL]])
 _RAY_RADIUS = np.array([field.RAY_AGENT_RADIUS] * AGENTS_PER_ARENA + [field.RAY_BALL_RADIUS])
@@ -78,8 +78,9 @@ _RAY_RADIUS = np.array([field.RAY_AGENT_RADIUS] * AGENTS_PER_ARENA + [field.RAY_
 class SoccerConfig:
     """What the EnvironmentParameters side channel can set (applied at the next reset)."""
 
-    num_arenas: int = 16
-    """Fields in the process, each with four agents (ML-Agents' scene holds 8)."""
+    num_arenas: int = 32
+    """Fields in the process, each with four agents (ML-Agents' scene holds 8; 32 share the
+    simulation's fixed cost per step well, see bench/bench_soccer.py)."""
     max_environment_steps: int = field.MAX_ENVIRONMENT_STEPS
     """Physics steps (5 per decision) after which an arena's episode is interrupted, and the
     denominator of the goal reward's time penalty."""
@@ -298,8 +299,8 @@ class SoccerSim(SeededSim):
 
     def _solve_contacts(self) -> None:
         """Velocity-level contacts (see `_target`): between bodies, every pair at once from the
-        same velocities; then against the static pieces' faces and the posts, from the
-        velocities the pairs left, so that no push between bodies takes one into a wall."""
+        same velocities; then against the static pieces' faces, from the velocities the pairs
+        left, so that no push between bodies takes one into a wall."""
         (x, z), (vx, vz) = self.pos, self.vel
         # pairs of bodies
         nx, nz = x[:, _SECOND] - x[:, _FIRST], z[:, _SECOND] - z[:, _FIRST]
@@ -315,28 +316,18 @@ class SoccerSim(SeededSim):
         # arenas the arrays hold.
         vx += (impulse[..., None] * nx[..., None] * _INCIDENCE).sum(axis=1) * _INVERSE_MASS
         vz += (impulse[..., None] * nz[..., None] * _INCIDENCE).sum(axis=1) * _INVERSE_MASS
-        # static pieces: their play-area face, within their length
+        # static pieces: their play-area faces
         x3, z3 = x[..., None], z[..., None]
         height = x3 * _NX + z3 * _NZ - _NORMAL_OFFSET  # (A, bodies, pieces)
         along = x3 * _UX + z3 * _UZ - _ALONG_OFFSET
         closing = vx[..., None] * _NX + vz[..., None] * _NZ
         target = _target(height, closing, _RESTITUTION[:, None])
-        push = np.where(np.abs(along) <= field.WALL_HALF_LENGTH,
-                        np.maximum(target - closing, 0.0), 0.0)
+        # A face holds bodies in front of it, along its length, and those it has let in by
+        # less than their radius; not those far behind its plane (beside a post, say).
+        held = (np.abs(along) <= _WALL_EXTENT) & (height > -_RADIUS[:, None])
+        push = np.where(held, np.maximum(target - closing, 0.0), 0.0)
         change_x = (push * _NX).sum(axis=2)
         change_z = (push * _NZ).sum(axis=2)
-        # goal posts
-        nx, nz = x3 - _POST_X, z3 - _POST_Z
-        distance = np.sqrt(nx * nx + nz * nz)
-        inverse = 1 / np.maximum(distance, 1e-9)
-        nx *= inverse
-        nz *= inverse
-        closing = vx[..., None] * nx + vz[..., None] * nz
-        gap = distance - _POST_REACH
-        target = _target(gap, closing, _RESTITUTION[:, None])
-        push = np.maximum(target - closing, 0.0)
-        change_x += (push * nx).sum(axis=2)
-        change_z += (push * nz).sum(axis=2)
         vx += change_x
         vz += change_z
 
@@ -348,7 +339,7 @@ class SoccerSim(SeededSim):
         x, z = self.pos
         distance, tag = rays.cast(x[arena, agent], z[arena, agent], self.yaw[arena, agent],
                                   x[arena], z[arena], _RAY_RADIUS, _BODY_TAG[team],
-                                  _PIECE_TAG[team], _POST_TAG[team])
+                                  _PIECE_TAG[team])
         return self.stack.push(slots, rays.encode(distance, tag))
 
     def _report(self, slots: np.ndarray, group_reward: np.ndarray, done: bool,
