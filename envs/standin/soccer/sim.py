@@ -66,7 +66,7 @@ _WALL_EXTENT = field.WALL_HALF_LENGTH + _RADIUS[:, None]
 radius, so that corners are closed (square)."""
 _KICK = field.KICK_FORCE * field.DT / field.BALL_MASS
 """The ball's velocity change from one kick (m/s)."""
-# Tag index of each static piece, post and body for an agent of team 0 / team 1.
+# Tag index of each static piece and body for an agent of team 0 / team 1.
 _PIECE_TAG = np.array([[rays.WALL, rays.OWN_GOAL, rays.OPPOSING_GOAL],
                        [rays.WALL, rays.OPPOSING_GOAL, rays.OWN_GOAL]])[:, field.WALL_KIND]
 _BODY_TAG = np.array([[rays.TEAMMATE, rays.TEAMMATE, rays.OPPONENT, rays.OPPONENT, rays.BALL],
@@ -326,10 +326,8 @@ class SoccerSim(SeededSim):
         # less than their radius; not those far behind its plane (beside a post, say).
         held = (np.abs(along) <= _WALL_EXTENT) & (height > -_RADIUS[:, None])
         push = np.where(held, np.maximum(target - closing, 0.0), 0.0)
-        change_x = (push * _NX).sum(axis=2)
-        change_z = (push * _NZ).sum(axis=2)
-        vx += change_x
-        vz += change_z
+        vx += (push * _NX).sum(axis=2)
+        vz += (push * _NZ).sum(axis=2)
 
     def _observe(self, slots: np.ndarray) -> np.ndarray:
         """Cast the rays of agents `slots` and push the frames onto their stacks; their stacked
