@@ -176,15 +176,21 @@ def unity_message(listings: Sequence[tuple[bytes, bytes]], initialization_output
     (with the brain parameters) the first time the behaviors appear, else empty.
     `side_channel` holds the side-channel records to send (none when empty).
     """
-    rl_output = b"".join(  # UnityRLOutputProto.agentInfos (map) = 2: entries {key 1, value 2}
-        length_delimited(2, length_delimited(1, behavior) + length_delimited(2, listing))
-        for behavior, listing in listings)
+    # The listings are large: only their headers are built, and everything is joined once.
+    pieces: list[bytes] = []
+    for behavior, listing in listings:  # UnityRLOutputProto.agentInfos (map) = 2
+        key = length_delimited(1, behavior)
+        value_head = varint(2 << 3 | 2) + varint(len(listing))
+        entry_length = len(key) + len(value_head) + len(listing)
+        pieces += [varint(2 << 3 | 2) + varint(entry_length) + key + value_head, listing]
     if side_channel:
-        rl_output += length_delimited(3, side_channel)  # UnityRLOutputProto.side_channel
-    output = length_delimited(1, rl_output)
-    if initialization_output:
-        output += length_delimited(2, initialization_output)
-    return HEADER_OK + length_delimited(2, output)
+        pieces.append(length_delimited(3, side_channel))  # UnityRLOutputProto.side_channel
+    rl_output_length = sum(len(piece) for piece in pieces)
+    tail = length_delimited(2, initialization_output) if initialization_output else b""
+    rl_output_head = varint(1 << 3 | 2) + varint(rl_output_length)  # UnityOutputProto.rl_output
+    output_length = len(rl_output_head) + rl_output_length + len(tail)
+    return b"".join([HEADER_OK, varint(2 << 3 | 2), varint(output_length), rl_output_head,
+                     *pieces, tail])
 
 
 def _fixed_field(listing: bytes, count: int, field: int, size: int) -> np.ndarray | None:

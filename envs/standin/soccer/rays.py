@@ -91,15 +91,20 @@ def _first_circle_hits(x: np.ndarray, z: np.ndarray, dx: np.ndarray, dz: np.ndar
     outside = ox * ox + oz * oz - radius * radius  # > 0: the cast starts clear of it
     with np.errstate(invalid="ignore"):  # no real root: the ray misses (NaN fails the tests)
         distance = along - np.sqrt(along * along - outside[:, None, :])
-    valid = (distance >= 0) & (distance <= field.RAY_LENGTH) & (outside > 0)[:, None, :]
-    return np.where(valid, distance, np.inf)
+    valid = (distance >= 0) & (distance <= _RAY_LENGTH) & (outside > 0)[:, None, :]
+    return np.where(valid, distance, np.float32(np.inf))
 
 
+# The casts run in float32 (the observations' precision; 2e-6 m at 20 m), half the memory
+# traffic of float64 over the (agents, rays, pieces) arrays.
 _FACE_CLEARANCE = field.WALL_HALF_THICKNESS + field.RAY_CAST_RADIUS
-_NX, _NZ = field.WALL_NORMAL.T
-_UX, _UZ = field.WALL_DIRECTION.T
-_NORMAL_OFFSET = np.einsum("pd,pd->p", field.WALL_CENTRE, field.WALL_NORMAL) + _FACE_CLEARANCE
-_ALONG_OFFSET = np.einsum("pd,pd->p", field.WALL_CENTRE, field.WALL_DIRECTION)
+_NX, _NZ = field.WALL_NORMAL.T.astype(np.float32)
+_UX, _UZ = field.WALL_DIRECTION.T.astype(np.float32)
+_NORMAL_OFFSET = (np.einsum("pd,pd->p", field.WALL_CENTRE, field.WALL_NORMAL)
+                  + _FACE_CLEARANCE).astype(np.float32)
+_ALONG_OFFSET = np.einsum("pd,pd->p", field.WALL_CENTRE, field.WALL_DIRECTION).astype(np.float32)
+_HALF_LENGTH = field.WALL_HALF_LENGTH.astype(np.float32)
+_RAY_LENGTH = np.float32(field.RAY_LENGTH)
 
 
 def _first_face_hits(x: np.ndarray, z: np.ndarray, dx: np.ndarray, dz: np.ndarray
@@ -112,9 +117,9 @@ def _first_face_hits(x: np.ndarray, z: np.ndarray, dx: np.ndarray, dz: np.ndarra
         distance = -height[:, None, :] / closing
     along = ((x[:, None] * _UX + z[:, None] * _UZ - _ALONG_OFFSET)[:, None, :]
              + distance * (dx[:, :, None] * _UX + dz[:, :, None] * _UZ))
-    valid = ((distance >= 0) & (distance <= field.RAY_LENGTH) & (height > 0)[:, None, :]
-             & (np.abs(along) <= field.WALL_HALF_LENGTH))
-    return np.where(valid, distance, np.inf)
+    valid = ((distance >= 0) & (distance <= _RAY_LENGTH) & (height > 0)[:, None, :]
+             & (np.abs(along) <= _HALF_LENGTH))
+    return np.where(valid, distance, np.float32(np.inf))
 
 
 def cast(x: np.ndarray, z: np.ndarray, yaw: np.ndarray, body_x: np.ndarray,
@@ -133,12 +138,14 @@ def cast(x: np.ndarray, z: np.ndarray, yaw: np.ndarray, body_x: np.ndarray,
         wall_tag: (K, pieces) each static piece's tag index for that agent.
 
     Returns:
-        distance: (K, 14) hit distance in metres (inf where nothing was hit);
+        distance: (K, 14) float32 hit distance in metres (inf where nothing was hit);
         tag: (K, 14) the tag index of what was hit (-1 where nothing was).
     """
-    dx, dz = ray_directions(yaw)
+    dx, dz = (d.astype(np.float32) for d in ray_directions(yaw))
+    x, z = x.astype(np.float32), z.astype(np.float32)
     candidates = np.concatenate([
-        _first_circle_hits(x, z, dx, dz, body_x, body_z, body_radius),
+        _first_circle_hits(x, z, dx, dz, body_x.astype(np.float32), body_z.astype(np.float32),
+                           body_radius.astype(np.float32)),
         _first_face_hits(x, z, dx, dz),
     ], axis=2)
     tags = np.concatenate([body_tag, wall_tag], axis=1)
