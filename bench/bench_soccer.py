@@ -11,7 +11,9 @@ each behavior `get_steps`, the players' actions, `set_actions`; then `step`. Pha
   sampling actions as Unity's inference does.
 Rounds interleave the phases and each phase's fastest round is reported (other processes on the
 machine only ever slow a round down). Also printed: the stand-in's own work per decision step
-(in process, no gRPC) and matches/s (an arena's episode is a match).
+(in process, no gRPC), matches/s (an arena's episode is a match), and the CPU time both
+processes spend per decision, which bounds the rate the loop reaches on an idle machine (the
+two processes take turns, so a loaded machine's wall-clock rate understates it).
 
 With `--win-rates N`, it plays instead N matches (episodes) per pairing of the scripted players
 in process (`envs.standin.soccer.matches.play_matches`: one arena's episode per match, the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import socket
 import sys
 import tempfile
@@ -81,6 +84,12 @@ def _waiting(env: Any, totals: dict[str, float]) -> None:
         setattr(connection, name, timed)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, float]:
     """Drive `env` for `seconds` (after a warm-up) with `players` {behavior: player}, each
     given its deciding agents' observations: decisions, finished agents, seconds, and the
@@ -97,6 +106,7 @@ def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, flo
         if step == 20:  # warm-up done
             decisions = finished = 0
             totals.update(wait=0.0, players=0.0)
+            cpu_here, cpu_there = time.process_time(), _cpu_seconds(env._process.pid)
             start = time.perf_counter()
             deadline = start + seconds
         elif step > 20 and time.perf_counter() >= deadline:
@@ -121,7 +131,9 @@ def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, flo
             env.set_actions(behavior, actions)
         env.step()
     return {"decisions": decisions, "finished": finished,
-            "seconds": time.perf_counter() - start, **totals}
+            "seconds": time.perf_counter() - start, **totals,
+            "cpu_python": time.process_time() - cpu_here,
+            "cpu_standin": _cpu_seconds(env._process.pid) - cpu_there}
 
 
 def network_policy(folder: Path) -> Any:
@@ -247,6 +259,13 @@ def main() -> None:
               f"{wait:.0%} / {players:.0%} / {1 - wait - players:.0%}")
     print(f"\nstand-in's own work per SoccerTwos decision step ({4 * args.num_arenas} agents): "
           f"{work:.2f} ms")
+    print("CPU time per 1,000 agent-decisions (Python side + stand-in process), and the rate if "
+          "the two took turns on an otherwise idle core:")
+    for name, result in best.items():
+        python, standin = (1000 * result[key] / result["decisions"]
+                           for key in ("cpu_python", "cpu_standin"))
+        print(f"  {name:22s} {1000 * python:6.1f} + {1000 * standin:6.1f} ms  ->  "
+              f"{1000 / (python + standin):8,.0f} agent-decisions/s")
     rate = best["soccer, heuristics"]["rate"]
     verdict = "meets" if rate >= TARGET else "misses"
     print(f"SoccerTwos with scripted players: {rate:,.0f} agent-decisions/s, {verdict} the "
