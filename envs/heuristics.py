@@ -97,11 +97,15 @@ class HeuristicPlayer:
         self._rng = np.random.default_rng(seed)
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
-                       row_offset: int = 0, action_mask: Any = None) -> np.ndarray:
+                       row_offset: int = 0, action_mask: Any = None, memory: Any = None
+                       ) -> np.ndarray:
         """Actions for `obs` ([obs_0, obs_1], single rows or batches of N): int64 (N, 3), or
-        (3,) for single rows. Raises ValueError on a wrong shape or a non-finite value, as a
-        policy does. `deterministic` is the policy contract's; see the module docstring for
-        `seed` and `row_offset` (they matter to `random` only)."""
+        (3,) for single rows. Raises ValueError on a wrong shape or a non-finite value, or for
+        a `memory` (these players have none), as a policy does. `deterministic` is the policy
+        contract's; see the module docstring for `seed` and `row_offset` (they matter to
+        `random` only)."""
+        if memory is not None:
+            raise ValueError(f"{self.source} has no recurrent memory: memory must be None")
         inputs, single = as_input_batches(obs, self.spec)
         rows = len(inputs[0])
         mask = as_mask_batch(action_mask, self.spec, rows)

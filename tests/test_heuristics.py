@@ -63,6 +63,8 @@ def test_inputs_are_validated_like_a_policys() -> None:
         player.compute_action([np.zeros(263), np.zeros(72)])
     with pytest.raises(ValueError, match="action_mask must have shape"):
         player.compute_action(_observation(), action_mask=np.ones(8, bool))
+    with pytest.raises(ValueError, match="heuristic:idle has no recurrent memory"):
+        player.compute_action(_observation(), memory=np.zeros(4))
 
 
 def test_idle_sends_zeros() -> None:
