@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from envs.standin.soccer import field, rays
+from envs.standin.soccer.sim import BRANCHES
 from huggy_agent.inputs import as_input_batches, as_mask_batch
 from huggy_agent.noise import SEED_RANGE, uniform_noise
 from huggy_agent.spec import ActorSpec, ObservationInput
@@ -43,17 +45,17 @@ HEURISTICS = ("idle", "random", "chaser")
 RULES_VERSION = 1
 """Part of every fingerprint: bump it when a player's rules change."""
 
-SOCCER_SPEC = ActorSpec((ObservationInput("obs_0", (264,), "vector"),
-                         ObservationInput("obs_1", (72,), "vector")), 0, (3, 3, 3))
-"""SoccerTwos' interface: the forward and backward ray sensors' three stacked frames, and three
-branches (forward/back, sideways, rotation) of three actions."""
+SOCCER_SPEC = ActorSpec((ObservationInput("obs_0", (rays.FORWARD_SIZE,), "vector"),
+                         ObservationInput("obs_1", (rays.BACKWARD_SIZE,), "vector")), 0,
+                        BRANCHES)
+"""SoccerTwos' interface: the forward and backward ray sensors' three stacked frames (264 and 72
+values), and three branches (forward/back, sideways, rotation) of three actions."""
 
 # The layout of SoccerTwos' observations (ML-Agents' RayPerceptionSensor, stacked oldest first).
-_VALUES_PER_RAY = 8  # one-hot of 6 tags, "hit nothing", hit fraction
-_BALL, _OWN_GOAL, _OPPOSING_GOAL, _FRACTION = 0, 1, 2, 7
-_FORWARD_ANGLES = np.array([90, 78, 102, 66, 114, 54, 126, 42, 138, 30, 150], dtype=float)
+_FRACTION = rays.NUM_TAGS + 1  # per ray: a one-hot of the tags, "hit nothing", the hit fraction
+_FORWARD_ANGLES = rays.FORWARD_ANGLES
 """Forward rays, degrees: 90 straight ahead, below 90 to the right."""
-_RAY_LENGTH = 20.0
+_RAY_LENGTH = field.RAY_LENGTH
 _OPEN_METRES = 5.0
 """A chaser looking for the ball moves on while its middle ray sees nothing this close."""
 _CLOSE_METRES = 1.0
@@ -162,17 +164,19 @@ def chase(forward_obs: np.ndarray, backward_obs: np.ndarray) -> np.ndarray:
     """The chaser's actions (N, 3) from SoccerTwos observations (N, 264) and (N, 72): see the
     module docstring."""
     rows = len(forward_obs)
-    frames_ahead = forward_obs.reshape(rows, 3, 11, _VALUES_PER_RAY)  # oldest frame first
-    frames_behind = backward_obs.reshape(rows, 3, 3, _VALUES_PER_RAY)
+    frames_ahead = forward_obs.reshape(rows, rays.STACKS, rays.FORWARD_RAYS,
+                                       rays.VALUES_PER_RAY)  # oldest frame first
+    frames_behind = backward_obs.reshape(rows, rays.STACKS, rays.BACKWARD_RAYS,
+                                         rays.VALUES_PER_RAY)
     ahead = frames_ahead[:, -1]
-    ball_ahead = ahead[..., _BALL] > 0.5
+    ball_ahead = ahead[..., rays.BALL] > 0.5
     nearest = np.argmin(np.where(ball_ahead, ahead[..., _FRACTION], np.inf), axis=1)
     seen_ahead = ball_ahead.any(axis=1)
     offset = _FORWARD_ANGLES[nearest] - 90.0  # > 0: the ball is to the left
     # Facing our own goal (seen ahead, or the other goal seen behind, in any of the three
     # frames: a ball close ahead hides most of the forward rays): a push would go that way.
-    facing_own_goal = ((frames_ahead[..., _OWN_GOAL] > 0.5).any(axis=(1, 2))
-                       | (frames_behind[..., _OPPOSING_GOAL] > 0.5).any(axis=(1, 2)))
+    facing_own_goal = ((frames_ahead[..., rays.OWN_GOAL] > 0.5).any(axis=(1, 2))
+                       | (frames_behind[..., rays.OPPOSING_GOAL] > 0.5).any(axis=(1, 2)))
 
     actions = np.zeros((rows, 3), np.int64)
     actions[seen_ahead, 0] = FORWARD
