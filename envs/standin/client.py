@@ -2,8 +2,9 @@
 `HuggySim`); the exchange itself is `envs.standin.protocol`.
 
 Started like a Unity player: `FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]`
-(unknown arguments are ignored, as Unity does), plays Huggy, or with `--behavior-spec JSON` any
-behavior (`envs.standin.spec_client`).
+(unknown arguments are ignored, as Unity does), plays Huggy; with `--scene soccertwos` the
+SoccerTwos scene (`envs.standin.soccer`); with `--behavior-spec JSON` any behaviors
+(`envs.standin.spec_client`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from envs.standin import poses
+from envs.standin.launcher import SCENES
 from envs.standin.protocol import (
     PACKAGE_VERSION,
     apply_parameters,
@@ -26,6 +28,7 @@ from envs.standin.protocol import (
     run,
 )
 from envs.standin.sim import ACT_SIZE, OBS_SIZE, HuggySim, SimConfig
+from envs.standin.soccer.standin import SoccerStandIn
 from envs.standin.spec_client import SpecStandIn, parse_behavior_spec
 from envs.standin.wire import ObservationEncoder, continuous_actions
 
@@ -38,9 +41,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="huggy-standin", add_help=True)
     parser.add_argument("--mlagents-port", type=int, default=5004)
     parser.add_argument("-logFile", "-logfile", dest="log_file", default=None)
+    parser.add_argument("--scene", choices=SCENES, default="huggy",
+                        help="the built-in scene to play (default: huggy)")
     parser.add_argument("--behavior-spec", default=None,
-                        help="JSON spec of any behavior to play instead of Huggy "
-                             "(envs.standin.spec_client)")
+                        help="JSON spec of any behavior, or a list of behaviors, to play "
+                             "instead of a built-in scene (envs.standin.spec_client)")
     args, _unknown = parser.parse_known_args(list(argv))
     return args
 
@@ -61,8 +66,8 @@ class StandIn:
         self.order = np.zeros(0, dtype=np.int64)  # slot of each decision row, in message order
 
     def initialization_output(self, with_brain: bool) -> bytes:
-        return initialization_output("Huggy", BEHAVIOR if with_brain else None,
-                                     ACT_SIZE).SerializeToString()
+        brains = [(BEHAVIOR, ACT_SIZE, ())] if with_brain else []
+        return initialization_output("Huggy", brains).SerializeToString()
 
     def handshake_message(self) -> bytes:
         return handshake_message("Huggy")
@@ -155,7 +160,8 @@ class StandIn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The stand-in player: Huggy, or with `--behavior-spec` the behavior it names."""
+    """The stand-in player: Huggy, the `--scene` it names, or with `--behavior-spec` the
+    behaviors it describes."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.log_file:
         os.makedirs(os.path.dirname(os.path.abspath(args.log_file)), exist_ok=True)
@@ -163,7 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
     with log:
-        log.write(f"Huggy stand-in {PACKAGE_VERSION} (pid {os.getpid()})\n")
-        standin: Any = (StandIn(log, args.mlagents_port) if args.behavior_spec is None
-                        else SpecStandIn(log, *parse_behavior_spec(args.behavior_spec)))
+        log.write(f"stand-in {PACKAGE_VERSION}, scene {args.scene} (pid {os.getpid()})\n")
+        standin: Any
+        if args.behavior_spec is not None:
+            standin = SpecStandIn(log, parse_behavior_spec(args.behavior_spec))
+        elif args.scene == "soccertwos":
+            standin = SoccerStandIn(log)
+        else:
+            standin = StandIn(log, args.mlagents_port)
         return run(standin, args.mlagents_port, log)

@@ -1,4 +1,5 @@
-"""`builtin_huggy_path()`: a file that starts the stand-in exactly as a Unity player is started."""
+"""`builtin_huggy_path()` and `builtin_soccertwos_path()`: files that start the stand-in exactly as
+a Unity player is started, playing Huggy or SoccerTwos (`builtin_path(scene)` for either)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,26 @@ def _cache_dir() -> Path:
     return Path(base) / "huggy-agent"
 
 
-def launcher_script(python: str = sys.executable) -> str:
-    """The POSIX shell text of the launcher for interpreter `python`: it runs the stand-in on a
-    bare `envs` package (`envs.bootstrap`), which imports only numpy, grpc and the messages."""
+SCENES = ("huggy", "soccertwos")
+"""The stand-in's built-in scenes (its `--scene` argument)."""
+_PLAYER_FILES = {"huggy": "Huggy.x86_64", "soccertwos": "SoccerTwos.x86_64"}
+
+
+def launcher_script(python: str = sys.executable, scene: str = "huggy") -> str:
+    """The POSIX shell text of the launcher of `scene` for interpreter `python`: it runs the
+    stand-in on a bare `envs` package (`envs.bootstrap`), which imports only numpy, grpc and the
+    messages."""
     _, _, code, root = bare_command(STANDIN_SETUP,
                                     "from envs.standin.client import main; sys.exit(main())")
+    scene_args = "" if scene == "huggy" else f" --scene {shlex.quote(scene)}"
     return (
         "#!/bin/sh\n"
-        "# Huggy stand-in (huggy-agent): started like a Unity player,\n"
+        f"# {Path(_PLAYER_FILES[scene]).stem} stand-in (huggy-agent): started like a Unity "
+        "player,\n"
         "#   FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]\n"
         "GRPC_VERBOSITY=${GRPC_VERBOSITY:-NONE}  # no gRPC chatter when Python closes the server\n"
         "export GRPC_VERBOSITY\n"
-        f'exec {shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(root)} "$@"\n'
+        f'exec {shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(root)}{scene_args} "$@"\n'
     )
 
 
@@ -51,32 +60,42 @@ def standin_behavior(spec: dict, behavior: str = "Agent") -> dict | None:
 def spec_arguments(behavior_spec: Any) -> tuple[str, ...]:
     """The stand-in's command-line arguments that make it play `behavior_spec` (spec-driven
     mode): a policy file or results folder (its spec, and its name as the behavior's), a
-    `huggy_agent.spec.ActorSpec`, or an `ActorSpec.as_dict()` (with an optional "behavior")."""
+    `huggy_agent.spec.ActorSpec`, an `ActorSpec.as_dict()` (with an optional "behavior"), or a
+    list of those dicts for several behaviors in one scene (each with its "behavior", "team"
+    and "agents", see `envs.standin.spec_client`)."""
+    if isinstance(behavior_spec, (list, tuple)):
+        return ("--behavior-spec", json.dumps([_spec_data(entry) for entry in behavior_spec]))
+    return ("--behavior-spec", json.dumps(_spec_data(behavior_spec)))
+
+
+def _spec_data(behavior_spec: Any) -> dict:
     if isinstance(behavior_spec, (str, os.PathLike)):
         from huggy_agent.formats import load_policy
 
         loaded = load_policy(Path(behavior_spec))
         name = loaded.origin.stem.split("-")[0] if loaded.origin.suffix == ".onnx" \
             else loaded.origin.parent.name
-        data = {**loaded.spec.as_dict(), "behavior": name}
-    elif hasattr(behavior_spec, "as_dict"):
-        data = behavior_spec.as_dict()
-    else:
-        data = dict(behavior_spec)
-    return ("--behavior-spec", json.dumps(data))
+        return {**loaded.spec.as_dict(), "behavior": name}
+    if hasattr(behavior_spec, "as_dict"):
+        return dict(behavior_spec.as_dict())
+    return dict(behavior_spec)
 
 
-def builtin_huggy_path() -> str:
-    """Path of an executable launcher for the built-in stand-in (created on first use).
+def builtin_path(scene: str = "huggy") -> str:
+    """Path of an executable launcher for the built-in stand-in playing `scene` (one of
+    `SCENES`), created on first use.
 
-    `UnityEnvironment(file_name=builtin_huggy_path())` starts it like a Unity build. The launcher
+    `UnityEnvironment(file_name=builtin_path(...))` starts it like a Unity build. The launcher
     runs the current interpreter; it lives in `$XDG_CACHE_HOME/huggy-agent` (else ~/.cache, else
-    the temp folder), named after the interpreter and package location so installs don't collide.
+    the temp folder), named after the scene, the interpreter and the package location so
+    installs don't collide.
     """
-    text = launcher_script()
+    if scene not in SCENES:
+        raise ValueError(f"unknown stand-in scene {scene!r}; expected one of {list(SCENES)}")
+    text = launcher_script(scene=scene)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     for folder in (_cache_dir(), Path(tempfile.gettempdir()) / "huggy-agent"):
-        path = folder / f"huggy-standin-{digest}" / "Huggy.x86_64"
+        path = folder / f"{scene}-standin-{digest}" / _PLAYER_FILES[scene]
         try:
             if path.is_file() and os.access(path, os.X_OK) and path.read_text() == text:
                 return str(path)
@@ -89,3 +108,14 @@ def builtin_huggy_path() -> str:
         except OSError:
             continue
     raise RuntimeError("cannot write the stand-in launcher to the cache or the temp folder")
+
+
+def builtin_huggy_path() -> str:
+    """Path of the built-in Huggy stand-in's launcher (`builtin_path("huggy")`)."""
+    return builtin_path("huggy")
+
+
+def builtin_soccertwos_path() -> str:
+    """Path of the built-in SoccerTwos stand-in's launcher (`builtin_path("soccertwos")`):
+    behaviors `SoccerTwos?team=0` and `?team=1`, see `envs/standin/soccer/README.md`."""
+    return builtin_path("soccertwos")

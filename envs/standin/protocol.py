@@ -7,7 +7,8 @@ initialization input (seed); empty message -> first command; then one observatio
 command (RESET or STEP) until Python answers with status 400 or QUIT. The process exits by itself
 when the Python side disappears: a failed call, or its parent process gone.
 
-A stand-in (`client.StandIn` for Huggy, `spec_client.SpecStandIn` for any behavior) has
+A stand-in (`client.StandIn` for Huggy, `soccer.standin.SoccerStandIn` for SoccerTwos,
+`spec_client.SpecStandIn` for any behaviors) has
 `handshake_message()`, `apply_parameters(side_channel)`, `reset(seed)`, `step(actions)`,
 `actions_from(rl_input)` and a `sim` that is None until the first reset.
 """
@@ -19,6 +20,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from envs.standin.wire import empty_message
@@ -50,11 +52,17 @@ def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
 
 
 def apply_parameters(stand_in: Any, side_channel: bytes, allowed: set[str]) -> None:
-    """Apply the EnvironmentParameters in `side_channel` to `stand_in` (a `StandIn` or a
+    """Apply the EnvironmentParameters in `side_channel` to `stand_in` (see
+    `apply_parameter_values`)."""
+    apply_parameter_values(stand_in, parse_environment_parameters(side_channel), allowed)
+
+
+def apply_parameter_values(stand_in: Any, values: dict[str, float], allowed: set[str]) -> None:
+    """Apply environment parameters to `stand_in` (a `StandIn`, `SoccerStandIn` or
     `spec_client.SpecStandIn`): `seed` is kept for the next reset, the others replace fields of
     its `config` (a dataclass with `validated()`), effective at the next reset; unknown keys and
     invalid values are logged and ignored, as Unity would."""
-    for key, value in parse_environment_parameters(side_channel).items():
+    for key, value in values.items():
         if key not in allowed:
             stand_in.log.write(f"ignoring unknown environment parameter {key}={value}\n")
         elif key == "seed":
@@ -67,10 +75,11 @@ def apply_parameters(stand_in: Any, side_channel: bytes, allowed: set[str]) -> N
                 stand_in.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
 
 
-def initialization_output(name: str, behavior: str | None, continuous: int,
-                          branches: tuple[int, ...] = ()) -> Any:
-    """The `UnityRLInitializationOutputProto` a Unity player named `name` sends, with the
-    behavior's brain parameters (its action spec) when `behavior` is given."""
+def initialization_output(name: str, brains: Sequence[tuple[str, int, tuple[int, ...]]] = ()
+                          ) -> Any:
+    """The `UnityRLInitializationOutputProto` a Unity player named `name` sends, with the brain
+    parameters (action spec) of each behavior in `brains`: (behavior name as on the wire,
+    continuous actions, discrete branch sizes)."""
     from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
         UnityRLInitializationOutputProto,
     )
@@ -81,7 +90,7 @@ def initialization_output(name: str, behavior: str | None, continuous: int,
     caps.baseRLCapabilities = caps.concatenatedPngObservations = True
     caps.compressedChannelMapping = caps.hybridActions = caps.trainingAnalytics = True
     caps.variableLengthObservation = caps.multiAgentGroups = True
-    if behavior is not None:
+    for behavior, continuous, branches in brains:
         brain = out.brain_parameters.add()
         brain.brain_name = behavior
         brain.is_training = True
@@ -98,7 +107,7 @@ def handshake_message(name: str) -> bytes:
 
     message = UnityMessageProto()
     message.header.status = 200
-    message.unity_output.rl_initialization_output.CopyFrom(initialization_output(name, None, 0))
+    message.unity_output.rl_initialization_output.CopyFrom(initialization_output(name))
     return message.SerializeToString()
 
 

@@ -1,6 +1,12 @@
 """The stand-in's Unity side in spec-driven mode (`--behavior-spec JSON`): the protocol of
-`client.StandIn` for any behavior, driving a `SpecSim`, with messages built through protobuf
-(clear rather than fast: this mode is for tests and demos of policies other than Huggy).
+`client.StandIn` for any behaviors, each driving a `SpecSim`, with messages built through
+protobuf (clear rather than fast: this mode is for tests and demos of policies other than Huggy).
+
+`JSON` is one behavior (an `ActorSpec.as_dict()` with an optional `"behavior"` name, default
+`Agent`), played as team 0 by `num_agents` agents; or a list of such objects, each with its own
+`"team"` (default 0) and optional `"agents"` count (default: the `num_agents` parameter), all
+played in one process: for example a `Striker` of team 0 and a `Goalie` of team 1, which
+mlagents-envs sees as `Striker?team=0` and `Goalie?team=1`.
 
 Each agent reports one `ObservationProto` per input (uncompressed float data, with the shape
 and dimension properties ML-Agents' sensors give: vector NONE, image NONE + translational
@@ -11,6 +17,8 @@ equivariance, variable-length VARIABLE_SIZE + NONE) and, for discrete branches, 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
@@ -21,7 +29,7 @@ from envs.standin.protocol import (
     initialization_output,
     reset_seed,
 )
-from envs.standin.spec_sim import BehaviorSpecDescription, SpecSim, SpecSimConfig
+from envs.standin.spec_sim import BehaviorSpecDescription, SpecScene, SpecSimConfig, SpecStep
 
 PARAMETERS = {"num_agents", "episode_length", "episode_length_step", "seed"}
 NONE, TRANSLATIONAL_EQUIVARIANCE, VARIABLE_SIZE = 1, 2, 4
@@ -30,28 +38,67 @@ DIMENSION_PROPERTIES = {"vector": (NONE,), "visual": (NONE, TRANSLATIONAL_EQUIVA
                         "variable": (VARIABLE_SIZE, NONE)}
 
 
-def parse_behavior_spec(text: str) -> tuple[str, BehaviorSpecDescription]:
-    """The behavior name and spec of `--behavior-spec` (see `launcher.spec_arguments`)."""
+@dataclass(frozen=True)
+class SpecBehavior:
+    """One behavior of a spec-driven scene."""
+
+    name: str
+    team: int
+    agents: int | None
+    """Agents playing it; None: the `num_agents` environment parameter."""
+    spec: BehaviorSpecDescription
+
+    @property
+    def wire_name(self) -> str:
+        """The name mlagents-envs gives it: `name?team=T`."""
+        return f"{self.name}?team={self.team}"
+
+
+def parse_behavior_spec(text: str) -> list[SpecBehavior]:
+    """The behaviors of `--behavior-spec` (see the module docstring and
+    `launcher.spec_arguments`); ValueError naming the entry and field at fault."""
     data = json.loads(text)
-    return str(data.get("behavior", "Agent")), BehaviorSpecDescription.from_dict(data)
+    entries = data if isinstance(data, list) else [data]
+    if not entries or not all(isinstance(entry, dict) for entry in entries):
+        raise ValueError(f"--behavior-spec: expected a behavior object or a non-empty list of "
+                         f"them, got {text[:200]!r}")
+    behaviors = []
+    for index, entry in enumerate(entries):
+        where = f"--behavior-spec entry {index}"
+        try:
+            spec = BehaviorSpecDescription.from_dict(entry)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{where}: expected an ActorSpec.as_dict() (inputs, "
+                             f"continuous_size, discrete_branches), got {entry!r}: "
+                             f"{error!r}") from error
+        team, agents = entry.get("team", 0), entry.get("agents")
+        if isinstance(team, bool) or not isinstance(team, int) or team < 0:
+            raise ValueError(f"{where}: team must be an integer >= 0, got {team!r}")
+        if agents is not None and (isinstance(agents, bool) or not isinstance(agents, int)
+                                   or agents < 1):
+            raise ValueError(f"{where}: agents must be an integer >= 1, got {agents!r}")
+        behaviors.append(SpecBehavior(str(entry.get("behavior", "Agent")), team, agents, spec))
+    names = [b.wire_name for b in behaviors]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--behavior-spec: each behavior and team may appear once, got {names}")
+    return behaviors
 
 
 class SpecStandIn:
     """Protocol state of the spec-driven mode (the interface of `client.StandIn`)."""
 
-    def __init__(self, log: TextIO, behavior: str, spec: BehaviorSpecDescription) -> None:
+    def __init__(self, log: TextIO, behaviors: Sequence[SpecBehavior]) -> None:
         self.log = log
-        self.name = behavior
-        self.behavior = f"{behavior}?team=0"
-        self.spec = spec
-        self.sim: SpecSim | None = None
+        self.behaviors = list(behaviors)
+        self.sim: SpecScene | None = None
         self.config = SpecSimConfig()
         self.pending_seed: int | None = None
         self.announced = False
-        self.order = np.zeros(0, dtype=np.int64)  # slot of each decision row, in message order
+        # Per behavior, the slot of each deciding agent in message order: Python answers in it.
+        self.order = [np.zeros(0, dtype=np.int64) for _ in self.behaviors]
 
     def handshake_message(self) -> bytes:
-        return handshake_message(self.name)
+        return handshake_message(self.behaviors[0].name)
 
     def apply_parameters(self, side_channel: bytes) -> None:
         apply_parameters(self, side_channel, PARAMETERS)
@@ -59,82 +106,97 @@ class SpecStandIn:
     def reset(self, seed: int) -> bytes:
         seed = reset_seed(self, seed)
         if self.sim is None:
-            self.sim = SpecSim(self.spec, self.config, seed)
-            observations, masks = self.sim.observations, self.sim.masks
+            self.sim = SpecScene([(b.spec, b.agents) for b in self.behaviors], self.config, seed)
+            firsts = [(sim.observations, sim.masks) for sim in self.sim.sims]
         else:
-            observations, masks = self.sim.reset(self.config)
+            firsts = self.sim.reset(self.config)
         self.log.write(f"reset: {self.config}\n")
-        n = self.sim.num_agents
-        self.order = np.arange(n)
-        zeros = np.zeros(n, bool)
-        return self._message(self.sim.agent_id, np.zeros(n, np.float32), zeros, observations,
-                             masks)
+        parts = []
+        for index, (sim, (observations, masks)) in enumerate(zip(self.sim.sims, firsts,
+                                                                 strict=True)):
+            n = sim.num_agents
+            self.order[index] = np.arange(n)
+            zeros = np.zeros(n, bool)
+            parts.append((sim.agent_id, np.zeros(n, np.float32), zeros, observations, masks))
+        return self._message(parts)
 
-    def step(self, actions: tuple[np.ndarray | None, np.ndarray | None]) -> bytes:
-        sim = self.sim
-        assert sim is not None
-        r = sim.step(*actions)
+    def step(self, actions: list[tuple[np.ndarray | None, np.ndarray | None]]) -> bytes:
+        assert self.sim is not None
+        return self._message([self._rows(index, sim.step(*behavior_actions))
+                              for index, (sim, behavior_actions)
+                              in enumerate(zip(self.sim.sims, actions, strict=True))])
+
+    def _rows(self, index: int, r: SpecStep) -> tuple:
+        """One behavior's message rows after a step. A finished agent reports its terminal
+        step; its successor (a new id) asks for its first decision in the same message."""
         if not r.done.any():
-            self.order = np.arange(sim.num_agents)
-            return self._message(r.agent_id, r.reward, r.done, r.observations, r.masks)
-        # A finished agent reports its terminal step; its successor (a new id) asks for its
-        # first decision in the same message.
+            self.order[index] = np.arange(len(r.done))
+            return r.agent_id, r.reward, r.done, r.observations, r.masks
         fresh = np.flatnonzero(r.done)
-        self.order = np.concatenate([np.flatnonzero(~r.done), fresh])
+        self.order[index] = np.concatenate([np.flatnonzero(~r.done), fresh])
         masks = (None if r.masks is None or r.new_masks is None
                  else np.concatenate([r.masks, r.new_masks[fresh]]))
-        return self._message(
-            np.concatenate([r.agent_id, r.new_agent_id[fresh]]),
-            np.concatenate([r.reward, np.zeros(len(fresh), np.float32)]),
-            np.concatenate([r.done, np.zeros(len(fresh), bool)]),
-            [np.concatenate([o, new[fresh]])
-             for o, new in zip(r.observations, r.new_observations, strict=True)], masks)
+        return (np.concatenate([r.agent_id, r.new_agent_id[fresh]]),
+                np.concatenate([r.reward, np.zeros(len(fresh), np.float32)]),
+                np.concatenate([r.done, np.zeros(len(fresh), bool)]),
+                [np.concatenate([o, new[fresh]])
+                 for o, new in zip(r.observations, r.new_observations, strict=True)], masks)
 
-    def _message(self, ids: np.ndarray, reward: np.ndarray, done: np.ndarray,
-                 observations: list[np.ndarray], masks: np.ndarray | None) -> bytes:
+    def _message(self, parts: list[tuple]) -> bytes:
         from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 
         message = UnityMessageProto()
         message.header.status = 200
         output = message.unity_output
-        infos = output.rl_output.agentInfos[self.behavior].value
-        for row, agent in enumerate(ids.tolist()):
-            info = infos.add()
-            info.id, info.reward, info.done = agent, float(reward[row]), bool(done[row])
-            for index, (spec_input, values) in enumerate(zip(self.spec.inputs, observations,
-                                                             strict=True)):
-                proto = info.observations.add()
-                proto.shape.extend(spec_input.shape)
-                proto.float_data.data.extend(values[row].ravel().tolist())
-                proto.dimension_properties.extend(DIMENSION_PROPERTIES[spec_input.kind])
-                proto.name = f"obs_{index}"
-            if masks is not None and not done[row]:
-                info.action_mask.extend((~masks[row]).tolist())
+        for behavior, (ids, reward, done, observations, masks) in zip(self.behaviors, parts,
+                                                                      strict=True):
+            infos = output.rl_output.agentInfos[behavior.wire_name].value
+            for row, agent in enumerate(ids.tolist()):
+                info = infos.add()
+                info.id, info.reward, info.done = agent, float(reward[row]), bool(done[row])
+                for index, (spec_input, values) in enumerate(zip(behavior.spec.inputs,
+                                                                 observations, strict=True)):
+                    proto = info.observations.add()
+                    proto.shape.extend(spec_input.shape)
+                    proto.float_data.data.extend(values[row].ravel().tolist())
+                    proto.dimension_properties.extend(DIMENSION_PROPERTIES[spec_input.kind])
+                    proto.name = f"obs_{index}"
+                if masks is not None and not done[row]:
+                    info.action_mask.extend((~masks[row]).tolist())
         if not self.announced:
             output.rl_initialization_output.CopyFrom(initialization_output(
-                self.name, self.behavior, self.spec.continuous_size, self.spec.discrete_branches))
+                self.behaviors[0].name,
+                [(b.wire_name, b.spec.continuous_size, b.spec.discrete_branches)
+                 for b in self.behaviors]))
             self.announced = True
         return message.SerializeToString()
 
-    def actions_from(self, rl_input: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(continuous, discrete) rows in slot order; zeros for a missing or malformed answer."""
-        sim = self.sim
-        assert sim is not None
-        n, spec = sim.num_agents, self.spec
+    def actions_from(self, rl_input: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per behavior, (continuous, discrete) rows in slot order; zeros for a missing or
+        malformed answer."""
+        assert self.sim is not None
+        return [self._behavior_actions(rl_input, behavior, sim.num_agents, order)
+                for behavior, sim, order in zip(self.behaviors, self.sim.sims, self.order,
+                                                strict=True)]
+
+    def _behavior_actions(self, rl_input: Any, behavior: SpecBehavior, n: int,
+                          order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        spec = behavior.spec
         continuous = np.zeros((n, spec.continuous_size), np.float32)
         discrete = np.zeros((n, len(spec.discrete_branches)), np.int64)
-        listing = rl_input.agent_actions.get(self.behavior)
+        listing = rl_input.agent_actions.get(behavior.wire_name)
         if listing is None or len(listing.value) == 0:
             return continuous, discrete
         rows = list(listing.value)
         if len(rows) != n or any(len(a.continuous_actions) != spec.continuous_size
                                  or len(a.discrete_actions) != len(spec.discrete_branches)
                                  for a in rows):
-            self.log.write(f"unexpected actions: {len(rows)} rows for {n} agents; using zeros\n")
+            self.log.write(f"unexpected actions for {behavior.wire_name}: {len(rows)} rows for "
+                           f"{n} agents; using zeros\n")
             return continuous, discrete
-        # Python answers in the order of the decision agents it received (`self.order`).
-        continuous[self.order] = np.array([list(a.continuous_actions) for a in rows],
-                                          np.float32).reshape(n, -1)
-        discrete[self.order] = np.array([list(a.discrete_actions) for a in rows],
-                                        np.int64).reshape(n, -1)
+        # Python answers in the order of the decision agents it received (`order`).
+        continuous[order] = np.array([list(a.continuous_actions) for a in rows],
+                                     np.float32).reshape(n, -1)
+        discrete[order] = np.array([list(a.discrete_actions) for a in rows],
+                                   np.int64).reshape(n, -1)
         return continuous, discrete

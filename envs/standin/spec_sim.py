@@ -12,7 +12,8 @@ discrete action the mask forbade: a policy that honours its masks never loses a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -156,3 +157,37 @@ class SpecSim(SeededSim):
 def _rows(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
     """`mask` (N,) shaped to broadcast over the rows of `like`."""
     return mask.reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+def behavior_seed(seed: int, index: int) -> int:
+    """The seed of the `index`-th behavior of a scene seeded `seed`: `seed` itself for the first
+    (a one-behavior scene plays as before), an independent stream for each other."""
+    if index == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0])
+
+
+class SpecScene:
+    """Several behaviors in one scene, each a `SpecSim` of its own spec and agent count (None:
+    the configuration's `num_agents`), seeded apart (`behavior_seed`)."""
+
+    def __init__(self, behaviors: Sequence[tuple[BehaviorSpecDescription, int | None]],
+                 config: SpecSimConfig, seed: int) -> None:
+        self.agent_counts = [agents for _, agents in behaviors]
+        self.sims = [SpecSim(spec, self._config(config, agents), behavior_seed(seed, index))
+                     for index, (spec, agents) in enumerate(behaviors)]
+
+    @staticmethod
+    def _config(config: SpecSimConfig, agents: int | None) -> SpecSimConfig:
+        return config if agents is None else replace(config, num_agents=agents)
+
+    def reseed(self, seed: int) -> None:
+        """Restart every behavior's random stream (see `SeededSim.reseed`)."""
+        for index, sim in enumerate(self.sims):
+            sim.reseed(behavior_seed(seed, index))
+
+    def reset(self, config: SpecSimConfig) -> list[tuple[list[np.ndarray], np.ndarray | None]]:
+        """New episodes for every slot of every behavior: each one's first observations and
+        masks."""
+        return [sim.reset(self._config(config, agents))
+                for sim, agents in zip(self.sims, self.agent_counts, strict=True)]
