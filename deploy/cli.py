@@ -107,6 +107,87 @@ def run_evaluate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def anchor(text: str) -> tuple[str, float]:
+    """`LABEL=ELO` of `--anchor` (the label may hold '=': the last one separates the number)."""
+    label, separator, value = text.rpartition("=")
+    try:
+        if not separator or not label:
+            raise ValueError
+        return label, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LABEL=ELO, got {text!r}") from None
+
+
+def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `huggy tournament`."""
+    parser = subparsers.add_parser(
+        "tournament",
+        help="rate policies by matches in a two-team scene (SoccerTwos): Elo with intervals",
+        description=(
+            "Play matches between POLICY... in a scene whose two teams share a behavior (the "
+            "stand-in SoccerTwos, or a SoccerTwos build), each match one episode of one arena "
+            "with policy A as team 0 and B as team 1, sides swapped within each pair; match i "
+            "is seeded S+i (--seed S). Rates them by Bradley-Terry maximum likelihood on the "
+            "Elo scale with 95%% bootstrap intervals. Writes tournament.json, tournament.csv, "
+            "ratings.png and win_rate.png to --out."))
+    parser.add_argument("policies", nargs="+", metavar="POLICY",
+                        help="a .onnx, a .pt, a results folder (every checkpoint), "
+                             "hf://owner/repo[@revision][/path], or a scripted player: "
+                             "heuristic:idle, heuristic:random, heuristic:chaser")
+    parser.add_argument("--env", metavar="builtin:soccertwos|PATH",
+                        default="builtin:soccertwos",
+                        help="the scene: the stand-in SoccerTwos (default) or a Unity build")
+    parser.add_argument("--matches", metavar="N", type=positive_int, default=120,
+                        help="the budget: matches of all pairs together, played in whole rounds "
+                             "of K(K-1) for K policies (default 120)")
+    parser.add_argument("--seed", metavar="S", type=int, default=0,
+                        help="match i is seeded S+i (default 0)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="play each policy's most likely action (default: sample, as Unity's "
+                             "inference does)")
+    parser.add_argument("--adaptive", action="store_true",
+                        help="after two round-robin rounds, give each round to the pairs whose "
+                             "order is least certain")
+    parser.add_argument("--select-best", action="store_true",
+                        help="stop once the leader's lower bound clears every other policy's "
+                             "upper bound (see the README for the error statement)")
+    parser.add_argument("--confidence", metavar="P", type=float, default=0.95,
+                        help="with --select-best: the probability that the rule does not name "
+                             "a policy that is not the strongest (default 0.95)")
+    parser.add_argument("--anchor", metavar="LABEL=ELO", type=anchor, default=None,
+                        help="fix one policy's Elo (default: the mean is 1200)")
+    parser.add_argument("--arenas", metavar="K", type=positive_int, default=8,
+                        help="matches a runner plays at once, one per arena (the stand-in's "
+                             "num_arenas; default 8)")
+    parser.add_argument("--runners", metavar="K", type=positive_int, default=1,
+                        help="Ray runners, each with its own environment (default 1)")
+    parser.add_argument("--address", metavar="ADDRESS", default=None,
+                        help="Ray cluster to use (as for huggy evaluate)")
+    parser.add_argument("--accelerator", choices=ACCELERATOR_CHOICES, default="auto",
+                        help="Ray resource per runner (as for huggy evaluate)")
+    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32")
+    parser.add_argument("--out", metavar="DIR", type=Path, default=Path("out/tournament"),
+                        help="folder for the report (default out/tournament)")
+    parser.add_argument("--tensorboard", metavar="DIR", type=Path, default=None,
+                        help="also write Evaluation/Elo per checkpoint step to DIR/<run>/")
+    parser.add_argument("--model-card", action="store_true",
+                        help="write the Elo and its interval into each run's model card "
+                             "(README.md with model-index results)")
+    parser.add_argument("--no-ray", action="store_true",
+                        help="play every match in this process, without Ray")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_env_parameter_option(parser)
+    parser.set_defaults(handler=run_tournament)
+
+
+def run_tournament(args: argparse.Namespace) -> int:
+    """`huggy tournament` (`deploy.evaluation.tournament_command`)."""
+    # start-up time: `huggy --help` and the other commands import none of the tournament
+    from deploy.evaluation.tournament_command import run_tournament as run
+
+    return run(args)
+
+
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `huggy serve`."""
     parser = subparsers.add_parser(

@@ -316,6 +316,24 @@ class AgentRows(NamedTuple):
     interrupted: np.ndarray  # (m,) bool
     obs: list[np.ndarray]  # each (m, *shape) float32
     mask: np.ndarray | None = None  # (deciding agents, sum of branches) bool
+    group_reward: np.ndarray | None = None  # (m,) float32, the agents' groups' rewards
+
+    def total_reward(self) -> np.ndarray:
+        """Each agent's own reward plus its group's (a POCA scene rewards groups)."""
+        return self.reward if self.group_reward is None else self.reward + self.group_reward
+
+
+def join_rows(first: AgentRows, second: AgentRows) -> AgentRows:
+    """The rows of two exchanges in a row, `first`'s then `second`'s; the masks are
+    `second`'s (the deciding agents', where `first` has none deciding)."""
+    return AgentRows(
+        np.concatenate([first.agent_id, second.agent_id]),
+        np.concatenate([first.reward, second.reward]),
+        np.concatenate([first.done, second.done]),
+        np.concatenate([first.interrupted, second.interrupted]),
+        [np.concatenate([a, b]) for a, b in zip(first.obs, second.obs, strict=True)],
+        second.mask, np.concatenate([first.total_reward() - first.reward,
+                                     second.total_reward() - second.reward]))
 
 
 def agent_rows(decision: Any, terminal: Any) -> AgentRows:
@@ -328,7 +346,8 @@ def agent_rows(decision: Any, terminal: Any) -> AgentRows:
         np.concatenate([np.zeros(len(decision), bool), terminal.interrupted]),
         [np.concatenate([d, t]).astype(np.float32)
          for d, t in zip(decision.obs, terminal.obs, strict=True)],
-        None if mask is None else np.concatenate(mask, axis=1))
+        None if mask is None else np.concatenate(mask, axis=1),
+        np.concatenate([decision.group_reward, terminal.group_reward]).astype(np.float32))
 
 
 def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | None:
@@ -385,7 +404,8 @@ def lean_rows(infos: Any, spec: Any) -> AgentRows:
     scalars = np.array([(i.reward, i.group_reward, i.id, i.done, i.max_step_reached)
                         for i in infos], dtype=np.float64).reshape(len(infos), 5)
     reward = scalars[:, 0].astype(np.float32)
+    group_reward = scalars[:, 1].astype(np.float32)
     done = scalars[:, 3] != 0
-    raise_on_nan_and_inf(obs, reward, scalars[:, 1].astype(np.float32), done)
+    raise_on_nan_and_inf(obs, reward, group_reward, done)
     return AgentRows(scalars[:, 2].astype(np.int64), reward, done, done & (scalars[:, 4] != 0),
-                     [obs])
+                     [obs], None, group_reward if group_reward.any() else None)

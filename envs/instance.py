@@ -27,9 +27,13 @@ from typing import Any
 import numpy as np
 
 from envs import fast_step
+from envs.behaviors import resolve_key
+from envs.rollout import step_seed
 from envs.standin.poses import POSE_SIZE, RENDER_PARAMETER
 
 MAX_SEED = 2**24  # seeds travel as float32 on the EnvironmentParameters channel
+MAX_QUIET_EXCHANGES = 1000
+"""Exchanges in a row in which agents only finish (nobody decides) before a step gives up."""
 INSTANCE_SEED_STRIDE = 10_368_889
 """Odd, about 2**24 / golden ratio: `instance_seed` spreads the instances' seeds far apart."""
 
@@ -91,6 +95,11 @@ class InstanceConfig:
     render: bool = False
     """Ask the stand-in for its agents' poses (the render side channel, `envs.standin.poses`),
     kept in `StepBuffers.pose`; a Unity build sends none."""
+    opponents: tuple[tuple[str, str], ...] = ()
+    """(key, policy source) of the behaviors played in the instance's own process: a key names
+    one or more behaviors (`envs.teams.resolve_key`), a source what `envs.agents` loads."""
+    opponents_deterministic: bool = False
+    """Whether the opponents play their most likely actions instead of sampling."""
 
     @property
     def pose_size(self) -> int:
@@ -234,6 +243,45 @@ class InstanceInfo:
     """It answered the render side channel (the stand-in playing Huggy, when rendering)."""
 
 
+def open_unity(config: InstanceConfig, side_channels: Sequence[Any]) -> tuple[Any, int, int]:
+    """The `UnityEnvironment` of `config` with `side_channels`, on the first free port of
+    `config.worker_ids`, with that worker id and port. A port another process takes between the
+    check and the bind moves on to the next worker id (programs on one machine race for free
+    ports). RuntimeError when every port is in use, EnvironmentStartError when the executable
+    cannot be started or never connects."""
+    from mlagents_envs.environment import UnityEnvironment
+    from mlagents_envs.exception import (
+        UnityEnvironmentException,
+        UnityTimeOutException,
+        UnityWorkerInUseException,
+    )
+
+    tried: list[int] = []
+    for worker_id in config.worker_ids:
+        port = config.base_port + worker_id
+        if _port_is_free(port):
+            try:
+                unity = UnityEnvironment(
+                    file_name=config.file_name, worker_id=worker_id, base_port=config.base_port,
+                    seed=config.seed, no_graphics=config.no_graphics,
+                    timeout_wait=config.timeout_wait, log_folder=config.log_folder,
+                    side_channels=list(side_channels),
+                    additional_args=list(config.additional_args))
+                return unity, worker_id, port
+            except UnityWorkerInUseException:
+                pass
+            except UnityTimeOutException as error:
+                raise EnvironmentStartError(
+                    f"{config.file_name} did not connect on port {port} within "
+                    f"{config.timeout_wait} s (is it an ML-Agents build started with "
+                    "--mlagents-port?)") from error
+            except UnityEnvironmentException as error:
+                raise EnvironmentStartError(
+                    f"{config.file_name} could not be started: {error}") from error
+        tried.append(port)
+    raise RuntimeError(_ports_in_use(tried, config.worker_ids))
+
+
 class UnityInstance:
     """One Unity process and its agents as `num_agents` stable slots (see the module docstring).
 
@@ -263,21 +311,13 @@ class UnityInstance:
 
             self._pose_channel = PoseChannel()
             self._parameters.set_float_parameter(RENDER_PARAMETER, 1.0)
-        self._unity: Any = None
-        tried: list[int] = []
-        for candidate in config.worker_ids:
-            port = config.base_port + candidate
-            if _port_is_free(port):
-                self._unity = self._start(candidate)
-            if self._unity is not None:
-                self.worker_id, self.port = candidate, port
-                break
-            tried.append(port)
-        if self._unity is None:
-            raise RuntimeError(_ports_in_use(tried, config.worker_ids))
+        channels = [self._engine, self._parameters,
+                    *([self._pose_channel] if self._pose_channel else [])]
+        self._unity, self.worker_id, self.port = open_unity(config, channels)
         try:
             self._unity.reset()
             self.behavior_name = self._choose_behavior(config.behavior_name)
+            self._opponents = self._load_opponents(config)
             spec = self._unity.behavior_specs[self.behavior_name]
             self.layout = SlotLayout.of(spec)
             if config.layout is not None and self.layout != config.layout:
@@ -297,37 +337,25 @@ class UnityInstance:
 
     # -- start-up -------------------------------------------------------------------------------
 
-    def _start(self, worker_id: int) -> Any:
-        """The `UnityEnvironment` on `worker_id`'s port, or None when another process took that
-        port between the check and the bind (programs on one machine race for free ports)."""
-        from mlagents_envs.environment import UnityEnvironment
-        from mlagents_envs.exception import (
-            UnityEnvironmentException,
-            UnityTimeOutException,
-            UnityWorkerInUseException,
-        )
+    def _load_opponents(self, config: InstanceConfig) -> dict[str, Any]:
+        """The agent of each behavior that `config.opponents` names (never the driven one)."""
+        if not config.opponents:
+            return {}
+        # start-up time: an instance worker imports torch only where it plays opponents
+        from envs.agents import agent_from_source
 
-        config = self.config
-        try:
-            return UnityEnvironment(
-                file_name=config.file_name, worker_id=worker_id, base_port=config.base_port,
-                seed=config.seed, no_graphics=config.no_graphics,
-                timeout_wait=config.timeout_wait, log_folder=config.log_folder,
-                side_channels=[self._engine, self._parameters,
-                               *([self._pose_channel] if self._pose_channel else [])],
-                additional_args=list(config.additional_args),
-            )
-        except UnityWorkerInUseException:
-            return None
-        except UnityTimeOutException as error:
-            raise EnvironmentStartError(
-                f"{config.file_name} did not connect on port {config.base_port + worker_id} "
-                f"within {config.timeout_wait} s (is it an ML-Agents build started with "
-                "--mlagents-port?)"
-            ) from error
-        except UnityEnvironmentException as error:
-            raise EnvironmentStartError(
-                f"{config.file_name} could not be started: {error}") from error
+        behaviors = list(self._unity.behavior_specs)
+        found: dict[str, Any] = {}
+        for key, source in config.opponents:
+            named = resolve_key(key, behaviors)
+            if self.behavior_name in named:
+                raise ValueError(f"opponent key {key!r} names the driven behavior "
+                                 f"{self.behavior_name!r}; opponents play the others: "
+                                 f"{[b for b in behaviors if b != self.behavior_name]}")
+            agent = agent_from_source(source)
+            for behavior in named:
+                found[behavior] = agent
+        return found
 
     def _choose_behavior(self, wanted: str | None) -> str:
         names = list(self._unity.behavior_specs)
@@ -354,6 +382,8 @@ class UnityInstance:
         if seed is not None:
             self._parameters.set_float_parameter("seed", float(check_seed(seed)))
         self._unity.reset()
+        self._opponent_seed = self.config.seed if seed is None else seed
+        self._decisions = 0
         decision, _ = self._unity.get_steps(self.behavior_name)
         self._adopt(decision, out)
         if self._pose_channel is not None:
@@ -412,11 +442,11 @@ class UnityInstance:
             # The usual step: the same agents deciding in the same order, nobody finished.
             slots = self._decision_slots
             if slots is None:
-                out.reward[:] = rows.reward
+                out.reward[:] = rows.total_reward()
                 for target, values in zip(out.obs, rows.obs, strict=True):
                     target[:] = values
             else:
-                out.reward[slots] = rows.reward
+                out.reward[slots] = rows.total_reward()
                 for target, values in zip(out.obs, rows.obs, strict=True):
                     target[slots] = values
             _write_mask(out.mask, rows.mask, slots)
@@ -432,17 +462,17 @@ class UnityInstance:
             known = finished >= 0  # skips agents never seen deciding (none with a period-1 requester)
             slots = finished[known]
             interrupted = rows.interrupted[done][known]
-            out.reward[slots] = rows.reward[done][known]
+            out.reward[slots] = rows.total_reward()[done][known]
             out.truncated[slots] = interrupted
             out.terminated[slots] = ~interrupted
             for target, values in zip(out.final_obs, rows.obs, strict=True):
                 target[slots] = values[done][known]
             out.final_agent_id[slots] = slot_ids[slots]
             slot_ids[slots] = -1  # freed for the successors
-            ids, reward = ids[deciding], rows.reward[deciding]
+            ids, reward = ids[deciding], rows.total_reward()[deciding]
             obs = [values[deciding] for values in rows.obs]
         else:
-            reward, obs = rows.reward, rows.obs
+            reward, obs = rows.total_reward(), rows.obs
         if len(ids) != n:
             raise RuntimeError(
                 f"{len(ids)} of {n} agents requested a decision; the vector env needs every "
@@ -468,18 +498,50 @@ class UnityInstance:
 
     def _exchange(self, continuous: np.ndarray, discrete: np.ndarray) -> Any:
         """One step of the Unity process with the actions (one row per deciding agent, in
-        Unity's order): `fast_step.lean_step` where it applies, else mlagents-envs' own calls."""
+        Unity's order), the opponents' too: `fast_step.lean_step` where it applies, else
+        mlagents-envs' own calls. An exchange in which agents finish between decision steps
+        (nobody decides) is followed by the next one, and their rows are joined: the finished
+        agents, then the next decisions."""
+        self._decisions += 1
         rows = (fast_step.lean_step(self._unity, self.behavior_name, continuous)
                 if self.layout.lean else None)
         if rows is None:
-            from mlagents_envs.base_env import ActionTuple
+            rows = self._unity_step(continuous, discrete)
+        for _ in range(MAX_QUIET_EXCHANGES):
+            if not len(rows.done) or not rows.done.all():
+                return rows
+            rows = fast_step.join_rows(rows, self._unity_step(continuous[:0], discrete[:0]))
+        raise RuntimeError(f"agents finished in {MAX_QUIET_EXCHANGES} exchanges in a row "
+                           "without any deciding")
 
-            self._unity.set_actions(self.behavior_name, ActionTuple(
-                continuous=continuous if self.layout.continuous_size else None,
-                discrete=discrete if self.layout.discrete_branches else None))
-            self._unity.step()
-            rows = fast_step.agent_rows(*self._unity.get_steps(self.behavior_name))
-        return rows
+    def _unity_step(self, continuous: np.ndarray, discrete: np.ndarray) -> Any:
+        """mlagents-envs' set_actions (the driven behavior's and the opponents'), step and
+        get_steps, as `AgentRows` of the driven behavior."""
+        from mlagents_envs.base_env import ActionTuple
+
+        layout = self.layout
+        self._unity.set_actions(self.behavior_name, ActionTuple(
+            continuous=continuous if layout.continuous_size else None,
+            discrete=discrete if layout.discrete_branches else None))
+        for index, (behavior, agent) in enumerate(self._opponents.items()):
+            decision, _ = self._unity.get_steps(behavior)
+            if not len(decision):
+                continue
+            obs = decision.obs[0] if len(decision.obs) == 1 else list(decision.obs)
+            mask = (None if decision.action_mask is None
+                    else ~np.concatenate(decision.action_mask, axis=1))
+            seed = None if self.config.opponents_deterministic else step_seed(
+                len(self._opponents) * self._opponent_seed + index, self._decisions)
+            action = agent.compute_action(obs, deterministic=self.config.opponents_deterministic,
+                                          seed=seed, action_mask=mask)
+            spec = self._unity.behavior_specs[behavior].action_spec
+            self._unity.set_actions(behavior, ActionTuple(
+                continuous=action.continuous if spec.continuous_size and spec.discrete_size
+                else action if spec.continuous_size else None,
+                discrete=action.discrete if spec.continuous_size and spec.discrete_size
+                else action if spec.discrete_size else None))
+        self._unity.step()
+        return fast_step.agent_rows(*self._unity.get_steps(self.behavior_name))
 
     def close(self) -> None:
         """Close the connection and the Unity process (idempotent)."""

@@ -26,7 +26,7 @@ Gymnasium's vector envs do; `render_frame(slot)` draws one.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -47,8 +47,8 @@ from envs.instance import (
     instance_seed,
 )
 from envs.standin import poses
-from envs.standin.launcher import builtin_huggy_path, spec_arguments
 from envs.standin.sim import DT
+from envs.teams import BUILTIN, resolve_builtin
 from envs.workers import InstanceWorkers
 
 __all__ = ["MAX_SEED", "RENDER_FPS", "EnvironmentStartError", "HuggyVectorEnv",
@@ -99,8 +99,10 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
     """All agents of a Unity behavior as one `gymnasium.vector.VectorEnv`.
 
     Args:
-        file_name: Unity executable; None starts the built-in stand-in: Huggy (18 agents per
-            process), or with `behavior_spec` its spec-driven mode for any behavior.
+        file_name: Unity executable; None (or "builtin") starts the built-in stand-in: Huggy
+            (18 agents per process), or with `behavior_spec` its spec-driven mode for any
+            behavior; "builtin:soccertwos" the stand-in SoccerTwos (drive one team with
+            `behavior_name`, play the other with `opponents`).
         behavior_spec: for the stand-in, the behavior it plays (`envs.standin.spec_sim`): a
             policy file or results folder (its spec), a `huggy_agent.spec.ActorSpec` or its
             `as_dict()`. Ignored with a Unity build, whose scene fixes it.
@@ -135,6 +137,14 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             ValueError here. The stand-in then sends its poses after every step (the
             simulation's numbers are unchanged); without it nothing changes on the wire.
         render_label: a name drawn on every frame (the policy's); `render_frame` can override it.
+        opponents: the scene's other behaviors, played in the instances' own processes so that
+            a learner sees one team as a single-agent vector env: {key: policy source}, a key a
+            behavior (`Goalie`), a behavior with its team (`SoccerTwos?team=1`) or `team=N`, a
+            source a policy file, results folder, `hf://` source, `heuristic:NAME` or a served
+            policy's URL (`envs.agents`). A behavior neither driven nor played gets no actions
+            (Unity then repeats zeros).
+        opponents_deterministic: the opponents play their most likely actions; by default they
+            sample, seeded by the reset's seed and the step.
 
     `num_envs` is the number of agent slots in all; `instance_slices[i]` are instance i's.
     `reset(seed=s)` reseeds instance i with `instance_seed(s, i)` = `(s + i * 10_368_889) mod
@@ -169,6 +179,8 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         pin_cores: bool = False,
         render_mode: str | None = None,
         render_label: str | None = None,
+        opponents: Mapping[str, str] | None = None,
+        opponents_deterministic: bool = False,
     ) -> None:
         from mlagents_envs import env_utils
         from mlagents_envs.environment import UnityEnvironment
@@ -189,10 +201,8 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             if value is not None and not value >= low:
                 raise ValueError(f"{key} must be >= {low}, got {value}")
         additional_args: tuple[str, ...] = ()
-        if file_name is None:
-            file_name = builtin_huggy_path()
-            if behavior_spec is not None:
-                additional_args = spec_arguments(behavior_spec)
+        if file_name is None or str(file_name).startswith(BUILTIN):
+            file_name, additional_args = resolve_builtin(file_name, behavior_spec)
         elif env_utils.validate_environment_path(str(file_name)) is None:
             raise FileNotFoundError(
                 f"Unity executable not found: {file_name!r} (expected an executable file, "
@@ -215,7 +225,9 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
                 parameters=parameters, log_folder=log_folder, behavior_name=behavior_name,
                 num_agents=num_agents, additional_args=additional_args,
                 cpu_core=cores[i % len(cores)] if cores else None,
-                render=render_mode is not None)
+                render=render_mode is not None,
+                opponents=tuple((opponents or {}).items()),
+                opponents_deterministic=opponents_deterministic)
             for i in range(instances)
         ]
         if instances == 1:

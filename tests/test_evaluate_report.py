@@ -162,16 +162,17 @@ def test_runner_options_pin_accelerators_like_serve() -> None:
     from deploy.placement import ReplicaPlacement
 
     config = EvalConfig(max_attempts=3)
-    npu = runner_options(ReplicaPlacement("npu", "npu:0", 1.0), config, node_id="ab" * 28)
+    npu = runner_options(ReplicaPlacement("npu", "npu:0", 1.0), config.max_attempts,
+                         node_id="ab" * 28)
     assert npu["resources"] == {"NPU": 1} and npu["num_cpus"] == 1.0
     assert isinstance(npu["scheduling_strategy"], NodeAffinitySchedulingStrategy)
     assert npu["scheduling_strategy"].node_id == "ab" * 28
     assert npu["scheduling_strategy"].soft is True
-    gpu = runner_options(ReplicaPlacement("gpu", "cuda:0", 0.5), config)
+    gpu = runner_options(ReplicaPlacement("gpu", "cuda:0", 0.5), config.max_attempts)
     assert gpu["num_gpus"] == 1 and gpu["num_cpus"] == 0.5 and "resources" not in gpu
     assert gpu["scheduling_strategy"] == "SPREAD"
     assert gpu["max_restarts"] == -1 and gpu["max_task_retries"] == 2
-    cpu = runner_options(ReplicaPlacement("cpu", "cpu", 1.0), config)
+    cpu = runner_options(ReplicaPlacement("cpu", "cpu", 1.0), config.max_attempts)
     assert "num_gpus" not in cpu and "resources" not in cpu
 
 

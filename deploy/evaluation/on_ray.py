@@ -71,14 +71,14 @@ def ray_session(address: str | None = None) -> Iterator[None]:
         ray.shutdown()
 
 
-def runner_options(placement: Any, config: EvalConfig, node_id: str | None = None
+def runner_options(placement: Any, max_attempts: int, node_id: str | None = None
                    ) -> dict[str, Any]:
     """Ray actor options for one runner: the accelerator as a Ray resource, exactly as for Serve
     replicas (`deploy.placement`: npu -> {"NPU": 1}, gpu -> num_gpus=1, cpu -> CPUs only),
-    restarted whenever its process dies, each item tried `config.max_attempts` times in all,
-    pinned to `node_id` when given (elsewhere if that node is gone), else spread."""
+    restarted whenever its process dies, each task tried `max_attempts` times in all, pinned to
+    `node_id` when given (elsewhere if that node is gone), else spread."""
     options: dict[str, Any] = {**placement.ray_actor_options(), "max_restarts": -1,
-                               "max_task_retries": config.max_attempts - 1}
+                               "max_task_retries": max_attempts - 1}
     options["scheduling_strategy"] = (
         NodeAffinitySchedulingStrategy(node_id, soft=True) if node_id else "SPREAD")
     return options
@@ -107,7 +107,7 @@ class RunnerPool:
         starting = {}
         for slot in range(count):
             name = f"runner-{slot}"
-            options = runner_options(self._placement, self._config,
+            options = runner_options(self._placement, self._config.max_attempts,
                                      pins[slot % len(pins)] if pins else None)
             actor = _remote_runner().options(**options).remote(
                 name, self._env, self._placement.device, self._config.precision)

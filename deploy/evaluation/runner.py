@@ -58,7 +58,7 @@ class Runner:
     def info(self) -> RunnerInfo:
         """Name, node id ("local" outside Ray), process id and environment process ids."""
         pids = () if self._env is None else tuple(self._env.process_ids)
-        return RunnerInfo(self._name, _node_id(), os.getpid(), pids[0] if pids else None, pids)
+        return RunnerInfo(self._name, node_id(), os.getpid(), pids[0] if pids else None, pids)
 
     def run(self, spec: PolicySpec, payload: list[Any] | bytes | None,
             items: Sequence[WorkItem], stochastic: bool) -> list[ItemResult]:
@@ -91,7 +91,7 @@ class Runner:
             raise EnvironmentCrashed(
                 f"runner {self._name}: environment died during item{'s' * (len(items) > 1)} "
                 f"{which} of {spec.label}: {error}") from None
-        node, attempt = _node_id(), _attempt()
+        node, tries = node_id(), attempt()
         return [ItemResult(
             policy_index=item.policy_index, index=item.index, seed=item.seed,
             returns=tuple(float(e.episode_return) for e in result.episodes),
@@ -100,7 +100,7 @@ class Runner:
             slots=tuple(e.slot for e in result.episodes),
             episode_indices=tuple(e.index for e in result.episodes),
             agent_steps=int(result.agent_steps), seconds=float(result.seconds),
-            node_id=node, runner=self._name, attempts=attempt, behavior=self._env.behavior_name)
+            node_id=node, runner=self._name, attempts=tries, behavior=self._env.behavior_name)
             for item, result in zip(items, results, strict=False)]
 
     def close(self) -> None:
@@ -149,19 +149,21 @@ def _open_env(spec: EnvSpec) -> Any:
     itself moves on to the next port when this one (or, with several instances, one of the
     next few) was taken meanwhile."""
     return envs.UnityVectorEnv(
-        file_name=spec.file_name, worker_id=_free_port() - BASE_PORT, seed=0, no_graphics=True,
+        file_name=spec.file_name, worker_id=free_worker_id(), seed=0, no_graphics=True,
         timeout_wait=spec.timeout_wait, time_scale=spec.time_scale,
         num_agents=spec.num_agents, max_steps=spec.max_steps, env_parameters=spec.parameters,
         instances=spec.instances, behavior_spec=spec.behavior_spec)
 
 
-def _free_port() -> int:
+def free_worker_id() -> int:
+    """A worker id whose port (mlagents-envs' base port + id) was free a moment ago: several
+    runners (and other programs) share a machine, so fixed worker ids would collide."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     if port <= BASE_PORT:
         raise RuntimeError(f"the OS gave port {port}, below the base port {BASE_PORT}")
-    return port
+    return port - BASE_PORT
 
 
 def _ray() -> Any:
@@ -170,14 +172,15 @@ def _ray() -> Any:
     return ray if ray is not None and ray.is_initialized() else None
 
 
-def _node_id() -> str:
+def node_id() -> str:
+    """The Ray node this runs on ("local" outside Ray)."""
     ray = _ray()
-    return "local" if ray is None else ray.get_runtime_context().get_node_id()
+    return "local" if ray is None else ray.get_runtime_context().getnode_id()
 
 
-def _attempt() -> int:
-    """Which try of the current item this is: 1, or 1 + the retries Ray made of this task
-    (after an environment crash or after the runner's process died and Ray restarted it)."""
+def attempt() -> int:
+    """Which try of the current task this is: 1, or 1 + the retries Ray made of it (after an
+    environment crash or after the runner's process died and Ray restarted it)."""
     ray = _ray()
     if ray is None or ray.get_runtime_context().get_actor_id() is None:
         return 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,31 +65,40 @@ def write_tensorboard(summaries: Sequence[PolicySummary], log_dir: str | Path
     an earlier evaluation wrote there (its event files, `*EVENTS_SUFFIX`; other files are left
     alone); returns the folders written and the labels skipped (no training step, or no
     episode)."""
-    from torch.utils.tensorboard import SummaryWriter  # tensorboard: the serve extra, when used
-
-    by_run: dict[str, list[PolicySummary]] = {}
+    by_run: dict[str, list[tuple[int, dict[str, float | None]]]] = {}
     skipped = []
     for summary in summaries:
         if summary.step is None or summary.mean_return is None:
             skipped.append(summary.label)
             continue
-        by_run.setdefault(run_name(summary), []).append(summary)
+        values = _values(summary)
+        by_run.setdefault(run_name(summary), []).append(
+            (summary.step, {tag: values[name] for tag, name in TAGS.items()}))
+    return write_scalars(by_run, log_dir, EVENTS_SUFFIX), skipped
+
+
+def write_scalars(by_run: Mapping[str, Sequence[tuple[int, Mapping[str, float | None]]]],
+                  log_dir: str | Path, suffix: str) -> list[Path]:
+    """TensorBoard scalars `{tag: value}` at each training step, per run, in `log_dir/<run>/`,
+    replacing the event files of an earlier call with the same `suffix` there (other event
+    files are left alone); None values are left out. Returns the folders written."""
+    from torch.utils.tensorboard import SummaryWriter  # tensorboard: the serve extra, when used
+
     folders = []
     for run, points in by_run.items():
         folder = Path(log_dir) / run
-        for earlier in folder.glob(f"events.out.tfevents.*{EVENTS_SUFFIX}"):
+        for earlier in folder.glob(f"events.out.tfevents.*{suffix}"):
             earlier.unlink()
-        writer = SummaryWriter(log_dir=str(folder), filename_suffix=EVENTS_SUFFIX)
+        writer = SummaryWriter(log_dir=str(folder), filename_suffix=suffix)
         try:
-            for summary in sorted(points, key=checkpoint_step):
-                for tag, name in TAGS.items():
-                    value = _values(summary)[name]
+            for step, values in sorted(points, key=lambda point: point[0]):
+                for tag, value in values.items():
                     if value is not None:
-                        writer.add_scalar(tag, value, global_step=summary.step)
+                        writer.add_scalar(tag, value, global_step=step)
         finally:
             writer.close()
         folders.append(folder)
-    return folders, skipped
+    return folders
 
 
 def _env_id(result: EvaluationResult) -> str:
@@ -163,23 +172,48 @@ def _seeds_text(result: EvaluationResult, label: str) -> str:
     return ", ".join(map(str, seeds))
 
 
-def merge_card(existing: Any, ours: Any) -> Any:
+def merge_card(existing: Any, ours: Any, start: str = SECTION_START, end: str = SECTION_END
+               ) -> Any:
     """`existing` card (such as one from mlagents-push-to-hf, or our own from an earlier run)
-    with our model-index results and our evaluation section (`ours`' text, between
-    SECTION_START and SECTION_END: replaced where `existing` has one, else appended)."""
+    with our model-index results (replacing its results of the same metric types, keeping the
+    others) and our section (`ours`' text, between `start` and `end`: replaced where
+    `existing` has one, else appended)."""
     from huggingface_hub import ModelCard  # huggingface_hub: the serve or hub extra, when used
 
     data = existing.data
-    data.eval_results = ours.data.eval_results
+    ours_types = {result.metric_type for result in ours.data.eval_results or []}
+    kept = [result for result in existing.data.eval_results or []
+            if result.metric_type not in ours_types]
+    data.eval_results = kept + list(ours.data.eval_results or [])
     data.model_name = ours.data.model_name
     section = ours.text.strip()
     text = existing.text
-    if SECTION_START in text and SECTION_END in text:
-        head, rest = text.split(SECTION_START, 1)
-        text = head + section + rest.split(SECTION_END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{text}")
+
+
+def card_folder(path: str | None, folder: str | None, source: str | None, run: str,
+                fallback_dir: str | Path) -> Path:
+    """Where a run's card goes: its results folder (or the policy file's folder) when that is
+    a local, writable folder, else `fallback_dir/<run>/` (a policy from the Hub cache is never
+    written into the cache)."""
+    local = None
+    if source is None:
+        local = Path(folder) if folder else Path(path or ".").parent
+    return local if local is not None and os.access(local, os.W_OK) else Path(fallback_dir) / run
+
+
+def save_card(card: Any, path: Path, start: str = SECTION_START, end: str = SECTION_END
+              ) -> None:
+    """Write `card` to `path`, merged into the card already there (`merge_card`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        card = merge_card(type(card).load(path), card, start, end)
+    card.save(path)
 
 
 def write_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> list[Path]:
@@ -188,26 +222,18 @@ def write_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> lis
     already there keeps its text and metadata; its results and our section are replaced
     (`merge_card`). Returns the cards written."""
     result = report.result
-    folders: dict[str, tuple[Path | None, list[PolicySummary]]] = {}
+    folders: dict[str, tuple[Path, list[PolicySummary]]] = {}
     for summary, policy in zip(report.summaries, result.policies, strict=True):
         if summary.mean_return is None:
             continue
-        folder = None
-        if policy.spec.source is None:  # never into the Hub cache
-            folder = Path(policy.spec.folder or policy.spec.path or ".")
-            folder = folder if policy.spec.folder else folder.parent
-        name = run_name(summary) if policy.spec.source is None or summary.run \
+        spec = policy.spec
+        name = run_name(summary) if spec.source is None or summary.run \
             else summary.label.split("/")[0]
+        folder = card_folder(spec.path, spec.folder, spec.source, name, fallback_dir)
         folders.setdefault(name, (folder, []))[1].append(summary)
     written = []
     for run, (folder, points) in folders.items():
-        target = folder if folder is not None and os.access(folder, os.W_OK) \
-            else Path(fallback_dir) / run
-        target.mkdir(parents=True, exist_ok=True)
-        path = target / "README.md"
-        card = model_card(result, run, points)
-        if path.exists():
-            card = merge_card(type(card).load(path), card)
-        card.save(path)
+        path = folder / "README.md"
+        save_card(model_card(result, run, points), path)
         written.append(path)
     return written

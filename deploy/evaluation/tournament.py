@@ -1,0 +1,285 @@
+"""Tournaments (`huggy tournament`): matches between policies in a scene whose two teams share a
+behavior (the stand-in SoccerTwos, a real SoccerTwos build), scheduled round by round
+(`deploy.evaluation.matchmaking`), played in this process or on Ray runners, then rated
+(`deploy.evaluation.ratings`).
+
+A match is the first episode of one arena, policy A as team 0 and policy B as team 1; match i is
+seeded S + i (`envs.matches`), so its result depends on neither the runners nor retries. A
+runner holds one environment of `arenas` arenas and plays up to that many matches at once, one
+per arena. Contenders are policy files, results folders (every checkpoint), `hf://` sources and
+scripted players (`heuristic:idle`, `heuristic:random`, `heuristic:chaser`).
+
+Faults are Ray's, as in `huggy evaluate`: a runner whose process dies is restarted and its batch
+run again, a batch whose environment crashed runs again on a fresh environment, up to
+`max_attempts` tries; a batch that fails every try ends the tournament (a schedule needs every
+result of a round), with what was played before reported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlagents_envs.exception import UnityException
+from tqdm import tqdm
+
+from deploy.evaluation import ratings
+from deploy.evaluation.matchmaking import Fixture, Schedule, ScheduleConfig
+from deploy.evaluation.results import RunnerInfo
+from deploy.evaluation.runner import EnvironmentCrashed, attempt, free_worker_id, node_id
+from deploy.placement import ACCELERATORS
+from envs.heuristics import is_heuristic, load_heuristic
+from envs.matches import MatchPlan, play_matches
+from envs.teams import TeamsEnv
+from huggy_agent.discovery import find_policies
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One policy of a tournament: a policy file (`path`) or a scripted player (`heuristic`)."""
+
+    label: str
+    path: str | None = None
+    heuristic: str | None = None
+    run: str | None = None
+    step: int | None = None
+    folder: str | None = None
+    source: str | None = None
+    """What the user named when it was not a local path (`hf://owner/repo@commit/path`)."""
+
+
+def contenders(sources: Sequence[str]) -> list[Contender]:
+    """The contenders `sources` name: `heuristic:NAME`, or what `huggy_agent.discovery` finds
+    (a file, every checkpoint of a results folder, `hf://`). ValueError for fewer than two, an
+    unknown scripted player or repeated labels; FileNotFoundError for a missing path."""
+    found: list[Contender] = []
+    for source in sources:
+        if is_heuristic(source):
+            load_heuristic(source)  # ValueError naming the known players
+            found.append(Contender(label=source, heuristic=source))
+        else:
+            found += [Contender(label=p.label, path=p.path, run=p.run, step=p.step,
+                                folder=p.folder, source=p.source)
+                      for p in find_policies([source])]
+    labels = [c.label for c in found]
+    if len(found) < 2:
+        raise ValueError(f"a tournament needs at least two policies, received {labels}")
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"each policy may enter once, received {repeated} more than once")
+    return found
+
+
+@dataclass(frozen=True)
+class TournamentEnv:
+    """The scene each runner opens: a Unity build or "builtin:soccertwos", with `arenas`
+    arenas (the stand-in's `num_arenas`; a build keeps its own) and more parameters."""
+
+    file_name: str = "builtin:soccertwos"
+    arenas: int = 8
+    parameters: dict[str, float] = field(default_factory=dict)
+    timeout_wait: int = 60
+    time_scale: float = 20.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.arenas, bool) or not isinstance(self.arenas, int) or self.arenas < 1:
+            raise ValueError(f"arenas must be an integer >= 1, got {self.arenas!r}")
+
+    def open(self) -> TeamsEnv:
+        """The environment, on a port that was free a moment ago."""
+        parameters = dict(self.parameters)
+        if self.file_name.startswith("builtin"):
+            parameters.setdefault("num_arenas", float(self.arenas))
+        return TeamsEnv(self.file_name, worker_id=free_worker_id(),
+                        timeout_wait=self.timeout_wait, time_scale=self.time_scale,
+                        env_parameters=parameters)
+
+
+@dataclass(frozen=True)
+class TournamentConfig:
+    """What to play and how (the schedule's settings are `schedule()`'s)."""
+
+    matches: int = 120
+    """The budget: matches in all (only whole rounds of K(K-1) are played)."""
+    seed: int = 0
+    """Match i is seeded seed + i."""
+    deterministic: bool = False
+    """Play each policy's mode instead of sampling (Unity samples unless told otherwise)."""
+    adaptive: bool = False
+    select_best: bool = False
+    confidence: float = 0.95
+    round_robin_rounds: int = 2
+    runners: int = 1
+    accelerator: str = "auto"
+    precision: str = "fp32"
+    runner_cpus: float = 1.0
+    max_attempts: int = 3
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.accelerator not in ACCELERATORS:
+            raise ValueError(f"accelerator must be one of {', '.join(ACCELERATORS)}, got "
+                             f"{self.accelerator!r}")
+        for name in ("runners", "max_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+    def schedule(self) -> ScheduleConfig:
+        return ScheduleConfig(matches=self.matches, seed=self.seed, adaptive=self.adaptive,
+                              select_best=self.select_best, confidence=self.confidence,
+                              round_robin_rounds=self.round_robin_rounds)
+
+
+@dataclass
+class TournamentResult:
+    """What a tournament played: every match (in index order), the schedule's outcome, the
+    runners, and whether it was interrupted (then the matches of unfinished rounds are left
+    out, and the schedule's outcome is that of the rounds played)."""
+
+    contenders: list[Contender]
+    config: TournamentConfig
+    env: TournamentEnv
+    matches: list[ratings.Match] = field(default_factory=list)
+    selection: dict[str, Any] = field(default_factory=dict)
+    runners: list[RunnerInfo] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+    retries: int = 0
+
+    @property
+    def labels(self) -> list[str]:
+        return [c.label for c in self.contenders]
+
+
+class MatchRunner:
+    """One environment of `env.arenas` arenas and the contenders' agents (loaded on first use),
+    playing batches of matches: in this process, or as a Ray actor."""
+
+    def __init__(self, name: str, env: TournamentEnv, device: str = "cpu",
+                 precision: str = "fp32") -> None:
+        self._name = name
+        self._env_spec = env
+        self._device = device
+        self._precision = precision
+        self._agents: dict[str, Any] = {}
+        self._env: TeamsEnv | None = env.open()
+
+    def info(self) -> RunnerInfo:
+        pid = None if self._env is None else self._env.process_id
+        return RunnerInfo(self._name, node_id(), os.getpid(), pid, (pid,))
+
+    def run(self, fixtures: Sequence[Fixture], entrants: dict[str, Contender],
+            payloads: dict[str, Any], deterministic: bool) -> tuple[list[ratings.Match], int]:
+        """Play `fixtures` (at most `arenas` of them) at once: each match's result, and which
+        try of this batch it was (1 + Ray's retries). `payloads`:
+        a file contender's bytes (or a one-element list of an ObjectRef of them), so runners on
+        other machines need no shared file system. EnvironmentCrashed when the environment
+        died (the next call opens a new one)."""
+        if not 1 <= len(fixtures) <= self._env_spec.arenas:
+            raise ValueError(f"expected 1 to {self._env_spec.arenas} matches (one per arena), "
+                             f"got {len(fixtures)}")
+        agents = {label: self._agent(entrants[label], payloads.get(label))
+                  for label in {f.team0 for f in fixtures} | {f.team1 for f in fixtures}}
+        if self._env is None:
+            self._env = self._env_spec.open()
+        plans = [MatchPlan(f.index, f.seed, f.team0, f.team1) for f in fixtures]
+        try:
+            outcomes = play_matches(self._env, plans, agents, deterministic)
+        except UnityException as error:
+            self._env.close()
+            self._env = None
+            raise EnvironmentCrashed(f"runner {self._name}: environment died during matches "
+                                     f"{fixtures[0].index}-{fixtures[-1].index}: {error}") from None
+        return [ratings.Match(o.index, o.seed, o.team0, o.team1, o.score, o.reward0, o.reward1,
+                              o.decisions) for o in outcomes], attempt()
+
+    def _agent(self, contender: Contender, payload: Any) -> Any:
+        if contender.label in self._agents:
+            return self._agents[contender.label]
+        if contender.heuristic is not None:
+            agent = load_heuristic(contender.heuristic)
+        else:
+            agent = _load_file(contender, payload, self._device, self._precision)
+        self._agents[contender.label] = agent
+        return agent
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+
+
+def _load_file(contender: Contender, payload: Any, device: str, precision: str) -> Any:
+    # start-up time: torch is imported only once a policy file plays
+    from huggy_agent import HuggyAgent
+
+    assert contender.path is not None
+    if payload is None:
+        return HuggyAgent.from_checkpoint(contender.path, device=device, precision=precision)
+    if isinstance(payload, list):
+        import ray  # the payload is an ObjectRef only on Ray
+
+        payload = ray.get(payload[0])
+    with tempfile.TemporaryDirectory(prefix="huggy-tournament-") as folder:
+        local = Path(folder) / Path(contender.path).name
+        local.write_bytes(payload)
+        return HuggyAgent.from_checkpoint(local, device=device, precision=precision)
+
+
+def batches(fixtures: Sequence[Fixture], arenas: int) -> list[list[Fixture]]:
+    """`fixtures` in order, `arenas` at a time: what one runner plays at once."""
+    return [list(fixtures[start:start + arenas]) for start in range(0, len(fixtures), arenas)]
+
+
+def progress_bar(config: TournamentConfig) -> Any:
+    """The tournament's progress bar on stderr, in matches (up to the budget)."""
+    return tqdm(total=config.matches, unit="match", desc="tournament",
+                disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
+
+
+def play_plain(entrants: Sequence[Contender], config: TournamentConfig, env: TournamentEnv
+               ) -> TournamentResult:
+    """Every match in this process, on one environment, round after round: the reference for
+    `deploy.evaluation.tournament_ray.play_on_ray` (the same matches, seeds and results)."""
+    started = time.perf_counter()
+    result = TournamentResult(list(entrants), config, env)
+    schedule = Schedule(result.labels, config.schedule())
+    by_label = {c.label: c for c in entrants}
+    runner = MatchRunner("plain", env, device="cpu", precision=config.precision)
+    result.runners.append(runner.info())
+    bar = progress_bar(config)
+    played: list[ratings.Match] = []
+    try:
+        fixtures = schedule.next_round(played)
+        while fixtures:
+            round_played = []
+            for batch in batches(fixtures, env.arenas):
+                found, _ = runner.run(batch, by_label, {}, config.deterministic)
+                round_played += found
+                bar.update(len(batch))
+            played += round_played
+            fixtures = schedule.next_round(played)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        bar.close()
+        runner.close()
+    result.matches = sorted(played, key=lambda match: match.index)
+    result.selection = schedule.outcome(result.matches)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def check_budget(entrants: Sequence[Contender], config: TournamentConfig) -> None:
+    """ValueError, with the numbers, when the budget has no room for one round."""
+    Schedule([c.label for c in entrants], config.schedule())
+
+
+__all__ = ["Contender", "MatchRunner", "TournamentConfig", "TournamentEnv",
+           "TournamentResult", "batches", "check_budget", "contenders", "play_plain"]

@@ -1,0 +1,29 @@
+"""Policies from what a user names, for the environments' own loops (team rollouts, opponents,
+matches): a scripted player (`heuristic:NAME`, `envs.heuristics`), a policy served by
+`huggy serve` (`http://HOST:PORT[#POLICY_ID]`), or a policy file, results folder or `hf://`
+source (`huggy_agent.HuggyAgent`). Each has `compute_action` and `spec`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envs.heuristics import is_heuristic, load_heuristic
+from huggy_agent import HuggyAgent
+from huggy_agent.http_api import load_api_key
+
+SERVED = ("http://", "https://")
+
+
+def agent_from_source(source: str, device: str = "cpu", precision: str = "fp32",
+                      seed: int | None = None) -> Any:
+    """The policy `source` names (see the module docstring); `seed` seeds the fresh noise
+    streams of calls without one. A served policy reads its API key from `$HUGGY_API_KEY`."""
+    if is_heuristic(source):
+        return load_heuristic(source, seed=seed)
+    if source.startswith(SERVED):
+        # optional extra: the HTTP client (requests, orjson) only for served policies
+        from huggy_agent.remote import RemoteAgent
+
+        url, _, policy = source.partition("#")
+        return RemoteAgent(url, policy=policy or None, api_key=load_api_key())
+    return HuggyAgent(source, device=device, precision=precision, seed=seed)
