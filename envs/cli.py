@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from huggy_agent.formats.sources import policy_path
-
 
 def env_parameter(text: str) -> tuple[str, float]:
     """`KEY=VALUE` of `--env-param`: a float for ML-Agents' EnvironmentParameters channel."""
@@ -52,11 +50,17 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("rollout", help=text, description=text)
     parser.add_argument("--env", default="builtin",
                         help="'builtin' (the headless stand-in: Huggy, or the policy's own "
-                             "interface for any other policy; default) or a Unity executable")
+                             "interface for any other policy; default), 'builtin:soccertwos' "
+                             "(the stand-in SoccerTwos) or a Unity executable")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--policy", type=policy_path, default=None,
+    source.add_argument("--policy", metavar="[KEY=]POLICY", action="append", default=None,
                         help="a .onnx, a .pt or a results folder, local or "
-                             "hf://owner/repo[@revision][/path] (default: the bundled policy)")
+                             "hf://owner/repo[@revision][/path] (default: the bundled policy). "
+                             "In a scene of several behaviors or teams, repeat it as KEY=POLICY, "
+                             "KEY a behavior (Goalie), a behavior with its team "
+                             "(SoccerTwos?team=1) or team=N, POLICY also heuristic:NAME or a "
+                             "served policy http://HOST:PORT[#POLICY_ID]; a lone POLICY plays "
+                             "every behavior it fits")
     source.add_argument("--policy-url", default=None,
                         help="use a policy served by `huggy serve` at this URL instead")
     parser.add_argument("--api-key-file", type=Path, default=None,

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from envs.agents import agent_from_source
+from envs.behaviors import resolve_key, team_of
+from envs.instance import SlotLayout
 from envs.recording.base import Recorder
 from envs.recording.dataset import MinariRecorder, dataset_env_spec
 from envs.recording.demo import DemoRecorder
@@ -24,11 +31,23 @@ from envs.rollout import (
     terminated_label,
 )
 from envs.standin.launcher import standin_behavior
+from envs.team_rollout import TeamRolloutResult, rollout_teams
+from envs.teams import BUILTIN, TeamsEnv
 from envs.vector_env import UnityVectorEnv
 from huggy_agent import HuggyAgent
-from huggy_agent.formats.sources import hub_provenance
+from huggy_agent.formats.sources import hub_provenance, policy_path
 from huggy_agent.http_api import load_api_key
 from huggy_agent.tables import format_table
+
+_TEAM_KEY = re.compile(r"^(team=\d+|[^=/\\.:]+\?team=\d+|[^=/\\.:?]+)=(.+)$")
+
+
+def parse_policy_option(text: str) -> tuple[str | None, str]:
+    """`[KEY=]POLICY` of `--policy`: (KEY or None, POLICY). KEY is `team=N`, a behavior with its
+    team (`SoccerTwos?team=1`) or a behavior's name (`Goalie`: no '/', '.' or ':'), so a
+    policy path with '=' in it needs a '/' before it (`./a=b.onnx`)."""
+    match = _TEAM_KEY.match(text)
+    return (match.group(1), match.group(2)) if match else (None, text)
 
 
 def load_agent(args: argparse.Namespace) -> Any:
@@ -122,13 +141,24 @@ def recorders_for(args: argparse.Namespace, agent: Any, context: dict[str, Any],
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    """Run `huggy rollout`; prints a summary table, returns the exit code."""
-    from tqdm import tqdm
-
+    """Run `huggy rollout`; prints a summary table, returns the exit code: one behavior's
+    agents as a vector env, or, in a scene of several behaviors or teams (`--env builtin:<scene>`
+    or `--policy KEY=POLICY`), every behavior by its own policy (`run_team_rollout`)."""
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    options = [parse_policy_option(text) for text in args.policy or []]
+    if args.env.startswith(BUILTIN + ":") or len(options) > 1 or any(k for k, _ in options):
+        return run_team_rollout(args, options)
+    try:
+        args.policy = policy_path(options[0][1]) if options else None
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(str(error)) from None
+    return _run_one_behavior(args)
+
+
+def _run_one_behavior(args: argparse.Namespace) -> int:
     agent = load_agent(args)
-    file_name = None if args.env == "builtin" else str(Path(args.env))
+    file_name = None if args.env == BUILTIN else str(Path(args.env))
     policy_name = (f"{args.policy_url} ({agent.policy_id})" if args.policy_url
                    else _policy_name(args.policy))
     context = {"env": args.env, "policy": policy_name,
@@ -186,3 +216,87 @@ def recording_lines(recorders: list[Recorder]) -> list[str]:
             lines.append(f"Minari dataset: {dataset.spec.dataset_id} ({dataset.total_episodes} "
                          f"episodes, {dataset.total_steps} steps)")
     return lines
+
+
+def run_team_rollout(args: argparse.Namespace, options: list[tuple[str | None, str]]) -> int:
+    """Every behavior of the scene by its policy (`options`: (key or None, source); a source
+    without a key plays every behavior it fits), until each team counted `--episodes`
+    episodes; prints one row per team."""
+    refused = [name for name, value in (("--policy-url", args.policy_url), ("--video", args.video),
+                                        ("--demo", args.demo), ("--dataset", args.dataset))
+               if value is not None]
+    if refused or args.instances != 1:
+        raise ValueError(f"a rollout of several behaviors or teams takes neither {refused or ''}"
+                         f"{' nor --instances' if args.instances != 1 else ''}; give each team "
+                         "its policy with --policy KEY=POLICY (a served one as "
+                         "KEY=http://HOST:PORT#ID)")
+    if not options:
+        raise ValueError("give each behavior or team its policy: --policy KEY=POLICY, or one "
+                         "--policy POLICY for every behavior it fits")
+    env = TeamsEnv(args.env, worker_id=args.worker_id, base_port=args.base_port, seed=args.seed,
+                   timeout_wait=args.timeout_wait, env_parameters=dict(args.env_param))
+    try:
+        agents, names = _team_agents(env, options, args)
+        bar = tqdm(total=args.episodes * len({team_of(b) for b in env.behaviors}),
+                   unit="episode", file=sys.stderr, disable=args.no_progress)
+        try:
+            result = rollout_teams(env, agents, args.episodes, seed=args.seed,
+                                   deterministic=not args.stochastic,
+                                   progress=lambda _: bar.update(1))
+        finally:
+            bar.close()
+    finally:
+        env.close()
+    if args.record:
+        with open(args.record, "w", encoding="utf-8") as record:
+            for number, episode in enumerate(result.episodes):
+                record.write(json.dumps({"episode": number, **asdict(episode),
+                                         "policy": names[episode.behavior], "env": args.env,
+                                         "deterministic": not args.stochastic,
+                                         "seed": args.seed}) + "\n")
+    print(team_table(result, names))
+    return 0
+
+
+def _team_agents(env: TeamsEnv, options: list[tuple[str | None, str]],
+                 args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each behavior's agent and the name of its policy; ValueError for a behavior no policy
+    plays, or one that two policies claim."""
+    agents: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for key, source in options:
+        agent = agent_from_source(source, device=args.device, precision=args.precision,
+                                  seed=args.seed)
+        if key is None:
+            fits = [b for b in env.behaviors
+                    if env.layouts[b] == SlotLayout.of_policy(agent.spec)]
+            if not fits:
+                raise ValueError(f"{source} ({agent.spec.describe()}) fits no behavior of this "
+                                 f"scene: {[f'{b}: {env.layouts[b].describe()}' for b in env.behaviors]}")
+            named = fits
+        else:
+            named = resolve_key(key, env.behaviors)
+        for behavior in named:
+            if behavior in agents:
+                raise ValueError(f"{behavior} is given two policies: {names[behavior]} and "
+                                 f"{source}")
+            agents[behavior], names[behavior] = agent, source
+    return agents, names
+
+
+def team_table(result: TeamRolloutResult, names: dict[str, str]) -> str:
+    """One row per team: its behaviors and policies, episodes, goals for and against (episodes
+    won or lost before the step limit), wins, draws, losses, mean return and length."""
+    rows = []
+    for summary in result.by_team():
+        mine = [e for e in result.episodes if e.team == summary.team]
+        rows.append((str(summary.team), ", ".join(summary.behaviors),
+                     ", ".join(sorted({names[b] for b in summary.behaviors})), summary.episodes,
+                     sum(e.result == 1.0 and not e.truncated for e in mine),
+                     sum(e.result == 0.0 and not e.truncated for e in mine),
+                     summary.wins, summary.draws, summary.losses, summary.mean_return,
+                     summary.mean_length))
+    return format_table(["team", "behaviors", "policy", "episodes", "goals for",
+                         "goals against", "wins", "draws", "losses", "mean return",
+                         "mean length"], rows) + (
+        f"\n{result.agent_steps:,} agent-steps in {result.seconds:.1f} s")

@@ -124,6 +124,12 @@ class SlotLayout:
         return cls(tuple(tuple(int(d) for d in o.shape) for o in behavior_spec.observation_specs),
                    int(action.continuous_size), tuple(int(b) for b in action.discrete_branches))
 
+    @classmethod
+    def of_policy(cls, spec: Any) -> SlotLayout:
+        """The layout a policy of interface `spec` (`huggy_agent.spec.ActorSpec`) acts in."""
+        return cls(tuple(tuple(int(d) for d in i.shape) for i in spec.inputs),
+                   int(spec.continuous_size), tuple(int(b) for b in spec.discrete_branches))
+
     @property
     def mask_size(self) -> int:
         """Columns of a slot's action mask: one per action of every branch."""
@@ -530,8 +536,7 @@ class UnityInstance:
             obs = decision.obs[0] if len(decision.obs) == 1 else list(decision.obs)
             mask = (None if decision.action_mask is None
                     else ~np.concatenate(decision.action_mask, axis=1))
-            seed = None if self.config.opponents_deterministic else step_seed(
-                len(self._opponents) * self._opponent_seed + index, self._decisions)
+            seed = step_seed(len(self._opponents) * self._opponent_seed + index, self._decisions)
             action = agent.compute_action(obs, deterministic=self.config.opponents_deterministic,
                                           seed=seed, action_mask=mask)
             spec = self._unity.behavior_specs[behavior].action_spec

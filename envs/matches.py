@@ -8,9 +8,9 @@ them in, and what the stand-in SoccerTwos gives.
 
 Seeds: match k of a call is played on arena k, whose next episode is seeded with the match's
 seed (the environment parameter `arena_seed_K`, which the stand-in SoccerTwos reads; a build
-that does not read it plays on), so a match seeded s plays the same wherever it runs. In
-stochastic play, team t of a match seeded s draws its noise at its n-th decision with
-`step_seed(2 s + t, n)`.
+that does not read it plays on), so a match seeded s plays the same wherever it runs. Team t of
+a match seeded s draws its noise at its n-th decision with `step_seed(2 s + t, n)` (also in
+deterministic play, where a policy without a mode, such as `heuristic:random`, still draws).
 
 The result of a match is the sign of team 0's final group reward (as ML-Agents' ghost trainer
 decides it): a win, a draw (0, such as a match cut by the step limit) or a loss.
@@ -84,7 +84,7 @@ def play_matches(env: TeamsEnv, plans: Sequence[MatchPlan], agents: Mapping[str,
     arena whose match is over, get zero actions. ValueError for a label `agents` lacks."""
     if not plans:
         return []
-    missing = sorted({p.team0 for p in plans} | {p.team1 for p in plans} - set(agents))
+    missing = sorted(({p.team0 for p in plans} | {p.team1 for p in plans}) - set(agents))
     if missing:
         raise ValueError(f"no policy for {missing}")
     behaviors = team_behaviors(env.behaviors)
@@ -129,8 +129,8 @@ def _act(rows: BehaviorRows, team: int, plans: Sequence[MatchPlan], agents: Mapp
         obs = [o[picked] for o in rows.obs]
         mask = None if rows.mask is None else rows.mask[picked]
         agent = agents[plan.team0 if team == 0 else plan.team1]
-        seed = None if deterministic else step_seed(2 * plan.seed + team,
-                                                    int(decisions[arena, team]))
+        # a seed in deterministic play too: a policy without a mode (heuristic:random) uses it
+        seed = step_seed(2 * plan.seed + team, int(decisions[arena, team]))
         result = agent.compute_action(obs[0] if len(obs) == 1 else obs,
                                       deterministic=deterministic, seed=seed, action_mask=mask)
         decisions[arena, team] += 1

@@ -125,10 +125,10 @@ def rollout_teams(env: TeamsEnv, agents: Mapping[str, Agent], episodes: int = 20
                   seed: int | None = None, deterministic: bool = True,
                   progress: Callable[[TeamEpisode], None] | None = None) -> TeamRolloutResult:
     """Drive every behavior of `env` with its policy (`agents`: behavior -> agent) until every
-    team has counted `episodes` episodes (see the module docstring); reset with `seed`. In
-    stochastic play behavior b (in the scene's order) draws its noise at decision t with
-    `step_seed(B * seed + b, t)`, B the number of behaviors. ValueError for a behavior without
-    an agent, or `episodes` < 1."""
+    team has counted `episodes` episodes (see the module docstring); reset with `seed`.
+    Behavior b (in the scene's order) draws its noise at decision t with `step_seed(B * seed +
+    b, t)`, B the number of behaviors (also in deterministic play, for a policy without a
+    mode). ValueError for a behavior without an agent, or `episodes` < 1."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     missing = [b for b in env.behaviors if b not in agents]
@@ -153,8 +153,7 @@ def rollout_teams(env: TeamsEnv, agents: Mapping[str, Agent], episodes: int = 20
             if not found.deciding:
                 continue
             obs = [o[:found.deciding] for o in found.obs]
-            seed_t = None if deterministic or seed is None else step_seed(
-                len(env.behaviors) * seed + index, step)
+            seed_t = None if seed is None else step_seed(len(env.behaviors) * seed + index, step)
             action = agents[behavior].compute_action(
                 obs[0] if len(obs) == 1 else obs, deterministic=deterministic, seed=seed_t,
                 action_mask=found.mask)

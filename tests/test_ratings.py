@@ -252,20 +252,24 @@ def test_wilson_interval_matches_scipy() -> None:
         assert ours.value == wins / n
 
 
-def test_bootstrap_keeps_each_pairing_whole() -> None:
-    """A and B each win every match they play as team 0 (10 each way). Every stratified resample
-    keeps 10 matches per pairing, so the record stays 10-0-10 and both ratings stay exactly
-    1200; an unstratified one would move matches between the sides."""
-    matches = _matches([("A", "B", 1.0)] * 10 + [("B", "A", 1.0)] * 10)
+def test_bootstrap_resamples_within_pairs_both_sides_together() -> None:
+    """One round-robin round (each pair: one match a side). Strata of one match each would give
+    intervals of zero width; a pair's two matches pooled give a spread wherever they differ,
+    and none where they agree (A beat C from both sides)."""
+    matches = _matches([("A", "B", 1.0), ("B", "A", 1.0), ("A", "C", 1.0), ("C", "A", 0.0),
+                        ("B", "C", 1.0), ("C", "B", 1.0)])
     found = rt.rate(matches, resamples=2000, seed=4)
-    assert found.policies["A"].elo_ci == pytest.approx((1200.0, 1200.0), abs=1e-6)
-    assert found.pair("A", "B").model.low == pytest.approx(0.5, abs=1e-6)
-    assert found.team0_score == 1.0
+    for label in "ABC":
+        low, high = found.policies[label].elo_ci
+        assert high - low > 50.0
+    assert found.team0_score == pytest.approx(5 / 6)
+    assert found.as_dict()["fit"]["bootstrap"]["strata"] == "pairs"
 
 
 def test_bootstrap_agrees_with_a_plain_loop_and_the_model_error() -> None:
-    """The vectorised bootstrap against resampling match indices within each pairing in a plain
-    loop, each resample fitted by scipy; and its spread against the model's standard errors.
+    """The vectorised bootstrap against resampling match indices within each pair (both sides)
+    in a plain loop, each resample fitted by scipy; and its spread against the model's standard
+    errors.
     The 2.5% and 97.5% quantiles of 400 loop resamples have a Monte Carlo sd of about 0.14
     standard errors, so 0.6 is over 4 of them."""
     matches = _world({"A": 1400.0, "B": 1250.0, "C": 1100.0}, 240, seed=2)
@@ -275,7 +279,7 @@ def test_bootstrap_agrees_with_a_plain_loop_and_the_model_error() -> None:
     rng = np.random.default_rng(9)
     cells: dict[tuple[str, str], list[Match]] = {}
     for match in matches:
-        cells.setdefault((match.team0, match.team1), []).append(match)
+        cells.setdefault(tuple(sorted((match.team0, match.team1))), []).append(match)
     loop = []
     for _ in range(400):
         resample = [cell[k] for cell in cells.values()
@@ -329,7 +333,7 @@ def test_as_dict_is_the_report_form() -> None:
     unplayed = next(p for p in document["pairs"] if {p["label"], p["opponent"]} == {"p0", "p4"})
     assert unplayed["matches"] == 0 and unplayed["p_observed"] is None
     assert document["fit"]["anchor"] == {"p2": 1000.0} and document["fit"]["mean"] is None
-    assert document["fit"]["bootstrap"]["strata"] == "pairings"
+    assert document["fit"]["bootstrap"]["strata"] == "pairs"
 
 
 def test_bad_input_is_named() -> None:

@@ -8,7 +8,7 @@ team 0's score: 1 for a win, 0.5 for a draw, 0 for a loss, from the sign of team
 Ratings are Bradley-Terry maximum-likelihood strengths on the Elo scale, fitted in batch from all
 matches as OpenSpiel's `open_spiel/evaluation/elo.cc` does (Hunter's MM algorithm with a smoothing
 pseudo-count; `fit_elo` states the objective). `rate` adds, per policy, a stratified-bootstrap
-percentile interval (matches resampled within each (team 0, team 1) pairing), the wins, draws and
+percentile interval (matches resampled within each pair of policies), the wins, draws and
 losses, and for every pair P(A beats B) from the model and from the counts. `elo_covariance` is
 the model's large-sample covariance, which the schedule (`deploy.evaluation.matchmaking`) uses to
 decide which pairs to play and when to stop.
@@ -44,8 +44,8 @@ CONVERGENCE_DELTA = 1e-10
 (OpenSpiel's default)."""
 DEFAULT_RESAMPLES = stats.DEFAULT_RESAMPLES
 DEFAULT_CONFIDENCE = stats.DEFAULT_CONFIDENCE
-BOOTSTRAP_STRATA = "pairings"
-"""What the bootstrap resamples within: each (team 0, team 1) pairing keeps its match count."""
+BOOTSTRAP_STRATA = "pairs"
+"""What the bootstrap resamples within: each pair of policies keeps its match count."""
 SCORES = (0.0, 0.5, 1.0)
 """Team 0's score for a loss, a draw and a win."""
 
@@ -448,13 +448,15 @@ def bootstrap_elo(fit: EloFit, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
     """Elo ratings of `resamples` stratified resamples of the fit's matches: (resamples, K),
     and how many of them hit MAX_ITERATIONS.
 
-    Within each (team 0, team 1) pairing, a resample draws as many matches as the pairing had,
-    with replacement: the schedule fixed those counts and the sides, only the results are
-    random, so every resample keeps each pair's number of matches and its side balance (an
-    unstratified resample would move matches between pairs and sides, and could leave a pair
-    unplayed). Drawing n matches with replacement from a pairing's (wins, draws, losses) is a
-    multinomial draw of the counts, which is how it is done: one `Generator.multinomial` per
-    pairing, in label order, from `numpy.random.default_rng(seed)`, in chunks of
+    Within each pair of policies (both sides together), a resample draws as many matches as the
+    pair had, with replacement: the schedule fixed those counts, only the results are random,
+    so every resample keeps each pair's number of matches (an unstratified resample would move
+    matches between pairs, and could leave a pair unplayed). The sides are pooled because the
+    model has no side: a round gives each side of a pair one match, and strata of one match
+    would give intervals of zero width. Drawing n matches with replacement from a pair's
+    (wins, draws, losses) is a multinomial draw of the counts, which is how it is done: one
+    `Generator.multinomial` per pair, in label order, from `numpy.random.default_rng(seed)`, in
+    chunks of
     `CHUNK_ELEMENTS // K^2` resamples (a number fixed by the input, so equal inputs and seed give
     equal draws). Each resample is fitted as the point fit is, started from the point fit's
     strengths."""
@@ -464,8 +466,11 @@ def bootstrap_elo(fit: EloFit, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
                          "undefeated, whose rating would then be infinite")
     outcomes = fit.tally.outcomes
     size = len(fit.labels)
-    pairings = [(i, j, outcomes[i, j]) for i, j in zip(*np.nonzero(outcomes.sum(axis=-1)),
-                                                         strict=True)]
+    # each pair's record from the first policy's side: its matches as team 0, and as team 1
+    # (a loss of the other side is its win)
+    pooled = outcomes + np.swapaxes(outcomes, 0, 1)[..., ::-1]
+    pairings = [(i, j, pooled[i, j]) for i in range(size) for j in range(i + 1, size)
+                if pooled[i, j].sum()]
     rng = np.random.default_rng(seed)
     rows = max(1, stats.CHUNK_ELEMENTS // (size * size))
     elo = np.empty((resamples, size))
@@ -581,7 +586,9 @@ def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | 
     elos = np.array([p.elo for p in policies])
     errors = np.array([[p.elo - p.elo_ci[0] for p in policies],
                        [p.elo_ci[1] - p.elo for p in policies]])
-    axes.errorbar(elos, rows, xerr=errors, fmt="o", color="C0", capsize=4, markersize=5)
+    # a percentile interval need not hold its point estimate to the last bit (an anchor)
+    axes.errorbar(elos, rows, xerr=np.clip(errors, 0.0, None), fmt="o", color="C0", capsize=4,
+                  markersize=5)
     for row, policy in zip(rows, policies, strict=True):
         axes.annotate(f"{policy.elo:.0f}  ({policy.wins}-{policy.draws}-{policy.losses})",
                       (policy.elo_ci[1], row), xytext=(6, 0), textcoords="offset points",

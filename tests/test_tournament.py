@@ -1,0 +1,175 @@
+"""`huggy tournament`: contenders, matches played in this process and on Ray runners (the same
+results), and the report (table, JSON, CSV, PNGs, TensorBoard, model cards) read back."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from deploy.evaluation import ratings
+from deploy.evaluation.tournament import (
+    Contender,
+    TournamentConfig,
+    TournamentEnv,
+    TournamentResult,
+    contenders,
+    play_plain,
+)
+from deploy.evaluation.tournament_report import (
+    build_tournament_report,
+    format_tournament_table,
+    write_model_cards,
+    write_tensorboard,
+    write_tournament_report,
+)
+from huggy_agent.cli import main
+from tests.support.fixtures import fixtures_dir
+from tests.support.ray_cluster import RayCluster
+
+HEURISTICS = ["heuristic:chaser", "heuristic:random", "heuristic:idle"]
+
+
+def test_contenders_are_files_runs_and_scripted_players(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(fixtures_dir() / "ppo_baseline", run)
+    found = contenders([str(run), "heuristic:chaser"])
+    assert [c.label for c in found] == ["run@2000343", "heuristic:chaser"]
+    assert found[0].path is not None and found[0].step == 2000343 and found[0].heuristic is None
+    assert found[1].heuristic == "heuristic:chaser" and found[1].path is None
+    with pytest.raises(ValueError, match="at least two policies"):
+        contenders(["heuristic:idle"])
+    with pytest.raises(ValueError, match="more than once"):
+        contenders(["heuristic:idle", "heuristic:idle"])
+    with pytest.raises(ValueError, match="heuristic:nope"):
+        contenders(["heuristic:nope", "heuristic:idle"])
+
+
+def _result(tmp_path: Path) -> TournamentResult:
+    """Checkpoints 100 and 200 of run `ppo` and a scripted player: 200 beats 100 beats idle,
+    by hand-picked scores, two rounds."""
+    folder = tmp_path / "ppo"
+    folder.mkdir()
+    entrants = [Contender("ppo@100", path=str(folder / "a.onnx"), run="ppo", step=100,
+                          folder=str(folder)),
+                Contender("ppo@200", path=str(folder / "b.onnx"), run="ppo", step=200,
+                          folder=str(folder)),
+                Contender("heuristic:idle", heuristic="heuristic:idle")]
+    wins = {("ppo@200", "ppo@100"): 0.75, ("ppo@100", "heuristic:idle"): 1.0,
+            ("ppo@200", "heuristic:idle"): 1.0}
+    matches = []
+    labels = [c.label for c in entrants]
+    for index in range(24):
+        a, b = labels[index % 3], labels[(index + 1 + index // 3) % 3]
+        if a == b:
+            b = labels[(index + 2) % 3]
+        p = wins.get((a, b), 1 - wins.get((b, a), 0.5))
+        score = 1.0 if (index * 0.37) % 1 < p else 0.0
+        matches.append(ratings.Match(index, 7 + index, a, b, score, 1.0 if score else -1.0,
+                                     -1.0 if score else 1.0, 50))
+    return TournamentResult(entrants, TournamentConfig(matches=24, seed=7), TournamentEnv(),
+                            matches, {"mode": "round-robin", "budget": 24}, seconds=1.0)
+
+
+def test_report_files_read_back(tmp_path: Path) -> None:
+    result = _result(tmp_path)
+    report = build_tournament_report(result)
+    assert report.ratings is not None
+    expected = ratings.rate(result.matches, result.labels, seed=7)
+    paths = write_tournament_report(report, tmp_path / "out")
+    document = json.loads(paths["json"].read_text())
+    assert document["ratings"] == json.loads(json.dumps(expected.as_dict()["ratings"]))
+    assert set(document) >= {"ratings", "pairs", "best", "selection", "matches", "policies"}
+    assert [m["seed"] for m in document["matches"]] == list(range(7, 31))
+    assert document["matches"][0]["team0"] == "ppo@100"
+    rows = list(csv.DictReader(paths["csv"].read_text().splitlines()))
+    assert [row["label"] for row in rows] == list(expected.policies)
+    assert float(rows[0]["elo"]) == pytest.approx(expected.policies[rows[0]["label"]].elo)
+    for kind in ("ratings_png", "win_rate_png"):
+        assert paths[kind].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    table = format_tournament_table(report)
+    assert table.splitlines()[0].split()[:3] == ["policy", "step", "Elo"]
+    assert f"best: {expected.best}" in table
+    anchored = build_tournament_report(result, {"heuristic:idle": 1000.0})
+    assert anchored.ratings.policies["heuristic:idle"].elo == pytest.approx(1000.0)
+
+
+def test_tensorboard_and_model_cards_carry_the_elo(tmp_path: Path) -> None:
+    from huggingface_hub import ModelCard
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    report = build_tournament_report(_result(tmp_path))
+    assert report.ratings is not None
+    (folder,) = write_tensorboard(report, tmp_path / "tb")
+    write_tensorboard(report, tmp_path / "tb")  # again: replaced, not appended
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    points = events.Scalars("Evaluation/Elo")
+    assert [p.step for p in points] == [100, 200]
+    assert [p.value for p in points] == pytest.approx(
+        [report.ratings.policies[label].elo for label in ("ppo@100", "ppo@200")], rel=1e-6)
+    (card_path,) = write_model_cards(report, tmp_path / "cards")
+    assert card_path == tmp_path / "ppo" / "README.md"
+    card = ModelCard.load(card_path)
+    (elo,) = [r for r in card.data.eval_results if r.metric_type == "elo"]
+    final = report.ratings.policies["ppo@200"]
+    assert elo.metric_value == pytest.approx(final.elo, abs=0.05)
+    assert [elo.metric_args["ci_low"], elo.metric_args["ci_high"]] == pytest.approx(
+        list(final.elo_ci), abs=0.05)
+    write_model_cards(report, tmp_path / "cards")
+    assert card_path.read_text().count("<!-- huggy tournament: start -->") == 1
+
+
+@pytest.mark.standin
+def test_matches_are_the_schedule_and_replay_alike(tmp_path: Path) -> None:
+    """Two round-robin rounds of three scripted players: every pair plays both sides each round,
+    match i has seed S + i, and a second tournament gives the same results."""
+    config = TournamentConfig(matches=12, seed=40, progress=False)
+    env = TournamentEnv(arenas=6, parameters={"max_environment_steps": 1500})
+    first = play_plain(contenders(HEURISTICS), config, env)
+    again = play_plain(contenders(HEURISTICS), config, env)
+    assert [(m.index, m.seed, m.team0, m.team1) for m in first.matches] == [
+        (m.index, m.seed, m.team0, m.team1) for m in again.matches]
+    assert [m.score for m in first.matches] == [m.score for m in again.matches]
+    assert [m.seed for m in first.matches] == list(range(40, 52))
+    sides = [(m.team0, m.team1) for m in first.matches[:6]]
+    assert sorted(sides) == sorted((a, b) for a in HEURISTICS for b in HEURISTICS if a != b)
+    assert first.selection["matches_spent"] == 12 and first.selection["rounds"] == 2
+
+
+@pytest.mark.standin
+def test_ray_runners_play_the_same_matches(ray_cluster: RayCluster) -> None:
+    from deploy.evaluation.tournament_ray import play_on_ray
+
+    config = TournamentConfig(matches=12, seed=3, runners=2, accelerator="cpu",
+                              runner_cpus=0.5, progress=False)
+    env = TournamentEnv(arenas=3, parameters={"max_environment_steps": 1500})
+    plain = play_plain(contenders(HEURISTICS), config, TournamentEnv(
+        arenas=6, parameters={"max_environment_steps": 1500}))
+    on_ray = play_on_ray(contenders(HEURISTICS), config, env)
+    assert [(m.index, m.seed, m.team0, m.team1, m.score, m.reward0) for m in on_ray.matches] == [
+        (m.index, m.seed, m.team0, m.team1, m.score, m.reward0) for m in plain.matches]
+    assert len(on_ray.runners) == 2
+
+
+def test_tournament_arguments_are_checked_before_anything_runs(capsys) -> None:
+    assert main(["tournament", *HEURISTICS, "--matches", "5", "--no-ray"]) == 2
+    assert "--matches 5 is too small for one round: 3 policies play 6 matches a round" in \
+        capsys.readouterr().err
+    assert main(["tournament", *HEURISTICS, "--anchor", "heuristic:nope=1000", "--no-ray"]) == 2
+    assert "--anchor names 'heuristic:nope'" in capsys.readouterr().err
+
+
+@pytest.mark.standin
+def test_huggy_tournament_writes_its_report(tmp_path: Path, capsys) -> None:
+    assert main(["tournament", *HEURISTICS, "--matches", "6", "--arenas", "6", "--no-ray",
+                 "--no-progress", "--out", str(tmp_path), "--env-param",
+                 "max_environment_steps=1500", "--anchor", "heuristic:idle=1000"]) == 0
+    table = capsys.readouterr().out
+    assert "Elo [95% CI]" in table and "heuristic:chaser" in table
+    document = json.loads((tmp_path / "tournament.json").read_text())
+    assert document["ratings"]["heuristic:idle"]["elo"] == pytest.approx(1000.0)
+    assert sum(r["matches"] for r in document["ratings"].values()) == 12
