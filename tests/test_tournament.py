@@ -27,7 +27,7 @@ from deploy.evaluation.tournament_report import (
     write_tournament_report,
 )
 from huggy_agent.cli import main
-from tests.support.fixtures import fixtures_dir
+from tests.support.fixtures import EXTRA_FIXTURES, fixtures_dir
 from tests.support.ray_cluster import RayCluster
 
 HEURISTICS = ["heuristic:chaser", "heuristic:random", "heuristic:idle"]
@@ -173,3 +173,17 @@ def test_huggy_tournament_writes_its_report(tmp_path: Path, capsys) -> None:
     document = json.loads((tmp_path / "tournament.json").read_text())
     assert document["ratings"]["heuristic:idle"]["elo"] == pytest.approx(1000.0)
     assert sum(r["matches"] for r in document["ratings"].values()) == 12
+
+
+@pytest.mark.standin
+def test_a_network_policy_plays_matches() -> None:
+    """The stand-in-trained SoccerTwos.onnx (a real ML-Agents export) against a scripted player:
+    every match is played and reported, on both sides."""
+    network = str(EXTRA_FIXTURES / "soccertwos_standin" / "SoccerTwos.onnx")
+    result = play_plain(contenders([network, "heuristic:random"]),
+                        TournamentConfig(matches=4, progress=False),
+                        TournamentEnv(arenas=2, parameters={"max_environment_steps": 1000}))
+    assert [(m.team0, m.team1) for m in result.matches] == [
+        ("soccertwos_standin/SoccerTwos.onnx", "heuristic:random"),
+        ("heuristic:random", "soccertwos_standin/SoccerTwos.onnx")] * 2
+    assert all(m.score in (0.0, 0.5, 1.0) for m in result.matches)

@@ -49,7 +49,7 @@ MLAGENTS_RUNS = ("discrete_multibranch", "hybrid", "raycast_stack", "visual_simp
 
 
 EXTRA_FIXTURES = FIXTURES / "mlagents_extra"
-EXTRA_RUNS = ("sac_continuous", "sac_discrete", "poca_hybrid", "visual_match3")
+EXTRA_RUNS = ("sac_continuous", "sac_discrete", "poca_hybrid", "visual_match3", "soccertwos_standin")
 
 
 def mlagents_policy_files() -> list[Path]:
