@@ -24,7 +24,8 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
             "an ML-Agents environment with Ray runners. Item i of every policy runs with seed S+i "
             "(--seed S), so the numbers do not depend on --runners or --instances-per-runner. "
             "Writes evaluation.csv, evaluation.json, learning_curve.png, "
-            "probability_of_improvement.png and performance_profile.png to --out."),
+            "probability_of_improvement.png and performance_profile.png to --out; on request "
+            "replay videos, Minari datasets, TensorBoard scalars and model cards."),
     )
     parser.add_argument("policies", nargs="*", metavar="POLICY",
                         help="checkpoint, ONNX file, results folder or "
@@ -92,7 +93,17 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
                              "(point it at ML-Agents' results folder to see them beside training)")
     parser.add_argument("--model-card", action="store_true",
                         help="write a Hugging Face model card (README.md with model-index "
-                             "results) into each evaluated run's folder")
+                             "results) into each evaluated run's folder, with replay.mp4 (the "
+                             "replay of its last checkpoint's median episode) where the "
+                             "environment renders")
+    parser.add_argument("--video", metavar="DIR", nargs="?", const="", default=None,
+                        help="write, per policy, an MP4 replay of its median-return episode, "
+                             "played again from its item's seed, to DIR (default --out/videos); "
+                             "needs the built-in stand-in playing Huggy or a camera observation")
+    parser.add_argument("--dataset", metavar="NAME", default=None,
+                        help="write the counted episodes as a Minari dataset "
+                             "(NAME = (namespace/)name-vN; several policies: one dataset each, "
+                             "NAME's stem/<policy>-vN); needs the data extra")
     parser.add_argument("--no-ray", action="store_true",
                         help="run every item in this process on one environment, without Ray")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -17,7 +17,7 @@ from envs.agents import agent_from_source
 from envs.behaviors import resolve_key, team_of
 from envs.instance import SlotLayout
 from envs.recording.base import Recorder
-from envs.recording.dataset import MinariRecorder, dataset_env_spec
+from envs.recording.dataset import MinariRecorder, check_new_dataset, dataset_env_spec
 from envs.recording.demo import DemoRecorder
 from envs.recording.video import VideoRecorder
 from envs.rollout import (
@@ -126,13 +126,15 @@ def recorders_for(args: argparse.Namespace, agent: Any, context: dict[str, Any],
     if args.demo is not None:
         recorders.append(DemoRecorder(args.demo))
     if args.dataset is not None:
+        check_new_dataset(args.dataset)
         metadata = {**context, "fingerprint": getattr(agent, "fingerprint", None),
                     "episodes": args.episodes, "estimator": ESTIMATOR,
                     "estimator_description": ESTIMATOR_DESCRIPTION,
                     "behavior": None if behavior is None else behavior.get("behavior")}
         recorders.append(MinariRecorder(
             args.dataset, env_spec=dataset_env_spec(
-                None if args.env == "builtin" else str(Path(args.env)), behavior),
+                None if args.env == "builtin" else str(Path(args.env)), behavior,
+                env_parameters=dict(args.env_param)),
             metadata=metadata, algorithm_name=f"huggy rollout of {context['policy']}",
             description=(f"{args.episodes} episodes of {context['policy']} "
                          f"({'deterministic' if context['deterministic'] else 'stochastic'}) "

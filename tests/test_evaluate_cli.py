@@ -52,17 +52,31 @@ def test_bad_arguments_are_named(capsys, tmp_path) -> None:
     assert "--env: Unity build not found" in capsys.readouterr().err
 
 
-def test_cli_on_ray_equals_cli_without_ray(ray_cluster: RayCluster, tmp_path, capsys) -> None:
+def test_cli_on_ray_equals_cli_without_ray(ray_cluster: RayCluster, tmp_path, capsys,
+                                           monkeypatch) -> None:
+    """The same numbers on Ray; the runners' kept episodes reach the driver, which writes the
+    dataset once (its returns are the plain run's), and the replay scores its episode exactly."""
+    import minari
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
     run = str(fixtures_dir() / "ppo_normalize_False")
     assert main(["evaluate", run, "--no-ray", "--out", str(tmp_path / "plain"), *COMMON]) == 0
     plain_table = capsys.readouterr().out
-    ray_table = evaluate_on_cluster(ray_cluster, run, tmp_path / "ray", "--runners", "2")
+    ray_table = evaluate_on_cluster(ray_cluster, run, tmp_path / "ray", "--runners", "2",
+                                    "--dataset", "ray/eval-v0", "--video")
+    assert "Minari dataset: ray/eval-v0 (36 episodes" in ray_table
+    assert "replay: ppo_normalize_False@2000073: median episode" in ray_table
+    assert "same return" in ray_table
     assert "ppo_normalize_False@2000073" in ray_table
     assert plain_table.splitlines()[2].split()[:8] == ray_table.splitlines()[2].split()[:8]
     plain = json.loads((tmp_path / "plain" / "evaluation.json").read_text())
     ray_run = json.loads((tmp_path / "ray" / "evaluation.json").read_text())
     assert [i["returns"] for i in ray_run["policies"][0]["items"]] == \
         [i["returns"] for i in plain["policies"][0]["items"]]
+    kept = [float(np.sum(e.rewards, dtype=np.float64))
+            for e in minari.load_dataset("ray/eval-v0").iterate_episodes()]
+    expected = [r for i in plain["policies"][0]["items"] for r in i["returns"]]
+    np.testing.assert_allclose(kept, expected, rtol=0, atol=1e-9)  # pairwise vs ordered sums
     assert (tmp_path / "ray" / "learning_curve.png").stat().st_size > 0
     assert (tmp_path / "ray" / "evaluation.csv").read_text().count("\n") == 2
 

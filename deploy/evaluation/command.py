@@ -7,11 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from deploy.evaluation.datasets import dataset_ids, write_datasets
 from deploy.evaluation.plan import EnvSpec, EvalConfig, SelectionConfig
+from deploy.evaluation.replays import check_renderable, record_replays
 from deploy.evaluation.report import format_table, write_report
 from deploy.evaluation.scheduling import evaluate_plain
 from deploy.evaluation.selection import check_budget
-from deploy.evaluation.sinks import write_model_cards, write_tensorboard
+from deploy.evaluation.sinks import plan_model_cards, write_model_cards, write_tensorboard
 from deploy.evaluation.sources import policy_specs, served_policy_specs, stand_in_behavior
 from deploy.evaluation.summary import EvaluationReport, build_report
 from huggy_agent.http_api import load_api_key
@@ -37,6 +39,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
                   num_agents=args.num_agents, max_steps=args.max_steps,
                   parameters=dict(args.env_param), instances=args.instances_per_runner,
                   behavior_spec=stand_in_behavior(specs) if args.env == "builtin" else None)
+    if args.video is not None:
+        check_renderable(env)  # before any work
+    dataset_names = (None if args.dataset is None
+                     else dataset_ids(args.dataset, [spec.label for spec in specs]))
     selection = None
     if args.select_best:
         selection = SelectionConfig(statistic=args.select_by, confidence=args.confidence,
@@ -44,7 +50,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     config = EvalConfig(episodes=args.episodes, episodes_per_item=args.episodes_per_item,
                         seed=args.seed, stochastic=args.stochastic, runners=args.runners,
                         accelerator=args.accelerator, precision=args.precision,
-                        progress=not args.no_progress, selection=selection)
+                        progress=not args.no_progress, selection=selection,
+                        keep_episodes=dataset_names is not None)
     if selection is not None:
         check_budget(len(specs), config)  # a budget too small for one round fails before Ray
     if args.no_ray:
@@ -57,14 +64,50 @@ def run_evaluate(args: argparse.Namespace) -> int:
     print(format_table(report))
     paths = write_report(report, args.out)
     print("wrote " + ", ".join(str(path) for path in paths.values()), file=sys.stderr)
-    _write_sinks(report, args)
+    if dataset_names is not None:
+        for dataset in write_datasets(result, dataset_names):
+            print(f"Minari dataset: {dataset.spec.dataset_id} ({dataset.total_episodes} "
+                  f"episodes, {dataset.total_steps} steps)")
+    videos_ok, replays = _replays(report, args)
+    _write_sinks(report, args, replays)
     if result.interrupted:
         return 130
-    return 1 if any(policy.failed for policy in result.policies) else 0
+    failed = any(policy.failed for policy in result.policies)
+    return 1 if failed or not videos_ok else 0
 
 
-def _write_sinks(report: EvaluationReport, args: argparse.Namespace) -> None:
-    """TensorBoard scalars (--tensorboard) and model cards (--model-card), when asked for."""
+def _replays(report: EvaluationReport, args: argparse.Namespace) -> tuple[bool, dict[str, Path]]:
+    """The replay videos --video asks for (every policy) or --model-card wants (each card's
+    last checkpoint), printed one per line; (whether --video got all it asked, label -> MP4).
+    A model card without a replay is no failure: its environment may not render."""
+    result = report.result
+    if result.interrupted or (args.video is None and not args.model_card):
+        return True, {}
+    if args.video is None:
+        wanted = {plan.final.label for plan in plan_model_cards(report, args.out / "model_cards")}
+        indices = [i for i, p in enumerate(result.policies) if p.spec.label in wanted]
+        try:
+            check_renderable(result.env)
+        except ValueError as error:
+            print(f"model cards without replay.mp4: {error}", file=sys.stderr)
+            return True, {}
+    else:
+        indices = list(range(len(result.policies)))
+    folder = Path(args.video) if args.video else args.out / "videos"
+    try:
+        replays = record_replays(result, folder, indices)
+    except (ValueError, RuntimeError) as error:  # a Unity build without a camera, say
+        print(f"huggy evaluate: no replay videos: {error}", file=sys.stderr)
+        return args.video is None, {}
+    for replay in replays:
+        print(replay.describe())
+    return True, {replay.label: replay.path for replay in replays}
+
+
+def _write_sinks(report: EvaluationReport, args: argparse.Namespace,
+                 replays: dict[str, Path]) -> None:
+    """TensorBoard scalars (--tensorboard) and model cards (--model-card, with the replays of
+    their last checkpoints), when asked for."""
     if args.tensorboard is None and not args.model_card:
         return
     if args.tensorboard is not None:
@@ -73,5 +116,5 @@ def _write_sinks(report: EvaluationReport, args: argparse.Namespace) -> None:
               + (f" (no training step: {', '.join(skipped)})" if skipped else ""),
               file=sys.stderr)
     if args.model_card:
-        cards = write_model_cards(report, args.out / "model_cards")
+        cards = write_model_cards(report, args.out / "model_cards", replays)
         print("wrote model cards " + (", ".join(map(str, cards)) or "(none)"), file=sys.stderr)

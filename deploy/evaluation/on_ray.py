@@ -121,7 +121,7 @@ class RunnerPool:
         crash is retried by Ray."""
         self.busy[name] = batch
         method = self.actors[name].run.options(retry_exceptions=[EnvironmentCrashed])
-        return method.remote(spec, payload, batch, stochastic)
+        return method.remote(spec, payload, batch, stochastic, self._config.keep_episodes)
 
     def idle(self) -> list[str]:
         """Ready runners with nothing to do, oldest first."""

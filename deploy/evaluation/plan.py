@@ -15,6 +15,7 @@ runners or instances there were, or which of its episodes ended first.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -24,6 +25,11 @@ from huggy_agent.remote import RemoteAgent
 
 ENV_SEED_LIMIT = 2**24
 """Environment seeds travel as float32 (`envs.vector_env.MAX_SEED`): [0, 2**24)."""
+
+
+def file_stem(label: str) -> str:
+    """A policy label as a file or dataset name: letters, digits, '_' and '-'."""
+    return re.sub(r"[^-\w]+", "-", label).strip("-") or "policy"
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,9 @@ class EvalConfig:
     """Show a tqdm progress bar on stderr."""
     selection: SelectionConfig | None = None
     """Select the best policy adaptively instead of giving every policy `episodes` episodes."""
+    keep_episodes: bool = False
+    """Runners send every counted episode whole (`ItemResult.kept`: observations, actions,
+    rewards), for a dataset written once by the driver."""
 
     def __post_init__(self) -> None:
         for name in ("episodes", "episodes_per_item", "runners", "max_attempts"):

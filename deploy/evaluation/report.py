@@ -122,7 +122,7 @@ def to_json(report: EvaluationReport) -> dict[str, Any]:
         entry["probability_of_improvement"] = {
             other: {"p": estimate.value, "ci": estimate.as_list()}
             for other, estimate in comparisons.get(summary.label, {}).items()}
-        entry["items"] = [asdict(item) for item in policy.ordered_items()]
+        entry["items"] = [item.record() for item in policy.ordered_items()]
         policies.append(entry)
     best = report.best
     return {

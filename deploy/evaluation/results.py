@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
 from deploy.evaluation.selection import SelectionOutcome
+from envs.recording.episodes import Behavior, EpisodeCollector, RecordedEpisode
+
+
+@dataclass(frozen=True)
+class KeptEpisodes:
+    """A work item's episodes whole (`EvalConfig.keep_episodes`), in (slot, index) order as
+    its results, and the behavior that played them (plain data: it travels from runners)."""
+
+    behavior: Behavior
+    episodes: tuple[RecordedEpisode, ...]
+
+    @classmethod
+    def of(cls, collector: EpisodeCollector) -> KeptEpisodes:
+        """What an `EpisodeCollector` kept of a finished rollout."""
+        assert collector.behavior is not None, "the rollout never started"
+        return cls(collector.behavior, tuple(collector.episodes))
 
 
 @dataclass(frozen=True)
@@ -29,6 +46,12 @@ class ItemResult:
     runner: str
     attempts: int = 1
     behavior: str | None = None
+    kept: KeptEpisodes | None = field(default=None, repr=False, compare=False)
+    """The episodes whole, when the evaluation keeps them (`EvalConfig.keep_episodes`)."""
+
+    def record(self) -> dict[str, Any]:
+        """The item as the JSON report lists it: every field but the kept episodes."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kept"}
 
 
 @dataclass(frozen=True)

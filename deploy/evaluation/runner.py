@@ -24,7 +24,8 @@ from typing import Any
 import envs
 from deploy import ray_internals
 from deploy.evaluation.plan import EnvSpec, PolicySpec, WorkItem
-from deploy.evaluation.results import ItemResult, RunnerInfo
+from deploy.evaluation.results import ItemResult, KeptEpisodes, RunnerInfo
+from envs.recording.episodes import EpisodeCollector
 
 BASE_PORT = 5005
 """mlagents-envs' base port for an executable: an environment listens on base + worker id."""
@@ -51,7 +52,7 @@ class Runner:
         importer = threading.Thread(target=importlib.import_module, args=("huggy_agent",))
         importer.start()
         try:
-            self._env: Any = _open_env(env)
+            self._env: Any = open_env(env)
         finally:
             importer.join()
 
@@ -61,9 +62,11 @@ class Runner:
         return RunnerInfo(self._name, node_id(), os.getpid(), pids[0] if pids else None, pids)
 
     def run(self, spec: PolicySpec, payload: list[Any] | bytes | None,
-            items: Sequence[WorkItem], stochastic: bool) -> list[ItemResult]:
+            items: Sequence[WorkItem], stochastic: bool, keep: bool = False
+            ) -> list[ItemResult]:
         """Run up to `EnvSpec.instances` items of one policy at once, item j on instance j
-        (reset with the item's seed; a spare instance steps uncounted); one result per item.
+        (reset with the item's seed; a spare instance steps uncounted); one result per item,
+        holding its episodes whole (`ItemResult.kept`) when `keep`.
         `payload` is None (load `spec.path`), the file's bytes, or a one-element list holding an
         ObjectRef of them (resolved only when the policy is not cached). Each item's `seconds`
         is its share of the wall time, in proportion to its agent-steps.
@@ -77,13 +80,15 @@ class Runner:
                              f"{len(items)}")
         agent = self._agent(spec, payload)
         if self._env is None:
-            self._env = _open_env(self._env_spec)
+            self._env = open_env(self._env_spec)
         spare = slots - len(items)
+        collectors = [EpisodeCollector() for _ in items] if keep else []
         try:
             results = envs.rollout_per_instance(
                 agent, self._env, episodes=[item.episodes for item in items] + [0] * spare,
                 seeds=[item.seed for item in items] + [items[0].seed] * spare,
-                deterministic=not stochastic)
+                deterministic=not stochastic,
+                recorders=[[c] for c in collectors] + [[]] * spare if keep else ())
         except envs.RolloutInterrupted as error:
             self._env.close()
             self._env = None
@@ -100,8 +105,9 @@ class Runner:
             slots=tuple(e.slot for e in result.episodes),
             episode_indices=tuple(e.index for e in result.episodes),
             agent_steps=int(result.agent_steps), seconds=float(result.seconds),
-            node_id=node, runner=self._name, attempts=tries, behavior=self._env.behavior_name)
-            for item, result in zip(items, results, strict=False)]
+            node_id=node, runner=self._name, attempts=tries, behavior=self._env.behavior_name,
+            kept=KeptEpisodes.of(collectors[j]) if keep else None)
+            for j, (item, result) in enumerate(zip(items, results, strict=False))]
 
     def close(self) -> None:
         """Close the environment (stops its processes)."""
@@ -116,15 +122,17 @@ class Runner:
         if spec.url is not None:
             agent = spec.remote_agent()
         else:
-            agent = _load_agent(spec, payload, self._device, self._precision)
+            agent = load_agent(spec, payload, self._device, self._precision)
         self._agents[key] = agent
         while len(self._agents) > 2:
             self._agents.popitem(last=False)
         return agent
 
 
-def _load_agent(spec: PolicySpec, payload: list[Any] | bytes | None, device: str,
-                precision: str) -> Any:
+def load_agent(spec: PolicySpec, payload: list[Any] | bytes | None = None, device: str = "cpu",
+               precision: str = "fp32") -> Any:
+    """The policy `spec` names, loaded from its file (`payload` None), from the file's bytes,
+    or from a one-element list holding an ObjectRef of them."""
     # start-up time: torch is imported while the environment boots (`Runner.__init__`)
     from huggy_agent import HuggyAgent
 
@@ -143,16 +151,16 @@ def _load_agent(spec: PolicySpec, payload: list[Any] | bytes | None, device: str
         return HuggyAgent.from_checkpoint(local, device=device, precision=precision)
 
 
-def _open_env(spec: EnvSpec) -> Any:
-    """Open the environment on a worker id whose port was free a moment ago: several runners
-    (and other programs) share a machine, so fixed worker ids would collide. `UnityVectorEnv`
-    itself moves on to the next port when this one (or, with several instances, one of the
-    next few) was taken meanwhile."""
+def open_env(spec: EnvSpec, render_mode: str | None = None) -> Any:
+    """Open the environment `spec` describes (`render_mode`: see `envs.UnityVectorEnv`) on a
+    worker id whose port was free a moment ago: several runners (and other programs) share a
+    machine, so fixed worker ids would collide. `UnityVectorEnv` itself moves on to the next
+    port when this one (or, with several instances, one of the next few) was taken meanwhile."""
     return envs.UnityVectorEnv(
         file_name=spec.file_name, worker_id=free_worker_id(), seed=0, no_graphics=True,
         timeout_wait=spec.timeout_wait, time_scale=spec.time_scale,
         num_agents=spec.num_agents, max_steps=spec.max_steps, env_parameters=spec.parameters,
-        instances=spec.instances, behavior_spec=spec.behavior_spec)
+        instances=spec.instances, behavior_spec=spec.behavior_spec, render_mode=render_mode)
 
 
 def free_worker_id() -> int:
@@ -175,7 +183,7 @@ def _ray() -> Any:
 def node_id() -> str:
     """The Ray node this runs on ("local" outside Ray)."""
     ray = _ray()
-    return "local" if ray is None else ray.get_runtime_context().getnode_id()
+    return "local" if ray is None else ray.get_runtime_context().get_node_id()
 
 
 def attempt() -> int:

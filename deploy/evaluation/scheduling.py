@@ -160,7 +160,8 @@ def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec
             if policy.failed:
                 continue
             try:
-                results = runner.run(policy.spec, None, batch, config.stochastic)
+                results = runner.run(policy.spec, None, batch, config.stochastic,
+                                     config.keep_episodes)
             except (PolicyLoadError, FileNotFoundError) as error:
                 policy.error = f"{type(error).__name__}: {error}"
                 continue

@@ -11,14 +11,17 @@ metadata (huggingface_hub's ModelCardData and EvalResult): task reinforcement-le
 environment as the dataset, `mean_reward` as "mean +/- std" and the IQM with its interval, of
 the run's last checkpoint (highest step); the body lists every evaluated checkpoint. The
 evaluation's section of the card sits between SECTION_START and SECTION_END, so writing a card
-again replaces it.
+again replaces it. With a replay video of the last checkpoint (`deploy.evaluation.replays`), the
+card folder gets it as `replay.mp4` and the section a player for it.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,14 +112,18 @@ def _env_id(result: EvaluationResult) -> str:
     return "huggy-standin"
 
 
+REPLAY_NAME = "replay.mp4"
+REPLAY_TEXT = ("\nReplay of `{label}`'s median-return episode, played again from its seed:\n\n"
+               f'<video src="{REPLAY_NAME}" controls autoplay loop muted width="480"></video>\n')
 SECTION_START = "<!-- huggy evaluate: start -->"
 SECTION_END = "<!-- huggy evaluate: end -->"
 
 
 def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummary],
-               date: datetime.date | None = None) -> Any:
+               date: datetime.date | None = None, replay: bool = False) -> Any:
     """The huggingface_hub ModelCard of one run: model-index results of its last checkpoint
-    (highest step; the last given when none has a step) and a table of every checkpoint."""
+    (highest step; the last given when none has a step) and a table of every checkpoint;
+    with `replay`, a video player of `replay.mp4` (beside the card) under the table."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData  # the serve or hub extra
 
     done = [s for s in points if s.mean_return is not None]
@@ -125,7 +132,7 @@ def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummar
     final = max(done, key=checkpoint_step)
     env = _env_id(result)
     day = (date or datetime.date.today()).isoformat()
-    seeds = _seeds_text(result, final.label)
+    seeds = seeds_text(result, final.label)
     std = final.std_return if final.std_return is not None else 0.0
     common: dict[str, Any] = {"task_type": "reinforcement-learning", "task_name": "reinforcement-learning",
               "dataset_type": env, "dataset_name": env}
@@ -157,11 +164,12 @@ def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummar
             "| policy | step | episodes | mean return +/- std | IQM [95% CI] | "
             f"{terminated_label(result.behaviors())} |\n"
             "|---|---|---|---|---|---|\n" + rows + "\n\nIntervals: stratified bootstrap over "
-            "work items (percentile). Scores on the built-in stand-in are not Unity scores.\n")
+            "work items (percentile). Scores on the built-in stand-in are not Unity scores.\n"
+            + (REPLAY_TEXT.format(label=final.label) if replay else ""))
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{SECTION_START}\n{body}{SECTION_END}\n")
 
 
-def _seeds_text(result: EvaluationResult, label: str) -> str:
+def seeds_text(result: EvaluationResult, label: str) -> str:
     """The environment seeds of a policy's items: "3..7", or a list when not contiguous."""
     seeds = sorted(item.seed for policy in result.policies if policy.spec.label == label
                    for item in policy.items)
@@ -216,14 +224,23 @@ def save_card(card: Any, path: Path, start: str = SECTION_START, end: str = SECT
     card.save(path)
 
 
-def write_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> list[Path]:
-    """One README.md per run: in the run's folder when it is a local, writable folder, else in
-    `fallback_dir/<run>/` (a policy from the Hub cache is never written into the cache). A card
-    already there keeps its text and metadata; its results and our section are replaced
-    (`merge_card`). Returns the cards written."""
-    result = report.result
+@dataclass(frozen=True)
+class CardPlan:
+    """One run's model card: where it goes, the run's evaluated checkpoints, and the one its
+    model-index results describe (`final`: highest step)."""
+
+    run: str
+    folder: Path
+    points: tuple[PolicySummary, ...]
+    final: PolicySummary
+
+
+def plan_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> list[CardPlan]:
+    """The cards `write_model_cards` writes: one per run with finished episodes, in its
+    folder when that is a local, writable folder, else in `fallback_dir/<run>/` (a policy
+    from the Hub cache is never written into the cache)."""
     folders: dict[str, tuple[Path, list[PolicySummary]]] = {}
-    for summary, policy in zip(report.summaries, result.policies, strict=True):
+    for summary, policy in zip(report.summaries, report.result.policies, strict=True):
         if summary.mean_return is None:
             continue
         spec = policy.spec
@@ -231,9 +248,25 @@ def write_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> lis
             else summary.label.split("/")[0]
         folder = card_folder(spec.path, spec.folder, spec.source, name, fallback_dir)
         folders.setdefault(name, (folder, []))[1].append(summary)
+    return [CardPlan(run, folder, tuple(points), max(points, key=checkpoint_step))
+            for run, (folder, points) in folders.items()]
+
+
+def write_model_cards(report: EvaluationReport, fallback_dir: str | Path,
+                      replays: Mapping[str, Path] | None = None) -> list[Path]:
+    """Write the cards `plan_model_cards` plans. A card already there keeps its text and
+    metadata; its results and our section are replaced (`merge_card`). When `replays` (policy
+    label -> MP4) has a video of a card's final checkpoint, it is copied beside the card as
+    `replay.mp4` (the file the Hub's RL model pages and the Deep RL course leaderboard show)
+    and the card's section embeds it. Returns the cards written."""
     written = []
-    for run, (folder, points) in folders.items():
-        path = folder / "README.md"
-        save_card(model_card(result, run, points), path)
+    for plan in plan_model_cards(report, fallback_dir):
+        video = (replays or {}).get(plan.final.label)
+        if video is not None:
+            plan.folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(video, plan.folder / REPLAY_NAME)
+        path = plan.folder / "README.md"
+        save_card(model_card(report.result, plan.run, plan.points, replay=video is not None),
+                  path)
         written.append(path)
     return written

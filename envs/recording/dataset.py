@@ -26,16 +26,39 @@ from envs.recording.episodes import EpisodeCollector, RecordedEpisode
 from envs.registration import ENV_ID, UNITY_ENV_ID
 
 
-def dataset_env_spec(file_name: str | None, behavior_spec: dict | None) -> Any:
+def check_new_dataset(dataset_id: str) -> None:
+    """Fail before any work when `dataset_id` cannot be written: Minari missing (the `data`
+    extra), an id not of Minari's form `(namespace/)name-vN`, or a dataset of that id already
+    there (Minari never overwrites one)."""
+    try:
+        # the optional data extra, imported only when a dataset is asked for
+        from minari.dataset.minari_dataset import DATASET_ID_RE
+        from minari.storage import get_dataset_path
+    except ImportError:
+        raise ImportError("writing a Minari dataset needs Minari: pip install "
+                          "'huggy-agent[data]'") from None
+    match = DATASET_ID_RE.fullmatch(dataset_id)
+    if match is None or match.group("version") is None:
+        raise ValueError(f"a Minari dataset id has the form (namespace/)name-vN, such as "
+                         f"huggy/ppo-v0; got {dataset_id!r}")
+    path = get_dataset_path(dataset_id)
+    if path.exists():
+        raise ValueError(f"Minari dataset {dataset_id} exists already ({path}); give another "
+                         "name or version, or delete it (minari delete)")
+
+
+def dataset_env_spec(file_name: str | None, behavior_spec: dict | None, **options: Any) -> Any:
     """The Gymnasium `EnvSpec` of one agent of the environment the episodes came from: the
     built-in stand-in playing Huggy (`huggy_agent/Huggy-v0`), playing `behavior_spec`, or the
-    Unity build `file_name` (`huggy_agent/Unity-v0`)."""
+    Unity build `file_name` (`huggy_agent/Unity-v0`), with the `UnityVectorEnv` options the
+    episodes were played with (`max_steps`, `env_parameters`; empty or None ones left out)."""
     kwargs: dict[str, Any] = {}
     if file_name is not None:
         kwargs["file_name"] = file_name
     elif behavior_spec is not None:
         kwargs["behavior_spec"] = behavior_spec
     base = gymnasium.spec(ENV_ID if not kwargs else UNITY_ENV_ID)
+    kwargs.update({key: value for key, value in options.items() if value})
     return dataclasses.replace(base, kwargs={**base.kwargs, **kwargs})
 
 
