@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml setup.py huggy_agent/_native.c
 		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi
 	@$(PY) -c "import envs" && echo "mlagents-envs 1.1.0: installed without its pins;" \
 		"envs/compat.py adapts it to the installed grpcio, numpy and protobuf (import envs: ok)"
-	@$(PY) -c "from huggy_agent.native import mlp_kernels; print('compiled kernels:'," \
-		"', '.join(mlp_kernels()) or 'not built (no C compiler): numpy, onnxruntime and torch instead')"
+	@$(PY) -c "from huggy_agent.native import mlp_kernels; print('compiled kernels:', \
+		', '.join(mlp_kernels()) or 'not built (no C compiler): numpy, onnxruntime and torch instead')"
 	touch $(STAMP)
 
 run: install

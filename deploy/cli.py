@@ -139,7 +139,7 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
             "stand-in SoccerTwos, or a SoccerTwos build), each match one episode of one arena "
             "with policy A as team 0 and B as team 1, sides swapped within each pair; match i "
             "is seeded S+i (--seed S). Rates them by Bradley-Terry maximum likelihood on the "
-            "Elo scale with 95%% bootstrap intervals. Writes tournament.json, tournament.csv, "
+            "Elo scale with 95% bootstrap intervals. Writes tournament.json, tournament.csv, "
             "ratings.png and win_rate.png to --out."))
     parser.add_argument("policies", nargs="+", metavar="POLICY",
                         help="a .onnx, a .pt, a results folder (every checkpoint), "
