@@ -1,5 +1,5 @@
-"""Processes and ports of the tests: free ports, and finding or killing the processes a test
-started (by a marker in their command line or open files)."""
+"""Processes and ports of the tests: `huggy` as a subprocess, free ports, and finding or killing
+the processes a test started (by a marker in their command line or open files)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
+
+from tests.support.fixtures import REPO_ROOT
 
 
 def starts_a_player(args: object) -> bool:
@@ -15,6 +19,15 @@ def starts_a_player(args: object) -> bool:
     `envs` worker process (which starts one)."""
     words = [str(word) for word in args] if isinstance(args, (list, tuple)) else [str(args)]
     return any(word == "--mlagents-port" or "envs.workers" in word for word in words)
+
+
+def huggy(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = (),
+          stdout: object = subprocess.PIPE, **kwargs: object) -> subprocess.Popen:
+    """`huggy ARGS` started through `wrapper`, with `env` added, stdout and stderr together."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    return subprocess.Popen([*wrapper, sys.executable, "-m", "huggy_agent.cli", *args],
+                            cwd=REPO_ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+                            text=True, **kwargs)
 
 
 def free_port() -> int:
