@@ -16,9 +16,15 @@ header instead (`POLICY_AFFINITY_ENV`): each policy sticks to one replica, and r
 the header go round robin. Serve's own proxy and the direct ingress balance without regard to
 the policy.
 
+While no replica can answer (start-up, a lone replica being replaced), HAProxy answers every
+request at once with the API's JSON 503 and `Retry-After` (`deploy.serving.haproxy`, where the
+head node is this machine), and a request whose replica died before answering is sent again
+(`RAY_SERVE_HAPROXY_RETRY_ON`). `deploy` returns once HAProxy routes to the app.
+
 The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
 running Serve instance that has another ingress. `stop_serve` drains HAProxy before Serve's own
-shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT.
+shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT, printing only its
+own lines.
 """
 
 from __future__ import annotations
