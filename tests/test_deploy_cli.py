@@ -28,7 +28,14 @@ from huggy_agent import HuggyAgent
 from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.remote import RemoteAgent
-from tests.support.processes import free_port, huggy, kill_processes_mentioning, mentions
+from tests.support.processes import (
+    OutputFollower,
+    free_port,
+    group_killed_on_exit,
+    huggy,
+    kill_processes_mentioning,
+    mentions,
+)
 from tests.support.ray_cluster import RayCluster
 
 # what a non-interactive shell does to a background job: SIGINT ignored (inherited through exec)
@@ -125,19 +132,10 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
     process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
                     "--address", ray_cluster.address, env={"HUGGY_API_KEY": "cli-key"},
                     start_new_session=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:
-            lines.append(line)
-            if "served at" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert ready.wait(150), "huggy serve did not come up:\n" + "".join(lines[-30:])
+    output = OutputFollower(process, "served at")
+    lines = output.lines
+    with group_killed_on_exit(process):
+        assert output.seen.wait(150), "huggy serve did not come up:\n" + "".join(lines[-30:])
         assert f"http://127.0.0.1:{port}/v1/act (ingress haproxy)" in "".join(lines)
         obs = np.random.default_rng(5).standard_normal((4, 59)).astype(np.float32)
         with RemoteAgent(f"http://127.0.0.1:{port}", api_key="cli-key") as remote:
@@ -150,11 +148,7 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
         assert requests.get(f"{url}/healthz", timeout=30).status_code == 200
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=90) == 0, "".join(lines[-30:])
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    reader.join(timeout=10)
+    output.join()
     assert "huggy serve: shutting down (SIGINT)\n" in lines
     assert sum("policy served at" in line for line in lines) == 1
     assert not_its_own(lines) == []

@@ -20,7 +20,6 @@ import inspect
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,7 +33,13 @@ import requests
 from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
 from deploy.serving.settings import AppArgs
 from huggy_agent.http_api import ACT_PATH, HEALTH_PATH, INFO_PATH, RETRY_AFTER_S
-from tests.support.processes import free_port, huggy, mentions
+from tests.support.processes import (
+    OutputFollower,
+    free_port,
+    group_killed_on_exit,
+    huggy,
+    mentions,
+)
 from tests.support.ray_cluster import RayCluster
 
 CLIENTS = 8
@@ -73,22 +78,13 @@ def test_healthz_answers_503_json_while_huggy_serve_starts_and_output_is_its_own
     url = f"http://127.0.0.1:{port}{HEALTH_PATH}"
     process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
                     "--address", ray_cluster.address, start_new_session=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:
-            lines.append(line)
-            if "served at" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    output = OutputFollower(process, "served at")
+    lines = output.lines
     answers: collections.Counter[str] = collections.Counter()
     wrong: list[str] = []
-    try:
+    with group_killed_on_exit(process):
         deadline = time.monotonic() + WAIT_S
-        while not ready.is_set():
+        while not output.seen.is_set():
             assert process.poll() is None and time.monotonic() < deadline, (
                 "huggy serve did not come up:\n" + "".join(lines[-30:]))
             answers[healthz(url, wrong)] += 1
@@ -96,11 +92,7 @@ def test_healthz_answers_503_json_while_huggy_serve_starts_and_output_is_its_own
         answers_when_ready = healthz(url, wrong)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=90) == 0, "".join(lines[-30:])
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    reader.join(timeout=10)
+    output.join()
     print(f"\n/v1/healthz while huggy serve started: {dict(answers)}")
     assert wrong == [], f"answers other than refusals, JSON 503s and 200s: {wrong}"
     assert answers["503 unavailable"] > 0  # it was asked while the app was not answering

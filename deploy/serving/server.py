@@ -4,7 +4,9 @@ Ingresses (Ray 2.60 feature flags, given to the Serve controller as environment 
 which the proxy and the replicas inherit them):
 
     haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1)
-             -- the default: ~20x the default proxy's requests/s here (bench/bench_serve.py)
+             -- the default: 6.3-8.0x the default proxy's requests/s at 1 client, 1.9-6.4x
+             at 16, 3.9-6.0x at 64 (bench/bench_serve.py, 3 runs on a shared 2-core AMD
+             EPYC, December 2026)
     proxy    Serve's default Python HTTP proxy
     direct   replicas listen on their own ports, no proxy in between
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
@@ -16,8 +18,8 @@ header instead (`POLICY_AFFINITY_ENV`): each policy sticks to one replica, and r
 the header go round robin. Serve's own proxy and the direct ingress balance without regard to
 the policy.
 
-While no replica can answer (start-up, a lone replica being replaced), HAProxy answers every
-request at once with the API's JSON 503 and `Retry-After` (`deploy.serving.haproxy`, where the
+While no replica can answer (start-up, a lone replica being replaced), every request gets the
+API's JSON 503 with `Retry-After` within `haproxy.HOLD_S` (`deploy.serving.haproxy`, where the
 head node is this machine), and a request whose replica died before answering is sent again
 (`RAY_SERVE_HAPROXY_RETRY_ON`). `deploy` returns once HAProxy routes to the app.
 
@@ -124,8 +126,8 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
     `grpc_port` the gRPC ingress (deploy.grpc_ingress) on that port.
 
     The proxy runs on the head node only. Where that is this machine, HAProxy runs with huggy's
-    changes (`deploy.serving.haproxy`: while no replica can answer, a JSON 503 at once), and
-    `deploy` waits until HAProxy routes to each new app.
+    changes (`deploy.serving.haproxy`: while no replica can answer, a JSON 503 within
+    `haproxy.HOLD_S`), and `deploy` waits until HAProxy routes to each new app.
 
     Raises RuntimeError if Serve already runs there with another port or ingress (the flags
     cannot change on a running controller).
@@ -202,7 +204,7 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
     replicas in place (`reconfigure`), without restarting them. Behind the HAProxy that
     `start_serve` started here, it also waits until HAProxy routes to the app (its
     `/v1/healthz` answers 200 there): HAProxy learns of new replicas a moment after Serve
-    reports them running, and answers 503 until then.
+    reports them running.
 
     Raises RuntimeError with Serve's own messages if it fails to start (for example a replica
     whose accelerator is unusable) or is still not running at the deadline (for example replicas
