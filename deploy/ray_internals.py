@@ -13,11 +13,16 @@ to do the job, each with a check that names the Ray version when it is missing.
     single_machine_cluster    a cluster started by this process uses 127.0.0.1 as its node
                               address (every port on loopback), when Ray's flag for that was read
                               at import time
+    quiet_retried_task_errors this driver prints no line for a task that failed and will be
+                              retried (Ray's system setting `enable_output_error_log_if_still_retry`,
+                              read from the environment): Serve's own shutdown makes one
 
 Supported: Ray `SUPPORTED_RAY` (the release the project pins). `check()` runs at start-up
 (`deploy.cluster.init_ray`, `deploy.serving.app.build_app`) and raises `RayInternalsError`,
 naming the Ray version and the missing piece, on a release without one of them. Ray itself is
-imported only when one of them is used (the evaluation's plain loop never imports it).
+imported only when one of them is used (the evaluation's plain loop never imports it). A release
+without Ray's setting for `quiet_retried_task_errors` ignores it and prints its line again,
+which changes nothing else, so `check()` leaves it to the tests (tests/test_deploy_cli.py).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ when `ray._private.ray_constants` is imported."""
 
 
 _ATTEMPT = "_raylet.CoreWorker.get_current_task_attempt_number"
+RETRIED_TASK_ERRORS_ENV = "RAY_enable_output_error_log_if_still_retry"
+"""Ray's system setting (as an environment variable) for the driver's line about each failed
+task that it will retry."""
 
 
 class RayInternalsError(RuntimeError):
@@ -108,6 +116,16 @@ def single_machine_cluster() -> Iterator[None]:
             os.environ.pop(_MULTI_NODE_VAR, None)
         else:
             os.environ[_MULTI_NODE_VAR] = saved_env
+
+
+def quiet_retried_task_errors() -> None:
+    """Make the driver started next in this process print no "Task X failed. There are N
+    retries remaining, so the task will be retried" line. Serve's shutdown prints one on every
+    clean stop: `serve.shutdown()` waits on the controller's `graceful_shutdown` until the
+    controller is killed, and Ray retries the controller's tasks without end. Call before
+    `ray.init`; the processes of a cluster started then inherit it. Failures that are not
+    retried are still printed."""
+    os.environ[RETRIED_TASK_ERRORS_ENV] = "0"
 
 
 def check(serve: bool = False) -> None:

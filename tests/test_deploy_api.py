@@ -369,11 +369,15 @@ def test_serve_config_file_is_valid_and_builds() -> None:
     from ray.serve.schema import ServeDeploySchema
 
     from deploy.serving.app import build_app
+    from deploy.serving.server import ingress_env_vars
     from deploy.serving.settings import AppArgs
 
     config = yaml.safe_load(Path(REPO_ROOT, "deploy", "serve_config.yaml").read_text())
     schema = ServeDeploySchema.model_validate(config)
-    assert schema.controller_options.runtime_env["env_vars"]["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    flags = schema.controller_options.runtime_env["env_vars"]
+    served = ingress_env_vars("haproxy", 8000)  # what `huggy serve` sets, but for its files
+    assert flags == {name: served[name] for name in flags}
+    assert "RAY_SERVE_HAPROXY_RETRY_ON" in flags
     (application,) = schema.applications
     assert application.import_path == "deploy.serving.app:app"
     args = AppArgs.model_validate({**application.args, "accelerator": "npu"})

@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -29,21 +28,18 @@ from huggy_agent import HuggyAgent
 from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.remote import RemoteAgent
-from tests.support.fixtures import REPO_ROOT
-from tests.support.processes import free_port, kill_processes_mentioning, mentions
+from tests.support.processes import (
+    OutputFollower,
+    free_port,
+    group_killed_on_exit,
+    huggy,
+    kill_processes_mentioning,
+    mentions,
+)
 from tests.support.ray_cluster import RayCluster
 
 # what a non-interactive shell does to a background job: SIGINT ignored (inherited through exec)
 IGNORING_SIGINT = ("bash", "-c", 'trap "" INT; exec "$@"', "bash")
-
-
-def huggy(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = (),
-          stdout: object = subprocess.PIPE, **kwargs: object) -> subprocess.Popen:
-    """`huggy ARGS` started through `wrapper`, with `env` added, stdout and stderr together."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
-    return subprocess.Popen([*wrapper, sys.executable, "-m", "huggy_agent.cli", *args],
-                            cwd=REPO_ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
-                            text=True, **kwargs)
 
 
 def serve_in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -83,6 +79,13 @@ def test_an_unreadable_or_empty_key_file_is_named_in_plain_words(tmp_path, capsy
             "; expected a readable text file with the key on its first line\n"
             if "cannot be read" in problem else "\n")
         assert "pydantic" not in output
+
+
+def not_its_own(lines: list[str]) -> list[str]:
+    """The lines of `huggy serve`'s output that are not its own (`huggy serve: ...`), such as
+    Ray's "Connecting to existing Serve app ... will not be applied" on every start or "Task
+    ServeController.graceful_shutdown failed" on every stop."""
+    return [line for line in lines if not line.startswith("huggy serve: ")]
 
 
 def port_open(port: int) -> bool:
@@ -129,19 +132,10 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
     process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
                     "--address", ray_cluster.address, env={"HUGGY_API_KEY": "cli-key"},
                     start_new_session=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:
-            lines.append(line)
-            if "served at" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert ready.wait(150), "huggy serve did not come up:\n" + "".join(lines[-30:])
+    output = OutputFollower(process, "served at")
+    lines = output.lines
+    with group_killed_on_exit(process):
+        assert output.seen.wait(150), "huggy serve did not come up:\n" + "".join(lines[-30:])
         assert f"http://127.0.0.1:{port}/v1/act (ingress haproxy)" in "".join(lines)
         obs = np.random.default_rng(5).standard_normal((4, 59)).astype(np.float32)
         with RemoteAgent(f"http://127.0.0.1:{port}", api_key="cli-key") as remote:
@@ -154,13 +148,10 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
         assert requests.get(f"{url}/healthz", timeout=30).status_code == 200
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=90) == 0, "".join(lines[-30:])
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    reader.join(timeout=10)
+    output.join()
     assert "huggy serve: shutting down (SIGINT)\n" in lines
     assert sum("policy served at" in line for line in lines) == 1
+    assert not_its_own(lines) == []
     assert not any("warning" in line or "cli-key" in line for line in lines)
     assert not port_open(port)
     with pytest.raises(ValueError):  # Serve was removed from the joined cluster
@@ -297,3 +288,4 @@ def test_huggy_serve_on_its_own_cluster_stops_cleanly_on_a_signal(case: str) -> 
     assert output.count("huggy serve: shutting down") == 1, output
     assert f"huggy serve: shutting down ({signal.Signals(signum).name})\n" in output
     assert "Traceback" not in output and "SIGTERM received" not in output, output
+    assert not_its_own(output.splitlines()) == []

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -23,9 +24,16 @@ import requests
 from ray import serve
 
 from deploy.serving.replica import HuggyPolicyDeployment, _total_rows
-from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+from deploy.serving.server import (
+    DEFAULT_INGRESS,
+    deploy,
+    start_serve,
+    stop_serve,
+    wait_until_answering,
+)
 from deploy.serving.settings import AppArgs, BatchSettings
 from huggy_agent import HuggyAgent
+from huggy_agent.http_api import HEALTH_PATH
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.remote import RemoteAgent, RemoteRequestError
 from tests.support.fixtures import fixtures_dir, mlagents_fixtures_dir
@@ -37,6 +45,9 @@ TOL = FP32_ACTION_ATOL  # the numerical contract: serving vs in-process
 
 
 BATCH_WAIT_S = 0.1
+WAIT_S = 120
+"""The most any step of these tests waits for the server (a bound against hanging, not a
+measurement)."""
 
 
 @dataclass(frozen=True)
@@ -391,8 +402,14 @@ class GatedPolicy(HuggyPolicyDeployment.func_or_class):
         return self._forward_calls(calls)
 
     async def batches_once(self, requests: int, batches: int) -> list[list[int | None]]:
-        """The batches, once `requests` requests were accepted and `batches` gathered."""
+        """The batches, once `requests` requests were accepted and `batches` gathered;
+        TimeoutError saying what came after WAIT_S."""
+        deadline = time.monotonic() + WAIT_S
         while self.counters["requests"] < requests or len(self.batches) < batches:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"expected {requests} requests in {batches} batches within {WAIT_S} s, "
+                    f"received {self.counters['requests']} requests in batches {self.batches}")
             await asyncio.sleep(0.01)
         return self.batches
 
@@ -418,6 +435,7 @@ def gated(server: Server) -> str:
                      **AppArgs(accelerator="cpu").policy_set().as_config()},
     ).bind("cpu", "fp32", DEFAULT_INGRESS)
     serve.run(application, name="gated", route_prefix="/gated")
+    wait_until_answering(f"{server.url}/gated{HEALTH_PATH}", WAIT_S)  # HAProxy routes there
     return f"{server.url}/gated"
 
 

@@ -11,6 +11,7 @@
     grpc_ingress.py  the gRPC method, the same JSON documents
     app.py           the application builder (`serve run deploy.serving.app:app ...`)
     server.py        `huggy serve`: start Serve with an ingress, deploy, run until a signal, stop
+    haproxy.py       Ray's HAProxy with huggy's changes: a JSON 503 at once while no replica answers
 
 The HTTP contract itself (paths, headers, limits, keys) is `huggy_agent.http_api`, and the
 client `huggy_agent.remote.RemoteAgent`: neither needs Ray or this package.

@@ -4,7 +4,9 @@ Ingresses (Ray 2.60 feature flags, given to the Serve controller as environment 
 which the proxy and the replicas inherit them):
 
     haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1)
-             -- the default: ~20x the default proxy's requests/s here (bench/bench_serve.py)
+             -- the default: 6.3-8.0x the default proxy's requests/s at 1 client, 1.9-6.4x
+             at 16, 3.9-6.0x at 64 (bench/bench_serve.py, 3 runs on a shared 2-core AMD
+             EPYC, December 2026)
     proxy    Serve's default Python HTTP proxy
     direct   replicas listen on their own ports, no proxy in between
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
@@ -16,21 +18,30 @@ header instead (`POLICY_AFFINITY_ENV`): each policy sticks to one replica, and r
 the header go round robin. Serve's own proxy and the direct ingress balance without regard to
 the policy.
 
+While no replica can answer (start-up, a lone replica being replaced), every request gets the
+API's JSON 503 with `Retry-After` within `haproxy.HOLD_S` (`deploy.serving.haproxy`, where the
+head node is this machine), and a request whose replica died before answering is sent again
+(`RAY_SERVE_HAPROXY_RETRY_ON`). `deploy` returns once HAProxy routes to the app.
+
 The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
 running Serve instance that has another ingress. `stop_serve` drains HAProxy before Serve's own
-shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT.
+shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT, printing only its
+own lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import shutil
 import signal
 import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +49,15 @@ import ray
 from ray import serve
 from ray.serve.api import RunTarget
 
+from deploy import ray_internals
 from deploy.cluster import init_ray
+from deploy.serving import haproxy
 from deploy.serving.app import build_app
 from deploy.serving.catalogue import PolicySet
 from deploy.serving.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
+from deploy.serving.responses import unavailable
 from deploy.serving.settings import AppArgs, app_args
-from huggy_agent.http_api import POLICY_ID_HEADER, load_api_key
+from huggy_agent.http_api import HEALTH_PATH, POLICY_ID_HEADER, load_api_key
 
 INGRESSES = ("haproxy", "proxy", "direct")
 DEFAULT_INGRESS = "haproxy"
@@ -51,6 +65,13 @@ APP_NAME = "huggy"
 DRAIN_S = "1"
 POLICY_AFFINITY_ENV = {"RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": f"hdr({POLICY_ID_HEADER})"}
 """HAProxy balancing by the policy id header (see the module docstring)."""
+UNAVAILABLE = unavailable("no replica can answer now: the server is starting, restarting a "
+                          "replica or stopping; retry after Retry-After seconds")
+"""HAProxy's answer while no replica can answer (`deploy.serving.haproxy`)."""
+
+_haproxy_url: str | None = None
+"""Where the HAProxy that `start_serve` started in this process with huggy's wrapper answers
+HTTP: `deploy` waits there until HAProxy routes to a new app (see `deploy`)."""
 
 
 def _free_port() -> int:
@@ -83,6 +104,9 @@ def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
         folder = haproxy_dir(port)
         env.update({
             "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            # a request whose replica died before answering is sent again (to another replica,
+            # else answered 503): answering it twice does no harm, nothing is written anywhere
+            "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
             "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
             "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
@@ -101,18 +125,53 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
     """Start Serve on the connected cluster: HTTP on `host:port` through `ingress`, and with
     `grpc_port` the gRPC ingress (deploy.grpc_ingress) on that port.
 
-    The proxy runs on the head node only. Raises RuntimeError if Serve already runs there with
-    another port or ingress (the flags cannot change on a running controller).
+    The proxy runs on the head node only. Where that is this machine, HAProxy runs with huggy's
+    changes (`deploy.serving.haproxy`: while no replica can answer, a JSON 503 within
+    `haproxy.HOLD_S`), and `deploy` waits until HAProxy routes to each new app.
+
+    Raises RuntimeError if Serve already runs there with another port or ingress (the flags
+    cannot change on a running controller).
     """
+    global _haproxy_url
     env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
     _refuse_running_serve()
+    wrapped = False
     if ingress == "haproxy":
-        private_folder(haproxy_dir(port))
+        folder = haproxy_dir(port)
+        private_folder(folder)
+        binary = haproxy.real_binary()
+        if binary is not None and _head_node_is_here():
+            page = haproxy.error_page(UNAVAILABLE.status, UNAVAILABLE.headers, UNAVAILABLE.body())
+            env[haproxy.BINARY_ENV] = str(haproxy.install(folder, page, binary))
+            wrapped = True
     grpc_options = None if grpc_port is None else {
         "port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
     serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options,
                 proxy_location="HeadOnly",
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
+    _haproxy_url = _local_url(host, port) if wrapped else None
+
+
+def _head_node_is_here() -> bool:
+    """Whether the head node of the connected cluster, where Serve's HTTP ingress runs
+    (`HeadOnly`), is this machine: the node this process attached to has the head's address
+    (that of the GCS)."""
+    context = ray.get_runtime_context()
+    head_address = context.gcs_address.rsplit(":", 1)[0]
+    here = context.get_node_id()
+    return any(node["NodeID"] == here and node["NodeManagerAddress"] == head_address
+               for node in ray.nodes())
+
+
+def _local_url(host: str, port: int) -> str:
+    """`http://host:port` as reached from this machine (a wildcard host on its loopback)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return f"http://{host}:{port}"
+    if address.is_unspecified:
+        address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+    return f"http://[{address}]:{port}" if address.version == 6 else f"http://{address}:{port}"
 
 
 def private_folder(folder: Path) -> None:
@@ -142,7 +201,10 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
     `policies`: the served set where it was built already (else `args.policy_set()`).
 
     Redeploying an app whose only change is its batch settings reconfigures the running
-    replicas in place (`reconfigure`), without restarting them.
+    replicas in place (`reconfigure`), without restarting them. Behind the HAProxy that
+    `start_serve` started here, it also waits until HAProxy routes to the app (its
+    `/v1/healthz` answers 200 there): HAProxy learns of new replicas a moment after Serve
+    reports them running.
 
     Raises RuntimeError with Serve's own messages if it fails to start (for example a replica
     whose accelerator is unusable) or is still not running at the deadline (for example replicas
@@ -157,11 +219,32 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
         status = serve.status().applications.get(name)
         state = str(status.status) if status else "NOT_STARTED"
         if state.endswith("RUNNING"):
-            return
+            break
         if state.endswith("DEPLOY_FAILED") or time.monotonic() > deadline:
             raise RuntimeError(f"application {name!r} did not start ({state}): "
                                f"{_status_messages(status)}")
         time.sleep(0.5)
+    if _haproxy_url is not None:
+        wait_until_answering(f"{_haproxy_url}{route_prefix.rstrip('/')}{HEALTH_PATH}",
+                             max(deadline - time.monotonic(), 10.0))
+
+
+def wait_until_answering(url: str, timeout_s: float) -> None:
+    """Return once `GET url` answers 2xx; RuntimeError naming the last answer after
+    `timeout_s`. Environment proxies are not used."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with opener.open(url, timeout=5):
+                return
+        except urllib.error.HTTPError as error:
+            last = f"{error.code} {error.read()[:200]!r}"
+        except OSError as error:
+            last = repr(error)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s; last: {last}")
+        time.sleep(0.1)
 
 
 def _status_messages(status: Any) -> str:
@@ -180,9 +263,11 @@ def stop_serve(port: int) -> None:
     HAProxy on this machine is drained first (`drain_haproxy`): Serve's own shutdown kills it
     outright, which would cut the requests in flight.
     """
+    global _haproxy_url
     drain_haproxy(port)
     serve.shutdown()
     shutil.rmtree(haproxy_dir(port), ignore_errors=True)
+    _haproxy_url = None
 
 
 def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
@@ -316,6 +401,11 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     same shutdown. Signals that arrive during the shutdown are ignored, and stay ignored after
     the return: this is meant to end the process. Call from the main thread.
     """
+    # the output is the command's own lines: Ray's INFO lines ("Started Serve", "Connecting to
+    # existing Serve app ...") stay in Ray's log files, and the line that Serve's own shutdown
+    # makes Ray print (a retried task of the killed controller) is not printed
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    ray_internals.quiet_retried_task_errors()
     # "local": a new cluster even where `ray start` left one that a bare ray.init() would join;
     # token auth either way, and a new cluster listens on 127.0.0.1 only
     init_ray(address or "local", logging_level="ERROR", log_to_driver=False,

@@ -1,5 +1,6 @@
-"""Processes and ports of the tests: free ports, and finding or killing the processes a test
-started (by a marker in their command line or open files)."""
+"""Processes and ports of the tests: `huggy` as a subprocess and its output, free ports, and
+finding or killing the processes a test started (by a marker in their command line or open
+files)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.fixtures import REPO_ROOT
 
 
 def starts_a_player(args: object) -> bool:
@@ -15,6 +22,49 @@ def starts_a_player(args: object) -> bool:
     `envs` worker process (which starts one)."""
     words = [str(word) for word in args] if isinstance(args, (list, tuple)) else [str(args)]
     return any(word == "--mlagents-port" or "envs.workers" in word for word in words)
+
+
+def huggy(*args: str, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = (),
+          stdout: object = subprocess.PIPE, **kwargs: object) -> subprocess.Popen:
+    """`huggy ARGS` started through `wrapper`, with `env` added, stdout and stderr together."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    return subprocess.Popen([*wrapper, sys.executable, "-m", "huggy_agent.cli", *args],
+                            cwd=REPO_ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+                            text=True, **kwargs)
+
+
+class OutputFollower:
+    """The lines a process writes to its stdout, read in a thread as they come; `seen` is set
+    once a line holds `marker`."""
+
+    def __init__(self, process: subprocess.Popen, marker: str) -> None:
+        self.lines: list[str] = []
+        self.seen = threading.Event()
+        self._marker = marker
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen) -> None:
+        for line in process.stdout or ():
+            self.lines.append(line)
+            if self._marker in line:
+                self.seen.set()
+
+    def join(self) -> None:
+        """Wait (10 s at most) for the rest of the output of a process that has ended."""
+        self._thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def group_killed_on_exit(process: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """Yield `process` (started with `start_new_session=True`); on leaving, SIGKILL its process
+    group if it still runs."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def free_port() -> int:

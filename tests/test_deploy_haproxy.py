@@ -1,0 +1,226 @@
+"""huggy's changes to the HAProxy configuration Ray generates (deploy/serving/haproxy.py), without
+Ray, against HAProxy itself (the binary Ray runs): a configuration shaped as Ray 2.60 writes it is
+changed, HAProxy accepts the result, and a live HAProxy with no replica up answers as the module
+says. A configuration without the expected lines is refused, naming the Ray version. The same on
+a live Serve: tests/test_deploy_faults.py."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import io
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from email.message import Message
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from deploy.ray_internals import SUPPORTED_RAY
+from deploy.serving.haproxy import (
+    HELD,
+    HOLD_S,
+    HAProxyConfigError,
+    error_page,
+    patch_config,
+    real_binary,
+)
+from deploy.serving.server import UNAVAILABLE
+from tests.support.processes import free_port
+
+# a configuration with the sections and lines of one that Ray 2.60 writes for one app
+# (ray/serve/_private/haproxy_templates.py), shortened: ports and the error page are filled in
+RAY_CONFIG = """global
+    maxconn 64
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    option redispatch 1
+    retry-on conn-failure empty-response
+    # Normalize 502/503/504 to 500 per Serve's default behavior.
+    errorfile 502 {ray_page}
+    errorfile 503 {ray_page}
+    errorfile 504 {ray_page}
+    balance leastconn
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    acl healthcheck path -i /-/healthz
+    acl backend_http-huggy_server_up nbsrv(http-huggy) ge 1
+    http-request return status 503 content-type text/plain string "Service Unavailable" if healthcheck
+    acl is_http-huggy path_beg /
+    acl is_http-huggy path /
+    # Static routing based on path prefixes in decreasing length then alphabetical order
+    use_backend http-huggy if is_http-huggy
+    default_backend default_backend
+backend default_backend
+    http-request return status 404 content-type text/plain lf-string "Path '%[path]' not found."
+backend http-huggy
+    http-reuse always
+    default-server fastinter 250ms downinter 250ms fall 2 rise 2 inter 5s check
+    # Servers in this backend
+    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:{replica} check observe layer4 error-limit 3
+    # Fallback to head node's Serve proxy when no ingress replicas are available
+    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:{fallback} check backup
+backend grpc-huggy
+    mode http
+    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:{fallback} proto h2 check backup
+"""
+
+
+def ray_config(tmp_path: Path, port: int = 18000, replica: int = 30000, fallback: int = 8500
+               ) -> str:
+    ray_page = tmp_path / "500.http"
+    ray_page.write_bytes(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+    return RAY_CONFIG.format(ray_page=ray_page, port=port, replica=replica, fallback=fallback)
+
+
+@pytest.fixture
+def page(tmp_path: Path) -> Path:
+    path = tmp_path / "unavailable.http"
+    path.write_bytes(error_page(UNAVAILABLE.status, UNAVAILABLE.headers, UNAVAILABLE.body()))
+    return path
+
+
+class _Socket:
+    """What http.client reads a response from."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def makefile(self, mode: str) -> io.BytesIO:
+        return io.BytesIO(self.data)
+
+
+def test_the_error_page_is_the_api_503_as_an_http_parser_reads_it(page: Path) -> None:
+    response = http.client.HTTPResponse(_Socket(page.read_bytes()))  # type: ignore[arg-type]
+    response.begin()
+    assert (response.status, response.reason) == (503, "Service Unavailable")
+    assert response.getheader("Content-Type") == "application/json"
+    assert response.getheader("Retry-After") == "1"
+    document = json.loads(response.read())
+    assert document["error"] == "unavailable" and set(document) == {"error", "message"}
+
+
+def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
+        tmp_path: Path, page: Path) -> None:
+    original = ray_config(tmp_path)
+    patched = patch_config(original, page)
+    lines = patched.splitlines()
+    assert [line for line in lines if "errorfile 50" in line] == [
+        f"    errorfile {code} {page}" for code in (502, 503, 504)]
+    assert "    http-request deny deny_status 503" in lines  # the default backend
+    assert "404" not in patched
+    backend = lines[lines.index("backend http-huggy"):lines.index("backend grpc-huggy")]
+    assert not any("backup" in line for line in backend)
+    held = lines[lines.index(f"backend http-huggy{HELD}"):]
+    assert f"    timeout server {HOLD_S}s" in held
+    assert "    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:8500" in held
+    route = lines.index("    use_backend http-huggy if is_http-huggy")
+    assert lines[route - 1] == (f"    use_backend http-huggy{HELD} if is_http-huggy "
+                                "!{ nbsrv(http-huggy) ge 1 }")
+    kept = [line for line in original.splitlines()
+            if "errorfile 50" not in line and "404" not in line and ":8500 check" not in line]
+    assert [line for line in lines if line in kept] == kept  # in the same order
+    assert patch_config(patched, page) == patched
+    (tmp_path / "haproxy.cfg").write_text(patched)
+    checked = subprocess.run([real_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("missing", ["errorfile 503", "http-request return status 404",
+                                     "use_backend http-huggy if"])
+def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
+        tmp_path: Path, page: Path, missing: str) -> None:
+    config = "".join(line for line in ray_config(tmp_path).splitlines(keepends=True)
+                     if missing not in line)
+    with pytest.raises(HAProxyConfigError) as refused:
+        patch_config(config, page)
+    message = str(refused.value)
+    assert f"Ray {metadata.version('ray')} generated" in message
+    assert f"supports Ray {SUPPORTED_RAY}.x" in message
+    assert {"errorfile 503": "found 2 of 3", "http-request return status 404": "not-found answer",
+            "use_backend http-huggy if": "the rule routing to http-huggy"}[missing] in message
+
+
+class _ServeProxy(http.server.BaseHTTPRequestHandler):
+    """Stands for Serve's proxy: /json answers as a replica would, /text as Serve's proxy
+    itself, /slow longer than HOLD_S."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path == "/slow":
+            time.sleep(HOLD_S + 3)
+        body, kind, status = {"/json": (b'{"status": "ok"}', "application/json", 200),
+                              "/text": (b"Path not found", "text/plain", 404)
+                              }.get(self.path, (b"late", "text/plain", 200))
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def haproxy_without_replica(tmp_path: Path, page: Path) -> Iterator[str]:
+    """HAProxy on the changed configuration, its replica's port closed, a stand-in for Serve's
+    proxy as the fallback; its URL."""
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ServeProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    port = free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(patch_config(ray_config(tmp_path, port, free_port(),
+                                              proxy.server_address[1]), page))
+    haproxy = subprocess.Popen([real_binary(), "-db", "-f", str(config)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not _replica_down(port):  # HAProxy up, and its health check found no replica
+            assert haproxy.poll() is None and time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        haproxy.terminate()
+        haproxy.wait(timeout=30)
+        proxy.shutdown()
+
+
+def _replica_down(port: int) -> bool:
+    try:
+        return _get(f"127.0.0.1:{port}", "/-/healthz")[0] == 503
+    except OSError:
+        return False
+
+
+def _get(address: str, path: str) -> tuple[int, Message, bytes, float]:
+    """Status, headers (names in any case: HAProxy writes them in lower case), body, seconds."""
+    connection = http.client.HTTPConnection(address, timeout=30)
+    start = time.monotonic()
+    try:
+        connection.request("GET", path)
+        reply = connection.getresponse()
+        return reply.status, reply.headers, reply.read(), time.monotonic() - start
+    finally:
+        connection.close()
+
+
+def test_with_no_replica_up_requests_wait_for_the_fallback_at_most_the_hold(
+        haproxy_without_replica: str) -> None:
+    """The fallback's JSON answer passes, its plain text becomes the JSON 503, and one it holds
+    past HOLD_S is answered with the JSON 503 at HOLD_S."""
+    status, _, body, _ = _get(haproxy_without_replica, "/json")
+    assert (status, body) == (200, b'{"status": "ok"}')
+    for path in ("/text", "/slow"):
+        status, headers, body, seconds = _get(haproxy_without_replica, path)
+        assert (status, headers["Retry-After"], json.loads(body)["error"]) == (
+            503, "1", "unavailable"), path
+    assert seconds >= HOLD_S  # held, then answered before the fallback's own answer came
