@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-numerics lint bench clean
+.PHONY: install run test test-fast test-numerics lint docs bench clean
 
 install: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml setup.py huggy_agent/_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,video,data,dev]"
+	$(PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,video,data,docs,dev]"
 	$(PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0 mlagents==1.1.0
 	@broken="$$($(PY) -m pip check | grep -Ev '$(MLAGENTS_PINS)|^No broken requirements')"; \
 		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi
@@ -62,6 +62,12 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The documentation site into site/: mkdocs-material, strict (any warning fails: a broken link or
+# anchor, a page outside the navigation, a code block without its marker). The CLI and HTTP API
+# references are generated from the code while it builds (docs/tooling/hooks.py); no Ray runs.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 # Benchmarks are not part of the test suite; each prints ratios against a baseline of the same run.
 bench: install
 	$(VENV)/bin/huggy benchmark
@@ -70,4 +76,4 @@ bench: install
 	RAY_USAGE_STATS_ENABLED=0 $(PY) bench/bench_serve.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site
