@@ -35,14 +35,15 @@ $(STAMP): pyproject.toml setup.py huggy_agent/_native.c
 run: install
 	$(VENV)/bin/huggy rollout --episodes 20
 
-# Every lane. `make test-fast`: what needs neither a Ray cluster nor a stand-in process (see the
-# markers in pyproject.toml): one worker per core, one thread each, a test module per worker
-# (its module-scoped references are computed once).
+# Every lane. `make test-fast`: what needs neither a Ray cluster nor a stand-in process, nor runs
+# the site's examples as processes, nor checks a statistical method over many simulated worlds
+# (see the markers in pyproject.toml): one worker per core, one thread each, a test module per
+# worker (its module-scoped references are computed once).
 test: install
 	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q
 
 test-fast: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not ray and not standin"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not ray and not standin and not docs and not statistics"
 
 # The numerics tests again under other CPU kernel paths, standing in for other CPUs:
 # one thread; torch's AVX2 kernels with MKL's AVX2 path; torch's scalar kernels.

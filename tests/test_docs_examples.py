@@ -7,8 +7,8 @@ fixtures, named as `mlagents-learn --run-id=...` would write them (`RESULTS`). P
 in this process (so the fast lane's guard catches a block that starts a stand-in unmarked), shell
 blocks with `bash -e -o pipefail`, with the venv's `huggy` and `python` first on the PATH.
 
-Lanes: `run` blocks are fast-lane tests; `run standin` ones are marked `standin`; `run ray`
-ones run on the session's Ray cluster (`$RAY_ADDRESS`); `run http-start` blocks start
+Lanes: `run` blocks are marked `docs` (out of the fast lane); `run standin` ones are marked
+`standin`; `run ray` ones run on the session's Ray cluster (`$RAY_ADDRESS`); `run http-start` blocks start
 `huggy serve` on the session's cluster (on a free port: `127.0.0.1:8000` and gRPC port 50051
 in the page's blocks are rewritten to the ports given) and the page's `run http` blocks run
 against it.
@@ -192,6 +192,7 @@ def run_block(block: Block, cwd: Path, env: dict[str, str] | None = None) -> Non
                                   f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}")
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("block", blocks_in("fast"), ids=ids(blocks_in("fast")))
 def test_fast_example_runs(block: Block, sandbox: Path) -> None:
     run_block(block, sandbox)

@@ -51,6 +51,7 @@ def page_sections(page: str) -> dict[str, str]:
     return sections
 
 
+@pytest.mark.docs
 def test_the_cli_reference_is_what_help_prints_for_every_command(pages: dict[str, str]) -> None:
     sections = page_sections(pages[docs_reference.CLI_PAGE])
     top = huggy_help(None)
@@ -77,6 +78,7 @@ def test_the_http_page_renders_every_route_and_schema(pages: dict[str, str]) -> 
     assert shown == document["components"]["schemas"]
 
 
+@pytest.mark.docs
 def test_generating_the_reference_imports_no_ray() -> None:
     """A docs build must not need Ray: generating the pages in a fresh interpreter leaves Ray
     unimported."""

@@ -135,6 +135,7 @@ def test_large_gaps_pick_the_best_always_and_spend_a_fraction_of_the_uniform_bud
     assert found["spent"] < 0.5 * 7 * 180  # it stopped with one policy, well inside the budget
 
 
+@pytest.mark.statistics
 def test_close_gaps_keep_the_best_at_the_stated_rate() -> None:
     """The best is never dropped in at least 95% of worlds (the rule's bound), even where the
     budget cannot separate the top two (0.1 apart)."""
@@ -145,6 +146,7 @@ def test_close_gaps_keep_the_best_at_the_stated_rate() -> None:
     assert found["spent"] <= 4 * 180
 
 
+@pytest.mark.statistics
 def test_equal_policies_are_rarely_dropped() -> None:
     """All four equally good: any drop is a false rejection, at most 5% of worlds for each."""
     drops = np.zeros(4)
@@ -155,6 +157,7 @@ def test_equal_policies_are_rarely_dropped() -> None:
     assert drops.max() / 150 <= 0.05
 
 
+@pytest.mark.statistics
 def test_bimodal_returns_and_iqm_ranking() -> None:
     """Huggy-like bimodal returns (reached the stick or not), ranked by mean and by IQM."""
     shares = [0.2, 0.4, 0.6, 0.9]

@@ -71,6 +71,7 @@ def test_one_item_agrees_with_scipy_bootstrap_percentile() -> None:
     assert st.iqm(returns) == pytest.approx(scipy_stats.trim_mean(returns, 0.25), abs=1e-12)
 
 
+@pytest.mark.statistics
 def test_improvement_interval_agrees_with_scipy_two_sample_bootstrap() -> None:
     rng = np.random.default_rng(9)
     x, y = rng.normal(1.0, 0.5, 60), rng.normal(0.8, 0.5, 50)

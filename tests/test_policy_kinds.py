@@ -11,6 +11,7 @@ probabilities tie within float rounding); LSTM memories agree within 1e-5 over 2
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from pathlib import Path
@@ -173,19 +174,26 @@ DRAWS = 8_000
 def test_stochastic_discrete_actions_follow_onnxruntime_sampling(path: Path) -> None:
     """8,000 draws for one row (with a random mask): our seeded inverse-CDF draws and
     onnxruntime's own Multinomial sampling give frequencies within total variation 0.03 per
-    branch (about 0.01 expected from sampling alone); the same seed gives the same draws."""
+    branch (about 0.01 expected from sampling alone); the same seed gives the same draws. Ours
+    come from the row's logits, computed once and repeated (each of onnxruntime's rows runs the
+    network)."""
     agent = HuggyAgent.from_checkpoint(path, device="cpu")
     spec = agent.spec
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)
-    inputs = [np.repeat(a, DRAWS, axis=0) for a in random_inputs(spec, 1, rng)]
+    one_row = random_inputs(spec, 1, rng)
+    inputs = [np.repeat(a, DRAWS, axis=0) for a in one_row]
     mask = np.repeat(random_masks(spec, 1, rng), DRAWS, axis=0)
     memory = np.zeros((DRAWS, spec.memory_size), np.float32) if spec.memory_size else None
-    obs = inputs[0] if len(inputs) == 1 else inputs
-    ours = _split(agent, agent.compute_action(obs, deterministic=False, seed=21,
-                                              action_mask=mask))[1]
-    again = _split(agent, agent.compute_action(obs, deterministic=False, seed=21,
-                                               action_mask=mask))[1]
+    outputs = agent.distribution(one_row[0] if len(one_row) == 1 else one_row,
+                                 memory=None if memory is None else memory[:1])
+    repeated = dataclasses.replace(outputs, logits=outputs.logits.repeat(DRAWS, 1), rows=DRAWS,
+                                   mu=None if outputs.mu is None else outputs.mu.repeat(DRAWS, 1),
+                                   memory=None)
+    ours = _split(agent, agent.actions_from(repeated, deterministic=False, seed=21,
+                                            action_mask=mask))[1]
+    again = _split(agent, agent.actions_from(repeated, deterministic=False, seed=21,
+                                             action_mask=mask))[1]
     np.testing.assert_array_equal(ours, again)
     theirs = run_onnx(session, inputs, mask, memory)["discrete_actions"]
     start = 0

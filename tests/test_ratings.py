@@ -266,6 +266,7 @@ def test_bootstrap_resamples_within_pairs_both_sides_together() -> None:
     assert found.as_dict()["fit"]["bootstrap"]["strata"] == "pairs"
 
 
+@pytest.mark.statistics
 def test_bootstrap_agrees_with_a_plain_loop_and_the_model_error() -> None:
     """The vectorised bootstrap against resampling match indices within each pair (both sides)
     in a plain loop, each resample fitted by scipy; and its spread against the model's standard
@@ -295,6 +296,7 @@ def test_bootstrap_agrees_with_a_plain_loop_and_the_model_error() -> None:
         assert spread == pytest.approx(model_se[k], rel=0.15)
 
 
+@pytest.mark.statistics
 def test_bootstrap_intervals_cover_the_true_ratings() -> None:
     """In worlds drawn from the model, the 95% intervals hold the true (mean-centred) Elo in at
     least 90% of 360 cases (120 worlds x 3 policies; the binomial sd at 95% is about 1.1%)."""
@@ -465,6 +467,7 @@ SCRIPTED = {"heuristic:chaser": 1700.0, "heuristic:random": 1200.0, "heuristic:i
 """Scripted SoccerTwos players: the chaser far above, random a little above idle."""
 
 
+@pytest.mark.statistics
 def test_top_policy_separates_over_600_matches() -> None:
     for world in range(20):
         schedule, played = simulate(list(SCRIPTED), ScheduleConfig(600, seed=world * 1000),
@@ -498,6 +501,7 @@ def test_a_policy_against_itself_scores_half_when_sides_swap() -> None:
     assert np.mean(scores) == pytest.approx(0.5, abs=0.015)  # sd of the mean of 30: 0.004
 
 
+@pytest.mark.statistics
 def test_adaptive_rounds_go_to_the_close_pair() -> None:
     """A and B 30 Elo apart, C and D far below: after the two round-robin rounds the adaptive
     rounds spend most of the budget on A-B; every policy still plays both sides equally."""
@@ -528,6 +532,7 @@ def _selection_runs(elos: dict[str, float], worlds: int, adaptive: bool, budget:
     return {"stopped": stopped / worlds, "wrong": wrong / worlds, "spent": spent / worlds}
 
 
+@pytest.mark.statistics
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_select_best_stops_early_on_a_clear_best(adaptive: bool) -> None:
     found = _selection_runs({"A": 1600.0, "B": 1400.0, "C": 1300.0}, 30, adaptive)
@@ -535,6 +540,7 @@ def test_select_best_stops_early_on_a_clear_best(adaptive: bool) -> None:
     assert found["spent"] < 0.3 * 600  # a round-robin plan would spend all 600
 
 
+@pytest.mark.statistics
 def test_select_best_keeps_its_error_bound() -> None:
     """Three equal policies: any stop names a policy no stronger than the others, so the rule
     may stop in at most 5% of worlds; with the top two 50 Elo apart it names B at most that

@@ -166,7 +166,8 @@ def expand_snippets(code: str) -> str:
 
 def command_lines(code: str) -> Iterator[list[str]]:
     """The `huggy ...` commands of a shell block, as argument lists: continuation lines joined,
-    comments dropped, leading `NAME=value` assignments skipped, a trailing `&` removed."""
+    comments dropped, leading `NAME=value` assignments skipped, a trailing `&` and anything after
+    a pipe or `&&`/`;` removed."""
     for line in code.replace("\\\n", " ").splitlines():
         try:
             words = shlex.split(line, comments=True)
@@ -176,5 +177,9 @@ def command_lines(code: str) -> Iterator[list[str]]:
             words = words[1:]
         if words and words[-1] == "&":
             words = words[:-1]
+        for index, word in enumerate(words):
+            if word in ("|", "||", "&&", ";"):
+                words = words[:index]
+                break
         if words and words[0] == "huggy":
             yield words[1:]
