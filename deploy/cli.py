@@ -161,7 +161,7 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
                              "order is least certain")
     parser.add_argument("--select-best", action="store_true",
                         help="stop once the leader's lower bound clears every other policy's "
-                             "upper bound (see the README for the error statement)")
+                             "upper bound (see docs/evaluation.md for the error statement)")
     parser.add_argument("--confidence", metavar="P", type=float, default=0.95,
                         help="with --select-best: the probability that the rule does not name "
                              "a policy that is not the strongest (default 0.95)")

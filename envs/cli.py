@@ -67,8 +67,8 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="file whose first line is the API key of --policy-url (default: "
                              "$HUGGY_API_KEY)")
     parser.add_argument("--episodes", type=int, default=20,
-                        help="episodes to count, spread evenly over the agent slots (default 20; see the "
-                             "README on the per-slot quota)")
+                        help="episodes to count, spread evenly over the agent slots (default 20; see "
+                             "docs/environments.md, 'Which episodes count')")
     parser.add_argument("--stochastic", action="store_true",
                         help="sample actions instead of taking the mean")
     parser.add_argument("--seed", type=int, default=0,
@@ -82,7 +82,8 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
                              "process; slots are their agents concatenated (default 1)")
     parser.add_argument("--pin-cores", action="store_true",
                         help="with several instances, pin instance i's worker and Unity process "
-                             "to CPU core i (faster on a machine of your own; see README)")
+                             "to CPU core i (faster on a machine of your own; see "
+                             "docs/environments.md, 'Several Unity processes')")
     parser.add_argument("--worker-id", type=int, default=0,
                         help="port offset from the base port (busy ports move on; instance i "
                              "starts at worker id + i)")

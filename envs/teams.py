@@ -101,8 +101,8 @@ class TeamsEnv:
             behaviors) or "builtin:<scene>" ("builtin:soccertwos").
         behavior_spec: for "builtin", the behaviors the spec-driven stand-in plays: a policy's
             spec, or a list of specs with their "behavior", "team" and "agents".
-        worker_id, base_port, seed, no_graphics, timeout_wait, time_scale, log_folder: as for
-            `envs.UnityVectorEnv`.
+        worker_id: as for `envs.UnityVectorEnv`, like `base_port`, `seed`, `no_graphics`,
+            `timeout_wait`, `time_scale` and `log_folder`.
         env_parameters: floats for the EnvironmentParameters side channel (the stand-in
             SoccerTwos reads `num_arenas`, `max_environment_steps`, `ball_touch`).
     """

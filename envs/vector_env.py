@@ -113,9 +113,11 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         no_graphics: start the player with `-nographics -batchmode`.
         timeout_wait: seconds to wait for the executable to connect (and for each step).
         time_scale: Unity's time scale (engine configuration channel).
-        num_agents, max_steps, arena_size: environment parameters of every instance (the
-            stand-in honours them; a real build only where its scene reads them). None leaves
-            the build's default. `num_agents` counts the agents of one instance.
+        num_agents: agents of one instance, an environment parameter of every instance (the
+            stand-in honours it; a real build only where its scene reads it); None leaves the
+            build's default. So are `max_steps` and `arena_size`.
+        max_steps: steps before an episode is interrupted (see `num_agents`).
+        arena_size: the arena's half width (see `num_agents`).
         base_port: first port; None means ML-Agents' 5005.
         log_folder: where each player writes `Player-<worker_id>.log`.
         behavior_name: which behavior to drive when the build has several.

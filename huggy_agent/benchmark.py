@@ -152,7 +152,7 @@ def _start_ms(policy: str | Path | None, device: str, engine: str) -> tuple[floa
 def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
                   rounds: int = 10, calls: int = 200, batch_size: int = 4096,
                   batch_repeats: int = 5, engines: Sequence[str] = ("all",)) -> dict[str, Any]:
-    """All figures of `huggy benchmark` as a dict (see the README for what each means).
+    """All figures of `huggy benchmark` as a dict (docs/policy.md, "Engines", says what each means).
 
     Row 0 is `huggy compute_action` through `auto` on the CPU, rows 1 and 2 the references
     (onnxruntime on the policy's ML-Agents ONNX file or an export of it, plain eager torch), rows

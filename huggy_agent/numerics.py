@@ -32,7 +32,7 @@ FP32_ACTION_ATOL = 1e-5
 
 PRECISION_ACTION_ATOL = {"fp32": FP32_ACTION_ATOL, "fp16": 5e-3, "bf16": 5e-2}
 """Max abs difference of actions from float64 for layers in each precision (`huggy precision`).
-Each bound is more than twice the worst error measured (the README's `huggy precision` output),
+Each bound is more than twice the worst error measured (`huggy precision`'s output, in docs/benchmarks.md),
 so it also bounds two paths of one precision against each other."""
 
 TRAINING_SCALE = 100.0

@@ -32,13 +32,18 @@ from deploy.serving.server import (
     wait_until_answering,
 )
 from deploy.serving.settings import AppArgs, BatchSettings
+from envs.heuristics import load_heuristic
+from envs.team_rollout import rollout_teams
+from envs.teams import TeamsEnv
 from huggy_agent import HuggyAgent
 from huggy_agent.http_api import HEALTH_PATH
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.remote import RemoteAgent, RemoteRequestError
-from tests.support.fixtures import fixtures_dir, mlagents_fixtures_dir
+from tests.support.fixtures import EXTRA_FIXTURES, fixtures_dir, mlagents_fixtures_dir
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster
+
+SOCCER = EXTRA_FIXTURES / "soccertwos_standin" / "SoccerTwos.onnx"
 
 FIXTURE_PT = ("ppo_num_layers_2", "Huggy", "Huggy-2000139.pt")
 TOL = FP32_ACTION_ATOL  # the numerical contract: serving vs in-process
@@ -283,7 +288,33 @@ def kinds(server: Server) -> dict[str, str]:
                        num_cpus=0.25, batch_wait_timeout_s=BATCH_WAIT_S),
                name=run, route_prefix=f"/{run}", timeout_s=120)
         urls[run] = f"{server.url}/{run}"
+    deploy(AppArgs(policy=str(SOCCER), accelerator="cpu", num_cpus=0.25), name="soccertwos",
+           route_prefix="/soccertwos", timeout_s=120)
+    urls["soccertwos"] = f"{server.url}/soccertwos"
     return urls
+
+
+@pytest.mark.standin
+def test_a_served_policy_plays_a_team(kinds: dict[str, str]) -> None:
+    """The stand-in-trained SoccerTwos policy, served, plays team 0 against a scripted team 1
+    (as `huggy rollout --policy team=0=URL` does): episode by episode, the same results,
+    lengths and returns as the same file in process, with deterministic actions and the same
+    seeds (its discrete actions are argmaxes of logits computed alike within the numerics
+    contract; a near-tie would show as a different episode)."""
+    results = []
+    for team0 in (HuggyAgent(SOCCER, device="cpu"), RemoteAgent(kinds["soccertwos"])):
+        with TeamsEnv("builtin:soccertwos", base_port=free_port(), timeout_wait=60,
+                      env_parameters={"num_arenas": 2}) as env:
+            players = {"SoccerTwos?team=0": team0,
+                       "SoccerTwos?team=1": load_heuristic("heuristic:chaser")}
+            results.append(rollout_teams(env, players, episodes=4, seed=3))
+    in_process, served = ([(e.team, e.unit, e.index, e.result, e.length, e.episode_return)
+                           for e in sorted(r.episodes, key=lambda e: (e.team, e.unit, e.index))]
+                          for r in results)
+    assert len(served) == len(in_process) == 8
+    assert [e[:5] for e in served] == [e[:5] for e in in_process]
+    np.testing.assert_allclose([e[5] for e in served], [e[5] for e in in_process], rtol=0,
+                               atol=1e-5)
 
 
 def test_several_inputs_and_masks_over_http(kinds: dict[str, str]) -> None:

@@ -43,8 +43,19 @@ from deploy.evaluation.scheduling import (
     progress_bar,
     refill,
 )
-from deploy.placement import plan_placement
+from deploy.placement import ReplicaPlacement, plan_placement
 from huggy_agent import PolicyLoadError
+
+
+def runner_placement(accelerator: str, runner_cpus: float, runners: int) -> ReplicaPlacement:
+    """Where `runners` runners of `runner_cpus` CPU each go on the connected cluster;
+    EvaluationError, with the cluster's numbers, when it cannot hold them."""
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    try:
+        return plan_placement(accelerator, runner_cpus, runners, nodes)
+    except RuntimeError as error:  # worded for Serve replicas; a runner is one replica here
+        raise EvaluationError(f"cannot start {runners} runners of {runner_cpus:g} CPU each: "
+                              f"{error}") from error
 
 
 @contextmanager
@@ -163,13 +174,7 @@ def evaluate_on_ray(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpe
     started = time.perf_counter()
     outcome = EvaluationResult(policy_results(specs), config, env)
     with ray_session(address):
-        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-        try:
-            placement = plan_placement(config.accelerator, config.runner_cpus, config.runners,
-                                       nodes)
-        except RuntimeError as error:  # worded for Serve replicas; a runner is one replica here
-            raise EvaluationError(f"cannot start {config.runners} runners of "
-                                  f"{config.runner_cpus:g} CPU each: {error}") from error
+        placement = runner_placement(config.accelerator, config.runner_cpus, config.runners)
         pool = RunnerPool(config, env, placement)
         schedule = Schedule(outcome)
         try:

@@ -169,8 +169,9 @@ def bradley_terry(scores: np.ndarray, smoothing: float = SMOOTHING,
         scores: (..., K, K) with W[i, j] the wins of i over j plus half their draws; the
             diagonal is ignored.
         smoothing: added to every W[i, j], i != j, played or not.
-        max_iterations, delta: it stops after `max_iterations`, or at the first iteration in
-            which no normalised strength moves by `delta` or more.
+        max_iterations: it stops after this many iterations at most.
+        delta: ... or at the first iteration in which no normalised strength moves by `delta`
+            or more.
         start: (..., K) positive strengths to start from (default: all equal).
 
     Returns:

@@ -133,12 +133,19 @@ def load_agent(spec: PolicySpec, payload: list[Any] | bytes | None = None, devic
                precision: str = "fp32") -> Any:
     """The policy `spec` names, loaded from its file (`payload` None), from the file's bytes,
     or from a one-element list holding an ObjectRef of them."""
+    assert spec.path is not None
+    return load_policy_file(spec.path, payload, device, precision)
+
+
+def load_policy_file(path: str, payload: list[Any] | bytes | None = None, device: str = "cpu",
+                     precision: str = "fp32") -> Any:
+    """The policy file `path`, loaded from itself (`payload` None), from its bytes, or from a
+    one-element list holding an ObjectRef of them."""
     # start-up time: torch is imported while the environment boots (`Runner.__init__`)
     from huggy_agent import HuggyAgent
 
-    assert spec.path is not None
     if payload is None:
-        return HuggyAgent.from_checkpoint(spec.path, device=device, precision=precision)
+        return HuggyAgent.from_checkpoint(path, device=device, precision=precision)
     if isinstance(payload, list):
         import ray
 
@@ -146,7 +153,7 @@ def load_agent(spec: PolicySpec, payload: list[Any] | bytes | None = None, devic
     assert isinstance(payload, bytes)
     # The file travels as bytes so runners on other machines need no shared file system.
     with tempfile.TemporaryDirectory(prefix="huggy-eval-") as folder:
-        local = Path(folder) / Path(spec.path).name
+        local = Path(folder) / Path(path).name
         local.write_bytes(payload)
         return HuggyAgent.from_checkpoint(local, device=device, precision=precision)
 

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from mlagents_envs.exception import UnityException
@@ -32,7 +30,13 @@ from tqdm import tqdm
 from deploy.evaluation import ratings
 from deploy.evaluation.matchmaking import Fixture, Schedule, ScheduleConfig
 from deploy.evaluation.results import RunnerInfo
-from deploy.evaluation.runner import EnvironmentCrashed, attempt, free_worker_id, node_id
+from deploy.evaluation.runner import (
+    EnvironmentCrashed,
+    attempt,
+    free_worker_id,
+    load_policy_file,
+    node_id,
+)
 from deploy.placement import ACCELERATORS
 from envs.heuristics import is_heuristic, load_heuristic
 from envs.matches import MatchPlan, play_matches
@@ -206,30 +210,14 @@ class MatchRunner:
         if contender.heuristic is not None:
             agent = load_heuristic(contender.heuristic)
         else:
-            agent = _load_file(contender, payload, self._device, self._precision)
+            assert contender.path is not None
+            agent = load_policy_file(contender.path, payload, self._device, self._precision)
         self._agents[contender.label] = agent
         return agent
 
     def close(self) -> None:
         if self._env is not None:
             self._env.close()
-
-
-def _load_file(contender: Contender, payload: Any, device: str, precision: str) -> Any:
-    # start-up time: torch is imported only once a policy file plays
-    from huggy_agent import HuggyAgent
-
-    assert contender.path is not None
-    if payload is None:
-        return HuggyAgent.from_checkpoint(contender.path, device=device, precision=precision)
-    if isinstance(payload, list):
-        import ray  # the payload is an ObjectRef only on Ray
-
-        payload = ray.get(payload[0])
-    with tempfile.TemporaryDirectory(prefix="huggy-tournament-") as folder:
-        local = Path(folder) / Path(contender.path).name
-        local.write_bytes(payload)
-        return HuggyAgent.from_checkpoint(local, device=device, precision=precision)
 
 
 def batches(fixtures: Sequence[Fixture], arenas: int) -> list[list[Fixture]]:

@@ -18,7 +18,7 @@ from ray.exceptions import RayError
 
 from deploy.evaluation import ratings
 from deploy.evaluation.matchmaking import Fixture, Schedule
-from deploy.evaluation.on_ray import ray_session, runner_options
+from deploy.evaluation.on_ray import ray_session, runner_options, runner_placement
 from deploy.evaluation.runner import EnvironmentCrashed
 from deploy.evaluation.scheduling import EvaluationError
 from deploy.evaluation.tournament import (
@@ -30,7 +30,6 @@ from deploy.evaluation.tournament import (
     batches,
     progress_bar,
 )
-from deploy.placement import plan_placement
 
 
 @functools.cache
@@ -51,13 +50,7 @@ def play_on_ray(entrants: Sequence[Contender], config: TournamentConfig, env: To
     by_label = {c.label: c for c in entrants}
     played: list[ratings.Match] = []
     with ray_session(address):
-        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-        try:
-            placement = plan_placement(config.accelerator, config.runner_cpus, config.runners,
-                                       nodes)
-        except RuntimeError as error:
-            raise EvaluationError(f"cannot start {config.runners} runners of "
-                                  f"{config.runner_cpus:g} CPU each: {error}") from error
+        placement = runner_placement(config.accelerator, config.runner_cpus, config.runners)
         options = runner_options(placement, config.max_attempts)
         actors = [_remote_runner().options(**options).remote(
             f"runner-{k}", env, placement.device, config.precision)

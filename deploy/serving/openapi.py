@@ -244,7 +244,8 @@ def openapi_document(spec: ActorSpec, max_rows: int, max_body_bytes: int,
         "openapi": "3.1.0",
         "info": {"title": "huggy-agent policy server", "version": "1",
                  "description": (f"policy: {spec.describe()}" if not served else
-                                 f"{len(served)} policies; /v1/act: {spec.describe()}")
+                                 f"{len(served)} {'policy' if len(served) == 1 else 'policies'}; "
+                                 f"/v1/act: {spec.describe()}")
                                 + ". A method a route does not have is answered 405 with an "
                                   "Allow header (MethodNotAllowed)."},
         "paths": {

@@ -16,7 +16,7 @@ own seed (`HuggyAgent.actions_from`), so batching never changes a request's answ
 counted in rows (observations), not requests. A request that finds the replica otherwise idle
 (`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that arrived
 with it reach the same point, no other request in the replica) has no batch to join: it runs as
-a batch of one straight away, without the round trip through the batch queue (the README's
+a batch of one straight away, without the round trip through the batch queue (docs/serving.md's
 Batching section has its cost).
 
 Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an

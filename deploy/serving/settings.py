@@ -66,7 +66,7 @@ def split_user_config(config: dict[str, Any]) -> tuple[BatchSettings, PolicySet 
 
 
 class AppArgs(BaseModel):
-    """Arguments of the app builder (`serve run deploy.serve:app key=value ...`, or a config)."""
+    """Arguments of the app builder (`serve run deploy.serving.app:app key=value ...`, or a config)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -48,8 +48,8 @@ def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: 
       (`graphs`), else `torch`.
 
     The same engine serves every batch size on a device (`native` hands batches over
-    `NATIVE_ROWS` rows to onnxruntime, or torch); the measurements behind the rule are in the
-    README ("Engines").
+    `NATIVE_ROWS` rows to onnxruntime, or torch); the measurements behind the rule are in
+    docs/benchmarks.md ("The policy").
     """
     if device_type == "cpu":
         if precision != "fp32":

@@ -2,7 +2,7 @@
 graphs, one per batch-size rung, replayed with one host-to-device and one device-to-host copy.
 
 Small batches on an accelerator are launch-bound: a replayed graph launches once where eager ops
-launch every layer (the README has the figures).
+launch every layer (docs/benchmarks.md has the figures).
 
 - Rungs: powers of two up to `max_rung`. A batch of N <= max_rung rows is padded to the smallest
   rung >= N; a larger one runs in chunks of max_rung rows and a padded remainder.
