@@ -306,11 +306,12 @@ def read_agent_infos(agent_info_list: Any, behavior_spec: Any) -> AgentColumns |
     # float64 holds the float32 rewards and the int32 ids exactly
     scalars = np.array([(i.reward, i.group_reward, i.id, i.group_id, i.done, i.max_step_reached)
                         for i in infos], dtype=np.float64).reshape(n, 6)
+    # one conversion per dtype; the columns are views of its result
+    rewards, ids, flags = (scalars[:, 0:2].astype(np.float32), scalars[:, 2:4].astype(np.int64),
+                           scalars[:, 4:6] != 0)
     width = sum(behavior_spec.action_spec.discrete_branches)
-    return AgentColumns(obs, scalars[:, 0].astype(np.float32), scalars[:, 1].astype(np.float32),
-                        scalars[:, 2].astype(np.int64), scalars[:, 3].astype(np.int64),
-                        scalars[:, 4] != 0, scalars[:, 5] != 0,
-                        _masks(infos, width) if width else None)
+    return AgentColumns(obs, rewards[:, 0], rewards[:, 1], ids[:, 0], ids[:, 1], flags[:, 0],
+                        flags[:, 1], _masks(infos, width) if width else None)
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
