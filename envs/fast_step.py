@@ -17,13 +17,14 @@ originals back, for measuring and comparing.
 from __future__ import annotations
 
 import functools
+import math
 import queue
 import threading
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from envs.protobuf_wire import packed_floats_header, varint
+from envs.protobuf_wire import varint
 
 
 class _QueueConnection:
@@ -94,44 +95,61 @@ def _fast_servicer_class() -> type:
     return QueueServicer
 
 
-def encode_agent_actions(continuous: np.ndarray, deprecated: bool = True) -> bytes:
-    """Wire bytes of a `ListAgentActionProto` holding one `AgentActionProto` per row.
-
-    Each row goes into `continuous_actions` (and, as mlagents-envs does, `vector_actions_deprecated`
-    when `deprecated`). Parsing the result gives exactly the message mlagents-envs builds.
-    """
-    rows = np.ascontiguousarray(continuous, dtype="<f4")
-    n, width = rows.shape
+def encode_agent_actions(continuous: np.ndarray | None, discrete: np.ndarray | None = None
+                         ) -> bytes | None:
+    """Wire bytes of a `ListAgentActionProto` holding one `AgentActionProto` per row, as
+    mlagents-envs' `_generate_step_input` builds it: `continuous_actions` from `continuous`,
+    `discrete_actions` from `discrete`, and `vector_actions_deprecated` holding both (the
+    continuous ones, then the discrete ones as floats). Parsing the result gives exactly that
+    message. None (build it field by field) where a discrete action lies outside [0, 128), whose
+    varint would not take one byte. Either kind may be None or have no columns."""
+    given = continuous if continuous is not None else discrete
+    n = 0 if given is None else len(given)
     if n == 0:
         return b""
-    template, float_columns = _action_table(n, width, deprecated)
+    floats = (None if continuous is None or not continuous.size
+              else np.ascontiguousarray(continuous, dtype="<f4").reshape(n, -1))
+    choices = None if discrete is None or not discrete.size else np.asarray(discrete).reshape(n, -1)
+    if choices is not None and not ((choices >= 0).all() and (choices < 0x80).all()):
+        return None
+    width = 0 if floats is None else floats.shape[1]
+    template, (deprecated, continuous_at, discrete_at) = _action_table(
+        n, width, 0 if choices is None else choices.shape[1])
     table = template.copy()
-    row_bytes = rows.view(np.uint8).reshape(n, 4 * width)
-    for start in float_columns:
-        table[:, start : start + 4 * width] = row_bytes
+    if floats is not None:
+        float_bytes = floats.view(np.uint8).reshape(n, 4 * width)
+        table[:, deprecated:deprecated + 4 * width] = float_bytes
+        table[:, continuous_at:continuous_at + 4 * width] = float_bytes
+    if choices is not None:
+        start = deprecated + 4 * width
+        table[:, start:start + 4 * choices.shape[1]] = (
+            choices.astype("<f4").view(np.uint8).reshape(n, -1))
+        table[:, discrete_at:discrete_at + choices.shape[1]] = choices
     return table.tobytes()
 
 
-@functools.lru_cache(maxsize=8)
-def _action_table(n: int, width: int, deprecated: bool) -> tuple[np.ndarray, tuple[int, ...]]:
-    """A (n, entry bytes) template whose constant columns (the tags and lengths of each entry)
-    are written, and the first column of each copy of the floats. Read-only: callers copy it."""
+@functools.lru_cache(maxsize=16)
+def _action_table(n: int, continuous: int, discrete: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A (n, entry bytes) template of `encode_agent_actions` whose constant bytes (the tags and
+    lengths of each entry) are written, and where the values of each field start: the
+    deprecated floats, the continuous floats, the discrete one-byte varints. Read-only:
+    callers copy it."""
     from mlagents_envs.communicator_objects.agent_action_pb2 import AgentActionProto
 
     fields = AgentActionProto.DESCRIPTOR.fields_by_name
-    heads = [packed_floats_header(fields[name].number, width) for name in (
-        ["vector_actions_deprecated"] if deprecated else []) + ["continuous_actions"]] \
-        if width else []
-    body_len = sum(len(head) + 4 * width for head in heads)
-    entry = bytearray(varint(1 << 3 | 2) + varint(body_len))  # ListAgentActionProto.value = 1
-    float_columns = []
-    for head in heads:
-        entry += head
-        float_columns.append(len(entry))
-        entry += bytes(4 * width)
-    template = np.frombuffer(bytes(entry), np.uint8)[None].repeat(n, 0)
+    parts = [("vector_actions_deprecated", 4 * (continuous + discrete)),
+             ("continuous_actions", 4 * continuous), ("discrete_actions", discrete)]
+    body = bytearray()
+    starts = []
+    for name, size in parts:
+        if size:  # an empty packed field is not written
+            body += varint(fields[name].number << 3 | 2) + varint(size)
+        starts.append(len(body))
+        body += bytes(size)
+    head = varint(1 << 3 | 2) + varint(len(body))  # ListAgentActionProto.value = 1
+    template = np.frombuffer(head + bytes(body), np.uint8)[None].repeat(n, 0)
     template.flags.writeable = False
-    return template, tuple(float_columns)
+    return template, tuple(len(head) + start for start in starts)
 
 
 _EXITING = threading.Event()
@@ -197,51 +215,103 @@ def original_steps_from_proto(agent_info_list: Any, behavior_spec: Any) -> Any:
 
 
 def _steps_from_proto(agent_info_list: Any, behavior_spec: Any) -> Any:
-    """`rpc_utils.steps_from_proto` with a bulk path for one flat float observation."""
-    specs = behavior_spec.observation_specs
-    if (
-        len(specs) != 1
-        or len(specs[0].shape) != 1
-        or behavior_spec.action_spec.discrete_size > 0
-        or len(agent_info_list) == 0
-    ):
-        return original_steps_from_proto(agent_info_list, behavior_spec)
+    """`rpc_utils.steps_from_proto` reading the agents in bulk (`read_agent_infos`): vector
+    and variable-length observations, any actions, masks and groups; anything else (visual
+    observations, compressed ones, no agents) goes to the original."""
     return _fast_steps_from_proto(agent_info_list, behavior_spec, original_steps_from_proto)
 
 
 def _generate_step_input(self: Any, vector_action: dict) -> Any:
-    """`UnityEnvironment._generate_step_input` encoding continuous actions with numpy."""
+    """`UnityEnvironment._generate_step_input` encoding the actions with numpy
+    (`encode_agent_actions`); the original where a discrete action is outside [0, 128)."""
     from mlagents_envs.communicator_objects.command_pb2 import STEP
     from mlagents_envs.communicator_objects.unity_rl_input_pb2 import UnityRLInputProto
 
-    if any(a.discrete is not None and a.discrete.size for a in vector_action.values()):
-        return _ORIGINALS["generate_step_input"](self, vector_action)
     rl_in = UnityRLInputProto()
     for name, action in vector_action.items():
         if len(self._env_state[name][0]) == 0:
             continue
-        rl_in.agent_actions[name].MergeFromString(encode_agent_actions(action.continuous))
+        encoded = encode_agent_actions(action.continuous, action.discrete)
+        if encoded is None:
+            return _ORIGINALS["generate_step_input"](self, vector_action)
+        rl_in.agent_actions[name].MergeFromString(encoded)
         rl_in.command = STEP
     rl_in.side_channel = bytes(self._side_channel_manager.generate_side_channel_messages())
     return self._wrap_unity_input(rl_in)
 
 
-def _float_rows(agent_infos: list, width: int) -> np.ndarray | None:
-    """(len(agent_infos), width) float32 of every agent's first observation, read as packed bytes;
-    None when any agent's float data is not exactly `width` floats (as with compressed ones)."""
+# -- reading agent infos in bulk ------------------------------------------------------------------
+
+
+class AgentColumns(NamedTuple):
+    """One behavior's agent infos as arrays, one row per agent in Unity's order."""
+
+    obs: list[np.ndarray]  # each (n, *shape) float32
+    reward: np.ndarray  # (n,) float32
+    group_reward: np.ndarray  # (n,) float32
+    agent_id: np.ndarray  # (n,) int64
+    group_id: np.ndarray  # (n,) int64
+    done: np.ndarray  # (n,) bool
+    max_step: np.ndarray  # (n,) bool
+    masked: np.ndarray | None  # (n, sum of branches) bool, mlagents-envs' (True = not allowed)
+
+
+def _float_rows(infos: list, index: int, size: int) -> np.ndarray | None:
+    """(len(infos), size) float32 of every agent's observation `index`, read as packed bytes
+    (one serialization per agent); None when an agent has no such observation or its float
+    data is not exactly `size` floats."""
     try:
-        joined = b"".join([info.observations[0].float_data.SerializeToString()
-                           for info in agent_infos])
-    except IndexError:  # an agent without observations
+        joined = b"".join([info.observations[index].float_data.SerializeToString()
+                           for info in infos])
+    except IndexError:  # an agent without that observation
         return None
-    head = bytes([0x0A]) + varint(4 * width)  # FloatData.data = 1, packed
-    row = len(head) + 4 * width
-    if len(joined) != row * len(agent_infos):
+    head = bytes([0x0A]) + varint(4 * size)  # FloatData.data = 1, packed
+    row = len(head) + 4 * size
+    if not size or len(joined) != row * len(infos):
         return None
-    table = np.frombuffer(joined, dtype=np.uint8).reshape(len(agent_infos), row)
+    table = np.frombuffer(joined, dtype=np.uint8).reshape(len(infos), row)
     if not (table[:, : len(head)] == np.frombuffer(head, np.uint8)).all():
         return None
     return table[:, len(head):].copy().view("<f4").astype(np.float32, copy=False)
+
+
+def _masks(infos: list, width: int) -> np.ndarray:
+    """(len(infos), width) bool: each agent's action mask (True = not allowed), all False for
+    an agent whose mask is not `width` long, as mlagents-envs reads them."""
+    masks = [info.action_mask for info in infos]
+    if all(len(mask) == width for mask in masks):
+        return np.array(masks, dtype=bool).reshape(len(infos), width)
+    return np.array([list(mask) if len(mask) == width else [False] * width for mask in masks],
+                    dtype=bool).reshape(len(infos), width)
+
+
+def read_agent_infos(agent_info_list: Any, behavior_spec: Any) -> AgentColumns | None:
+    """The agents of `agent_info_list` (mlagents-envs' `AgentInfoProto`s of one behavior) as
+    `AgentColumns`: the scalars in one pass over the agents, each observation in one bulk copy.
+    The values are exactly those of `rpc_utils.steps_from_proto`.
+
+    None, to leave them to mlagents-envs' own code, for no agents, a visual (rank 3)
+    observation, or an observation whose float data is not the spec's size."""
+    specs = behavior_spec.observation_specs
+    if not len(agent_info_list) or any(len(spec.shape) > 2 for spec in specs):
+        return None
+    infos = list(agent_info_list)
+    n = len(infos)
+    obs = []
+    for index, spec in enumerate(specs):
+        values = _float_rows(infos, index, math.prod(spec.shape))
+        if values is None:
+            return None
+        obs.append(values.reshape((n, *spec.shape)))
+    # float64 holds the float32 rewards and the int32 ids exactly
+    scalars = np.array([(i.reward, i.group_reward, i.id, i.group_id, i.done, i.max_step_reached)
+                        for i in infos], dtype=np.float64).reshape(n, 6)
+    # one conversion per dtype; the columns are views of its result
+    rewards, ids, flags = (scalars[:, 0:2].astype(np.float32), scalars[:, 2:4].astype(np.int64),
+                           scalars[:, 4:6] != 0)
+    width = sum(behavior_spec.action_spec.discrete_branches)
+    return AgentColumns(obs, rewards[:, 0], rewards[:, 1], ids[:, 0], ids[:, 1], flags[:, 0],
+                        flags[:, 1], _masks(infos, width) if width else None)
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -254,12 +324,13 @@ def _mean_cannot_overflow(values: np.ndarray) -> bool:
     return values.size == 0 or float(np.abs(values).max()) * values.size < _FLOAT32_MAX / 2
 
 
-def raise_on_nan_and_inf(obs: np.ndarray, reward: np.ndarray, group_reward: np.ndarray,
+def raise_on_nan_and_inf(obs: list[np.ndarray], reward: np.ndarray, group_reward: np.ndarray,
                          done: np.ndarray) -> None:
     """mlagents-envs' NaN/inf errors for one behavior's agents (rows in Unity's order, `done`
-    marking finished ones), as `rpc_utils.steps_from_proto` raises them: the same checks on
-    the same arrays in its order (observations of deciding agents, then of finished ones, then
-    rewards, then group rewards, each deciding first), so the same first field and message.
+    marking finished ones; `obs` its vector and variable-length observations), as
+    `rpc_utils.steps_from_proto` raises them: the same checks on the same arrays in its order
+    (each observation, of deciding agents then of finished ones; then rewards, then group
+    rewards, each deciding first), so the same first field and message.
 
     Its check is `np.mean` in float32: NaN anywhere gives "NaN values" (so do +inf and -inf
     together), inf "Infinite values", and so do finite values whose float32 sum overflows
@@ -267,7 +338,8 @@ def raise_on_nan_and_inf(obs: np.ndarray, reward: np.ndarray, group_reward: np.n
     original's errors, and a policy has nothing useful to do with such observations anyway.
     A cheap exact test (`_mean_cannot_overflow`) skips the checks when none can fail.
     """
-    fields = ((obs, "observations"), (reward, "rewards"), (group_reward, "group_rewards"))
+    fields = [*((values, "observations") for values in obs), (reward, "rewards"),
+              (group_reward, "group_rewards")]
     if all(_mean_cannot_overflow(values) for values, _ in fields):
         return
     from mlagents_envs.rpc_utils import _raise_on_nan_and_inf
@@ -277,31 +349,33 @@ def raise_on_nan_and_inf(obs: np.ndarray, reward: np.ndarray, group_reward: np.n
         _raise_on_nan_and_inf(values[done], source)
 
 
+def _split_indices(branches: tuple[int, ...]) -> list[int]:
+    """Where `np.split` cuts a joined mask into one array per branch."""
+    return np.cumsum(branches)[:-1].tolist()
+
+
 def _fast_steps_from_proto(agent_info_list: Any, behavior_spec: Any, fallback: Any) -> Any:
-    """`steps_from_proto` for one (width,) float observation: one pass over the agents for the
-    scalars, one bulk copy for the observations. Anything else goes to `fallback`."""
+    """`steps_from_proto` from `read_agent_infos`; anything it does not read goes to
+    `fallback`."""
     from mlagents_envs.base_env import DecisionSteps, TerminalSteps
 
-    infos = list(agent_info_list)
-    (width,) = behavior_spec.observation_specs[0].shape
-    obs = _float_rows(infos, width)
-    if obs is None:
+    columns = read_agent_infos(agent_info_list, behavior_spec)
+    if columns is None:
         return fallback(agent_info_list, behavior_spec)
-    scalars = np.array([(i.reward, i.group_reward, i.id, i.group_id, i.done, i.max_step_reached)
-                        for i in infos], dtype=np.float64).reshape(len(infos), 6)
-    done = scalars[:, 4] != 0
-    rewards, group_rewards = scalars[:, 0].astype(np.float32), scalars[:, 1].astype(np.float32)
-    raise_on_nan_and_inf(obs, rewards, group_rewards, done)
+    done = columns.done
+    raise_on_nan_and_inf(columns.obs, columns.reward, columns.group_reward, done)
     steps = []
-    for mask in (~done, done):
-        part = scalars[mask]
-        steps.append((obs[mask], rewards[mask], group_rewards[mask], part[:, 2].astype(np.int32),
-                      part[:, 3].astype(np.int64).tolist(), part[:, 5] != 0))
-    (obs_d, rew_d, grew_d, ids_d, gid_d, _), (obs_t, rew_t, grew_t, ids_t, gid_t, cut) = steps
-    return (
-        DecisionSteps([obs_d], rew_d, ids_d, None, gid_d, grew_d),
-        TerminalSteps([obs_t], rew_t, cut, ids_t, gid_t, grew_t),
-    )
+    for rows in (~done, done):
+        steps.append(([values[rows] for values in columns.obs], columns.reward[rows],
+                      columns.agent_id[rows].astype(np.int32), columns.group_id[rows].tolist(),
+                      columns.group_reward[rows]))
+    (obs_d, rew_d, ids_d, gid_d, grew_d), (obs_t, rew_t, ids_t, gid_t, grew_t) = steps
+    mask = None
+    if columns.masked is not None and len(ids_d):
+        mask = np.split(columns.masked[~done], _split_indices(
+            behavior_spec.action_spec.discrete_branches), axis=1)
+    return (DecisionSteps(obs_d, rew_d, ids_d, mask, gid_d, grew_d),
+            TerminalSteps(obs_t, rew_t, columns.max_step[done], ids_t, gid_t, grew_t))
 
 
 class AgentRows(NamedTuple):
@@ -395,17 +469,14 @@ def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | No
 
 
 def lean_rows(infos: Any, spec: Any) -> AgentRows:
-    """`AgentRows` of one behavior's agent infos (one vector observation), in Unity's order,
-    with the NaN/inf errors of `steps_from_proto` (`raise_on_nan_and_inf`)."""
-    (width,) = spec.observation_specs[0].shape
-    obs = _float_rows(infos, width) if len(infos) else np.zeros((0, width), np.float32)
-    if obs is None:
+    """`AgentRows` of one behavior's agent infos, in Unity's order, with the NaN/inf errors of
+    `steps_from_proto` (`raise_on_nan_and_inf`); read in bulk where `read_agent_infos` can."""
+    columns = read_agent_infos(infos, spec)
+    if columns is None:
         return agent_rows(*original_steps_from_proto(infos, spec))
-    scalars = np.array([(i.reward, i.group_reward, i.id, i.done, i.max_step_reached)
-                        for i in infos], dtype=np.float64).reshape(len(infos), 5)
-    reward = scalars[:, 0].astype(np.float32)
-    group_reward = scalars[:, 1].astype(np.float32)
-    done = scalars[:, 3] != 0
-    raise_on_nan_and_inf(obs, reward, group_reward, done)
-    return AgentRows(scalars[:, 2].astype(np.int64), reward, done, done & (scalars[:, 4] != 0),
-                     [obs], None, group_reward if group_reward.any() else None)
+    done, group_reward = columns.done, columns.group_reward
+    raise_on_nan_and_inf(columns.obs, columns.reward, group_reward, done)
+    masked = columns.masked
+    return AgentRows(columns.agent_id, columns.reward, done, done & columns.max_step,
+                     columns.obs, None if masked is None or done.all() else masked[~done],
+                     group_reward if group_reward.any() else None)

@@ -93,6 +93,60 @@ def test_encode_agent_actions_matches_the_protobuf_api() -> None:
     assert fast_step.encode_agent_actions(np.zeros((0, 21), np.float32)) == b""
 
 
+@pytest.mark.parametrize("continuous,branches", [(0, (3, 3, 3)), (2, (2, 5)), (0, ()), (4, ())])
+def test_generate_step_input_equals_the_original(continuous: int, branches: tuple) -> None:
+    """Discrete, hybrid and continuous actions of several behaviors (one with no agents) encode
+    to the message mlagents-envs' own `_generate_step_input` builds."""
+    from mlagents_envs.base_env import ActionSpec, ActionTuple
+    from mlagents_envs.communicator_objects.unity_input_pb2 import UnityInputProto
+
+    rng = np.random.default_rng(7)
+    spec = ActionSpec(continuous, branches)
+    actions, env = {}, _bare_environment()
+    for name, n in (("A?team=0", 9), ("B?team=1", 0), ("C?team=1", 130)):
+        empty = spec.empty_action(n)
+        actions[name] = ActionTuple(
+            rng.standard_normal((n, continuous)).astype(np.float32) if continuous
+            else empty.continuous,
+            np.stack([rng.integers(0, b, n) for b in branches], axis=1).astype(np.int32)
+            if branches else empty.discrete)
+        env._env_state[name] = (range(n), None)  # only len() of the decision steps is read
+    fast = fast_step._generate_step_input(env, actions)
+    slow = fast_step._ORIGINALS["generate_step_input"](env, actions)
+    assert UnityInputProto.FromString(fast.SerializeToString()) == slow
+    assert len(slow.rl_input.agent_actions["C?team=1"].value) == 130
+
+
+def test_discrete_actions_outside_one_byte_take_the_original_path() -> None:
+    """A discrete action of 128 or more, or below 0, needs a longer varint: the numpy encoder
+    declines and the message is built field by field, as mlagents-envs does."""
+    from mlagents_envs.base_env import ActionTuple
+    from mlagents_envs.communicator_objects.unity_input_pb2 import UnityInputProto
+
+    for value in (128, 300, -1):
+        discrete = np.array([[1, value], [0, 2]], np.int32)
+        assert fast_step.encode_agent_actions(None, discrete) is None
+        env = _bare_environment()
+        env._env_state["A?team=0"] = (range(2), None)
+        actions = {"A?team=0": ActionTuple(np.zeros((2, 0), np.float32), discrete)}
+        fast = fast_step._generate_step_input(env, actions)
+        assert UnityInputProto.FromString(fast.SerializeToString()) == \
+            fast_step._ORIGINALS["generate_step_input"](env, actions)
+        assert list(fast.rl_input.agent_actions["A?team=0"].value[0].discrete_actions) == \
+            [1, value]
+
+
+def _bare_environment():  # mlagents_envs imported lazily
+    """A `UnityEnvironment` with just what `_generate_step_input` reads."""
+    from mlagents_envs.environment import UnityEnvironment
+    from mlagents_envs.side_channel.side_channel_manager import SideChannelManager
+
+    env = UnityEnvironment.__new__(UnityEnvironment)
+    env._env_state = {}
+    env._side_channel_manager = SideChannelManager([])
+    return env
+
+
 def _agent_infos(rng: np.random.Generator, n: int, width: int) -> list:
     from mlagents_envs.communicator_objects.agent_info_pb2 import AgentInfoProto
 
@@ -153,8 +207,8 @@ def test_fast_steps_from_proto_rejects_nan_like_the_original() -> None:
         rpc_utils.steps_from_proto(infos, spec)
 
 
-def _set_obs(info: object, values: list[float]) -> None:
-    data = info.observations[0].float_data.data
+def _set_obs(info: object, values: list[float], index: int = 0) -> None:
+    data = info.observations[index].float_data.data
     data[:len(values)] = values
 
 
@@ -240,13 +294,162 @@ def _assert_rows_are_the_steps(rows: fast_step.AgentRows, infos: list, decision:
     """`rows` (Unity's order) hold the original's decision steps, then its terminal steps."""
     done = np.array([info.done for info in infos])
     np.testing.assert_array_equal(rows.done, done)
-    for field, d, t in ((rows.agent_id, decision.agent_id, terminal.agent_id),
-                        (rows.reward, decision.reward, terminal.reward),
-                        (rows.obs[0], decision.obs[0], terminal.obs[0])):
+    pairs = [(rows.agent_id, decision.agent_id, terminal.agent_id),
+             (rows.reward, decision.reward, terminal.reward),
+             *zip(rows.obs, decision.obs, terminal.obs, strict=True)]
+    for field, d, t in pairs:
         np.testing.assert_array_equal(field[~done], d)
         np.testing.assert_array_equal(field[done], t)
     np.testing.assert_array_equal(rows.interrupted[done], terminal.interrupted)
-    assert not rows.interrupted[~done].any() and rows.mask is None
+    assert not rows.interrupted[~done].any()
+    if decision.action_mask is None:
+        assert rows.mask is None
+    else:
+        np.testing.assert_array_equal(rows.mask, np.concatenate(decision.action_mask, axis=1))
+    np.testing.assert_array_equal(rows.total_reward()[~done],
+                                  decision.reward + decision.group_reward)
+    np.testing.assert_array_equal(rows.total_reward()[done],
+                                  terminal.reward + terminal.group_reward)
+
+
+def _spec(shapes: list[tuple[int, ...]], continuous: int, branches: tuple[int, ...]):
+    """A BehaviorSpec with observations of `shapes` and the given actions."""
+    from mlagents_envs.base_env import (
+        ActionSpec,
+        BehaviorSpec,
+        DimensionProperty,
+        ObservationSpec,
+        ObservationType,
+    )
+
+    return BehaviorSpec([ObservationSpec(shape, (DimensionProperty.NONE,) * len(shape),
+                                         ObservationType.DEFAULT, f"obs_{k}")
+                         for k, shape in enumerate(shapes)], ActionSpec(continuous, branches))
+
+
+# Agent ids and group ids of every varint length, negative ones (10 bytes) and 0 (not written).
+IDS = [0, 1, 127, 128, 16_383, 16_384, 2**21, 2**31 - 1, -1, -2**31]
+
+
+def _many_agent_infos(rng: np.random.Generator, n: int, shapes: list, mask_size: int) -> list:
+    """Agents of every kind: deciding and finished (some at the max step), rewards and group
+    rewards zero or not, every id length, masks of the right size, of another size, or none."""
+    from mlagents_envs.communicator_objects.agent_info_pb2 import AgentInfoProto
+
+    infos = []
+    for i in range(n):
+        info = AgentInfoProto(id=IDS[i % len(IDS)] if i % 3 else 1000 + i,
+                              reward=0.0 if i % 4 == 0 else float(rng.normal()),
+                              done=i % 5 in (1, 3), max_step_reached=i % 5 == 3,
+                              group_id=IDS[(i * 7) % len(IDS)] if i % 2 else 0,
+                              group_reward=0.0 if i % 3 == 0 else float(rng.normal()))
+        if mask_size and i % 6 != 5:
+            info.action_mask.extend((rng.random(mask_size + (i % 7 == 6)) < 0.4).tolist())
+        for shape in shapes:
+            obs = info.observations.add()
+            obs.shape.extend(shape)
+            obs.dimension_properties.extend([1] * len(shape))
+            obs.float_data.data.extend(rng.standard_normal(int(np.prod(shape))).astype(np.float32))
+        infos.append(info)
+    return infos
+
+
+SCENES = {  # observation shapes, continuous actions, discrete branches
+    "soccer": ([(264,), (72,)], 0, (3, 3, 3)),
+    "vector and variable-length, hybrid": ([(8,), (3, 4)], 2, (2, 5)),
+    "one vector, continuous": ([(59,)], 21, ()),
+    "one vector, discrete": ([(6,)], 0, (4,)),
+}
+
+
+def _assert_steps_equal(mine: tuple, theirs: tuple) -> None:
+    """Every array of mlagents-envs' DecisionSteps and TerminalSteps, with dtypes and types."""
+    for side, (m, t) in enumerate(zip(mine, theirs, strict=True)):
+        assert len(m.obs) == len(t.obs)
+        for a, b in zip(m.obs, t.obs, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+        for name in ("reward", "agent_id", "group_reward"):
+            a, b = getattr(m, name), getattr(t, name)
+            assert a.dtype == b.dtype, name
+            np.testing.assert_array_equal(a, b)
+        assert m.group_id == t.group_id and all(type(g) is int for g in m.group_id)
+        if side == 0:
+            if t.action_mask is None:
+                assert m.action_mask is None
+            else:
+                assert [a.dtype for a in m.action_mask] == [b.dtype for b in t.action_mask]
+                for a, b in zip(m.action_mask, t.action_mask, strict=True):
+                    np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_array_equal(m.interrupted, t.interrupted)
+
+
+@pytest.mark.parametrize("scene", SCENES)
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_bulk_steps_from_proto_equal_the_original(scene: str, n: int) -> None:
+    """Several observations, discrete and hybrid actions, masks (of the branches' size, of
+    another size, none), group ids and rewards, every id length, deciding and finished agents:
+    read in bulk, exactly as mlagents-envs reads them one by one."""
+    shapes, continuous, branches = SCENES[scene]
+    spec = _spec(shapes, continuous, branches)
+    infos = _many_agent_infos(np.random.default_rng(n), n, shapes, sum(branches))
+    assert fast_step.read_agent_infos(infos, spec) is not None  # the bulk path, not a fallback
+    theirs = fast_step.original_steps_from_proto(infos, spec)
+    _assert_steps_equal(fast_step._steps_from_proto(infos, spec), theirs)
+    _assert_rows_are_the_steps(fast_step.lean_rows(infos, spec), infos, *theirs)
+
+
+def test_visual_compressed_and_odd_sized_observations_take_the_original_path() -> None:
+    """What the bulk reader does not read (an image, a size other than the spec's, an agent
+    short of an observation) goes to mlagents-envs' own code, with its results and errors."""
+    from mlagents_envs.exception import UnityObservationException
+
+    rng = np.random.default_rng(3)
+    image = _spec([(2, 3, 4), (5,)], 0, (3,))
+    infos = _many_agent_infos(rng, 6, [(2, 3, 4), (5,)], 3)
+    assert fast_step.read_agent_infos(infos, image) is None
+    _assert_steps_equal(fast_step._steps_from_proto(infos, image),
+                        fast_step.original_steps_from_proto(infos, image))
+    vector = _spec([(5,)], 2, ())
+    infos = _many_agent_infos(rng, 6, [(5,)], 0)
+    infos[4].observations[0].float_data.data.append(1.0)
+    infos[4].observations[0].shape[0] = 6
+    assert fast_step.read_agent_infos(infos, vector) is None
+    with pytest.raises(UnityObservationException, match="id=.*Expected shape \\(5,\\)"):
+        fast_step._steps_from_proto(infos, vector)
+
+
+# Two observations, six agents (0 and 3 finished): the original checks each observation in turn
+# (deciding agents, then finished ones), then rewards, then group rewards.
+TWO_OBSERVATION_CASES = {
+    "inf-obs1-deciding-and-nan-obs0-finished": (
+        lambda i: (_set_obs(i[1], [INF], 1), _set_obs(i[0], [NAN], 0)),
+        "The observations provided had NaN values."),
+    "inf-obs0-finished-and-nan-obs1-deciding": (
+        lambda i: (_set_obs(i[3], [INF], 0), _set_obs(i[2], [NAN], 1)),
+        "The observations provided had Infinite values."),
+    "nan-obs1-finished-and-inf-reward": (
+        lambda i: (_set_obs(i[0], [NAN], 1), setattr(i[1], "reward", INF)),
+        "The observations provided had NaN values."),
+    "nan-group-reward-deciding": (
+        lambda i: setattr(i[4], "group_reward", NAN), "The group_rewards provided had NaN values."),
+}
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in reduce:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered in reduce:RuntimeWarning")
+@pytest.mark.parametrize("path", ["original", "fast", "lean"])
+@pytest.mark.parametrize("case", TWO_OBSERVATION_CASES)
+def test_several_observations_raise_the_original_error(case: str, path: str) -> None:
+    spec = _spec([(4,), (2, 3)], 0, (3, 2))
+    infos = _many_agent_infos(np.random.default_rng(9), 6, [(4,), (2, 3)], 5)
+    for info in infos:
+        info.done = info in (infos[0], infos[3])
+    spoil, message = TWO_OBSERVATION_CASES[case]
+    spoil(infos)
+    with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
+        _three_paths()[path](infos, spec)
 
 
 @pytest.mark.standin

@@ -151,7 +151,8 @@ class StandIn:
             listing.SerializeToString(), len(listing.value), ACT_SIZE)
         if rows is None:  # another layout: field by field
             rows = [list(a.continuous_actions) for a in listing.value]
-        if len(rows) != n or any(len(row) != ACT_SIZE for row in rows):
+        if len(rows) != n or not isinstance(rows, np.ndarray) and any(
+                len(row) != ACT_SIZE for row in rows):
             self.log.write(f"unexpected actions: {len(rows)} rows for {n} agents; using zeros\n")
             return actions
         # Python answers in the order of the decision agents it received (`self.order`).

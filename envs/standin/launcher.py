@@ -38,7 +38,9 @@ def launcher_script(python: str = sys.executable, scene: str = "huggy") -> str:
         "player,\n"
         "#   FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]\n"
         "GRPC_VERBOSITY=${GRPC_VERBOSITY:-NONE}  # no gRPC chatter when Python closes the server\n"
-        "export GRPC_VERBOSITY\n"
+        "# gRPC's older client I/O path: one blocking call at a time wakes fewer threads\n"
+        "GRPC_EXPERIMENTS=${GRPC_EXPERIMENTS--event_engine_client}\n"
+        "export GRPC_VERBOSITY GRPC_EXPERIMENTS\n"
         f'exec {shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(root)}{scene_args} "$@"\n'
     )
 

@@ -50,8 +50,13 @@ _MAX_SWEEP = 2.5  # fastest foot sweep (normalized rotation per second) that gri
 _LEVEL_PITCH = 0.13  # rad, nose up: the standing pose's pitch
 _MAX_REST = 0.7  # rad from the level pitch: the most the legs can tilt the body
 _MAX_TILT = 0.9  # rad from the level pitch at which the body's nose or rear hits the ground
-_UPPER = 1 + 10 * np.arange(4)  # first observation column of each upper leg part
-_LOWER = _UPPER + 5  # ... and of each lower leg part
+_UPPER = 1  # first observation column of the first upper leg part (one every 10 columns)
+_LOWER = _UPPER + 5  # ... and of the first lower leg part
+
+
+def _legs(first: int) -> slice:
+    """Observation column `first` of each of the four legs' blocks."""
+    return slice(first, first + 40, 10)
 
 
 def _clip(x: np.ndarray, low: float, high: float) -> np.ndarray:
@@ -246,9 +251,11 @@ class HuggySim(SeededSim):
         self.pitch[rows] = pitch[rows]
         self.roll[rows] = roll[rows]
 
-    def _frame(self) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and up unit vectors (N, 3) from yaw, pitch and roll."""
-        cy, sy = np.cos(self.yaw), np.sin(self.yaw)
+    def _frame(self, yaw_cos_sin: tuple[np.ndarray, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and up unit vectors (N, 3) from yaw, pitch and roll (`yaw_cos_sin`: the
+        yaw's cosine and sine, when already computed)."""
+        cy, sy = yaw_cos_sin or (np.cos(self.yaw), np.sin(self.yaw))
         cp, sp = np.cos(self.pitch), np.sin(self.pitch)
         cr, sr = np.cos(self.roll), np.sin(self.roll)
         forward = _columns(sy * cp, sp, cy * cp)
@@ -269,26 +276,26 @@ class HuggySim(SeededSim):
                 | (np.abs(self.pitch - _LEVEL_PITCH) >= _MAX_TILT - 1e-9))
         return body, upper, lower
 
-    def observe(self) -> np.ndarray:
-        """(N, 59) float32 observations of the current state."""
+    def observe(self, yaw_cos_sin: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """(N, 59) float32 observations of the current state (`yaw_cos_sin`: see `_frame`)."""
         n = self.config.num_agents
         body, upper, lower = self._contacts()
         obs = np.zeros((n, OBS_SIZE), dtype=np.float32)
         obs[:, 0] = body
         # Each leg part's block: contact, rotation X, Y, Z, strength.
-        obs[:, _UPPER] = upper
-        obs[:, _UPPER + 1] = self.targets[:, 0:4]
-        obs[:, _UPPER + 2] = self.targets[:, 4:8]
-        obs[:, _UPPER + 4] = self.strength[:, 0::2]
-        obs[:, _LOWER] = lower
-        obs[:, _LOWER + 1] = self.targets[:, 8:12]
-        obs[:, _LOWER + 4] = self.strength[:, 1::2]
+        obs[:, _legs(_UPPER)] = upper
+        obs[:, _legs(_UPPER + 1)] = self.targets[:, 0:4]
+        obs[:, _legs(_UPPER + 2)] = self.targets[:, 4:8]
+        obs[:, _legs(_UPPER + 4)] = self.strength[:, 0::2]
+        obs[:, _legs(_LOWER)] = lower
+        obs[:, _legs(_LOWER + 1)] = self.targets[:, 8:12]
+        obs[:, _legs(_LOWER + 4)] = self.strength[:, 1::2]
         to_stick = self.stick - self.pos
         obs[:, 41:44] = to_stick / _norms(to_stick, keepdims=True)
         obs[:, 44:47] = self.pos - [0.0, _STAND_HEIGHT, 0.0]
         obs[:, 47:50] = self.vel
         obs[:, 50:53] = self.angvel
-        forward, up = self._frame()
+        forward, up = self._frame(yaw_cos_sin)
         obs[:, 53:56] = forward
         obs[:, 56:59] = up
         return obs
@@ -351,18 +358,19 @@ class HuggySim(SeededSim):
         yaw_rate = 3.0 * turn * _clip(bearing, -1, 1) + 4.0 * splay.sum(axis=1)
         old_pos, old_pitch, old_roll = self.pos.copy(), self.pitch.copy(), self.roll.copy()
         self.yaw = (self.yaw + yaw_rate * DT + np.pi) % (2 * np.pi) - np.pi
+        cos_yaw, sin_yaw = np.cos(self.yaw), np.sin(self.yaw)
         speed = 0.5 * np.hypot(self.vel[:, 0], self.vel[:, 2]) * np.sign(
-            self.vel[:, 0] * np.sin(self.yaw) + self.vel[:, 2] * np.cos(self.yaw)
+            self.vel[:, 0] * sin_yaw + self.vel[:, 2] * cos_yaw
         ) + 1.0 * thrust
         self._pose()
-        horizontal = _columns(np.sin(self.yaw), np.cos(self.yaw)) * speed[:, None]
+        horizontal = _columns(sin_yaw, cos_yaw) * speed[:, None]
         arena = self.config.arena_size
-        self.pos[:, [0, 2]] = _clip(old_pos[:, [0, 2]] + horizontal * DT, -arena, arena)
+        self.pos[:, 0:3:2] = _clip(old_pos[:, 0:3:2] + horizontal * DT, -arena, arena)
         self.vel = (self.pos - old_pos) / DT
         self.angvel = _columns(
-            (self.pitch - old_pitch) / DT * np.cos(self.yaw),
+            (self.pitch - old_pitch) / DT * cos_yaw,
             yaw_rate,
-            (self.roll - old_roll) / DT * np.cos(self.yaw),
+            (self.roll - old_roll) / DT * cos_yaw,
         )
         self.steps += 1
 
@@ -375,7 +383,7 @@ class HuggySim(SeededSim):
         if self.config.episode_length > 0:
             reward, reached, interrupted = self._scripted_ends()
         done = reached | interrupted
-        obs = self.observe()
+        obs = self.observe((cos_yaw, sin_yaw))
         agent_id = self.agent_id.copy()
         if self.config.render:  # the finished dogs' last poses, before they respawn
             self.final_poses = self.poses()[done] if done.any() else self.final_poses[:0]

@@ -13,10 +13,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from envs.protobuf_wire import length_delimited, read_varint, varint
+from envs.protobuf_wire import length_delimited, read_varint, varint, varint_size
 
 HEADER_OK = bytes([0x0A, 0x03, 0x08, 0xC8, 0x01])  # UnityMessageProto.header = {status: 200}
 _VARINT_LIMITS = np.array([1 << 7, 1 << 14, 1 << 21, 1 << 28, 1 << 35], dtype=np.int64)
+_SHIFTS = 7 * np.arange(5)
+_MORE = [np.where(np.arange(size) < size - 1, 0x80, 0) for size in range(6)]
+"""Per varint size, the continuation bit of each of its bytes."""
 
 
 def _varint_sizes(values: np.ndarray) -> np.ndarray:
@@ -26,9 +29,7 @@ def _varint_sizes(values: np.ndarray) -> np.ndarray:
 
 def _varint_columns(values: np.ndarray, size: int) -> np.ndarray:
     """(len(values), size) uint8: each value's varint, all of `size` bytes."""
-    shifts = 7 * np.arange(size)
-    more = np.where(np.arange(size) < size - 1, 0x80, 0)
-    return ((values[:, None] >> shifts) & 0x7F | more).astype(np.uint8)
+    return ((values[:, None] >> _SHIFTS[:size]) & 0x7F | _MORE[size]).astype(np.uint8)
 
 
 class ObservationEncoder:
@@ -95,9 +96,9 @@ class ObservationEncoder:
         rewards = np.ascontiguousarray(reward, dtype="<f4").reshape(n)
         group_rewards = (np.zeros(n, "<f4") if group_reward is None
                          else np.ascontiguousarray(group_reward, dtype="<f4").reshape(n))
-        sizes = _varint_sizes(np.array([low, high, group_low, group_high]))
+        sizes = [varint_size(value) for value in (low, high, group_low, group_high)]
         if not (done.any() or max_step.any()) and sizes[0] == sizes[1] and sizes[2] == sizes[3]:
-            key = 4 * int(sizes[0]) + 32 * int(sizes[2]) * self.groups  # the common case
+            key = 4 * sizes[0] + 32 * sizes[2] * self.groups  # the common case
             return self._table(key, ids, rewards, floats, groups, group_rewards).tobytes()
         keys = (done.astype(np.int64) + 2 * max_step + 4 * _varint_sizes(ids)
                 + 32 * _varint_sizes(groups) * self.groups)

@@ -120,7 +120,8 @@ class SoccerStandIn:
                                          len(BRANCHES))
             if rows is None:  # another layout: field by field
                 rows = [list(a.discrete_actions) for a in listing.value]
-            if len(rows) != len(order) or any(len(row) != len(BRANCHES) for row in rows):
+            if len(rows) != len(order) or not isinstance(rows, np.ndarray) and any(
+                    len(row) != len(BRANCHES) for row in rows):
                 self.log.write(f"unexpected actions for {behavior}: {len(rows)} rows for "
                                f"{len(order)} agents; using zeros\n")
                 continue
