@@ -173,7 +173,7 @@ def _one_row_request(document: dict, spec: ActorSpec) -> ActRequest | None:
             or type(row_offset) is not int or not 0 <= row_offset < SEED_LIMIT:
         return None
     try:
-        if not (-FLOAT32_OVERFLOW < min(obs) and max(obs) < FLOAT32_OVERFLOW):
+        if not (min(obs) > -FLOAT32_OVERFLOW and max(obs) < FLOAT32_OVERFLOW):
             return None
     except TypeError:  # a nested list: a batch, or a shape to refuse
         return None
