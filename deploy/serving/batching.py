@@ -3,9 +3,9 @@ at most `max_batch_size` rows and run one batch at a time, in the order they cam
 
 A call costs one future and a list entry; one drain task (started by the first call that finds
 the queue idle, gone when the queue is empty) takes every batch. Calls that arrive while a batch
-runs form the next one. A batch is taken once the loop has turned once after the drain woke
-(so calls that arrived in the same turn join), or, with `wait_s` > 0, once its rows reach
-`max_batch_size` or `wait_s` has passed.
+runs form the next one. A batch is taken once a turn of the event loop brought no new call
+(at most `GATHER_TURNS` turns, `BatchQueue._gather`) or its rows reach `max_batch_size`; with
+`wait_s` > 0, then once its rows reach `max_batch_size` or `wait_s` has passed.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ class BatchQueue(Generic[Call, Answer]):
         return calls, futures
 
     async def _gather(self) -> None:
-        """Let the loop turn while calls keep arriving (at most `GATHER_TURNS` turns, and not
-        past a full batch): requests that reach the replica one after another, as a gRPC
-        server accepts them, join one batch instead of each taking its own forward pass."""
+        """Let the event loop turn while calls keep arriving (at most `GATHER_TURNS` turns, and
+        not past a full batch): requests whose tasks start in successive turns join one batch
+        instead of each taking its own forward pass."""
         seen = -1
         for _ in range(GATHER_TURNS):
             if len(self._pending) == seen or self._pending_rows >= self.max_batch_size:

@@ -14,11 +14,11 @@ never join a batch), then the replica's batch queue (`deploy.serving.batching`, 
 gRPC alike) gathers the rows of many requests into ONE forward pass
 (`HuggyAgent.distribution`); each request's actions come from its own slice of that pass with its
 own seed (`HuggyAgent.actions_from`), so batching never changes a request's answer. Batches are
-counted in rows (observations), not requests. A request that finds the replica otherwise idle
-(`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that arrived
-with it reach the same point, no other request in the replica) has no batch to join: it runs as
-a batch of one straight away, without the round trip through the batch queue (the README's
-Batching section has its cost).
+counted in rows (observations), not requests. An HTTP request that finds the replica otherwise
+idle (`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that
+arrived with it reach the same point, no other request in the replica) has no batch to join: it
+runs as a batch of one straight away, without the round trip through the batch queue. gRPC
+requests always take the queue (see `_answer`).
 
 Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
 accelerator). A replica loads the policies it holds and warms up every batch size they may see
@@ -299,8 +299,8 @@ class HuggyPolicyDeployment:
                       ) -> bytes:
         """The answer to a validated request: a batch of one straight away where the replica is
         otherwise idle (and `may_run_alone`), else through the batch queue. gRPC requests always
-        take the queue: the gRPC server accepts them one per turn of the loop, so each would
-        find the replica idle and none would share a forward pass."""
+        take the queue: Serve's gRPC server hands them over one at a time, so each would find
+        the replica idle and none would share a forward pass."""
         self.counters["requests"] += 1
         self.policy_requests[served.id] = self.policy_requests.get(served.id, 0) + 1
         self._unreported_policies[served.id] = self._unreported_policies.get(served.id, 0) + 1
