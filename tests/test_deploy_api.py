@@ -64,6 +64,38 @@ def test_both_readings_of_a_body_give_the_same_request() -> None:
                                   .astype(np.float32))
 
 
+def test_one_row_bodies_read_alike_plain_and_exactly_up_to_the_float32_limit() -> None:
+    """The common body, one row with options (read by orjson in one pass), against the same
+    body read exactly (a key with a backslash escape takes the standard library's reading and
+    every check): the same request, the values those of numpy's float64 -> float32 cast, the
+    largest magnitude that rounds to FLOAT32_MAX accepted, the smallest that rounds to
+    infinity (2**128 - 2**103) refused with the same message."""
+    below_overflow = float(np.nextafter(2.0**128 - 2.0**103, 0.0))
+    numbers = ["0.5", "-0.0", "1e-45", str(2**63), str(-2**63), repr(below_overflow),
+               repr(-below_overflow), "3.4028235e38", "7"] + ["0.25"] * (OBS - 9)
+    for options in ('"deterministic": false, "seed": 18446744073709551615, "row_offset": 3',
+                    '"seed": null', '"row_offset": 0, "deterministic": true'):
+        plain = f'{{"obs": [{", ".join(numbers)}], {options}}}'
+        parsed = [parse_act_request(text.encode(), SPEC, 8)
+                  for text in (plain, plain.replace('"obs"', '"o\\u0062s"'))]
+        for request in parsed:
+            assert request.single and request.obs.shape == (1, OBS)
+            assert request.obs.dtype == np.float32 and request.obs.flags.c_contiguous
+            np.testing.assert_array_equal(request.obs[0], np.array(numbers, dtype=np.float64)
+                                          .astype(np.float32))
+        expected = json.loads(plain)
+        assert {(r.deterministic, r.seed, r.row_offset) for r in parsed} == {
+            (expected.get("deterministic", True), expected.get("seed"),
+             expected.get("row_offset", 0))}
+    overflow = ", ".join([repr(2.0**128 - 2.0**103)] + ["0.5"] * (OBS - 1))
+    for text in (f'{{"obs": [{overflow}]}}', f'{{"o\\u0062s": [{overflow}]}}'):
+        with pytest.raises(ApiError) as refused:
+            parse_act_request(text.encode(), SPEC, 8)
+        assert (refused.value.status, refused.value.kind) == (422, "non_finite")
+        assert refused.value.message == (f"{NOT_FINITE} the number {2.0**128 - 2.0**103!r} at "
+                                         "row 0, column 0")
+
+
 EXPECTED_OBS = "expected [59 numbers] or [[59 numbers], ...]"
 EXPECTED_BODY = 'expected a JSON object such as {"obs": [numbers]}'
 NOT_NUMBERS = f"'obs' must hold only numbers, {EXPECTED_OBS}; received"

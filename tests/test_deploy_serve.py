@@ -23,7 +23,7 @@ import pytest
 import requests
 from ray import serve
 
-from deploy.serving.replica import HuggyPolicyDeployment, _total_rows
+from deploy.serving.replica import HuggyPolicyDeployment
 from deploy.serving.server import (
     DEFAULT_INGRESS,
     deploy,
@@ -31,7 +31,7 @@ from deploy.serving.server import (
     stop_serve,
     wait_until_answering,
 )
-from deploy.serving.settings import AppArgs, BatchSettings
+from deploy.serving.settings import AppArgs
 from envs.heuristics import load_heuristic
 from envs.team_rollout import rollout_teams
 from envs.teams import TeamsEnv
@@ -424,8 +424,7 @@ class GatedPolicy(HuggyPolicyDeployment.func_or_class):
         served.agent.actions_from = failing_heads
         return served
 
-    @serve.batch(max_batch_size=BatchSettings.max_batch_size, batch_size_fn=_total_rows)
-    async def _act_batch(self, calls: list) -> list:
+    async def _run_batch(self, calls: list) -> list:
         self.batches.append([call.act.seed for call in calls])
         gate = asyncio.Event()
         self.gates.append(gate)

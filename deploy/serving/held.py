@@ -51,7 +51,7 @@ class HeldPolicies:
     async def get(self, entry: PolicyEntry) -> ServedPolicy:
         """The held policy of `entry` (now the most recently used), loaded on a miss."""
         held = self._held.get(entry.id)
-        if held is not None and held.entry == entry:
+        if held is not None and (held.entry is entry or held.entry == entry):
             self._held.move_to_end(entry.id)
             return held
         key = (entry.id, entry.path, entry.fingerprint)

@@ -10,14 +10,16 @@ travel in the `user_config`, so a redeploy that changes them reaches running rep
 `reconfigure`, without a restart.
 
 A replica parses and validates each request on its own (bad ones are answered with a 4xx and
-never join a batch), then `@serve.batch` gathers the rows of many requests into ONE forward pass
+never join a batch), then the replica's batch queue (`deploy.serving.batching`, one for HTTP and
+gRPC alike) gathers the rows of many requests into ONE forward pass
 (`HuggyAgent.distribution`); each request's actions come from its own slice of that pass with its
 own seed (`HuggyAgent.actions_from`), so batching never changes a request's answer. Batches are
-counted in rows (observations), not requests. A request that finds the replica otherwise idle
-(`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that arrived
-with it reach the same point, no other request in the replica) has no batch to join: it runs as
-a batch of one straight away, without the round trip through the batch queue (docs/serving.md's
-Batching section has its cost).
+counted in rows (observations), not requests. An HTTP request that finds the replica otherwise
+idle (`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that
+arrived with it reach the same point, no other request in the replica) has no batch to join: it
+runs as a batch of one straight away, without the round trip through the batch queue. gRPC
+requests always take the queue (see `_answer`; docs/serving.md's Batching section has the
+costs).
 
 Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
 accelerator). A replica loads the policies it holds and warms up every batch size they may see
@@ -48,6 +50,7 @@ from ray.serve.metrics import Counter, Histogram
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deploy.serving.batching import BatchQueue
 from deploy.serving.catalogue import PolicyEntry, PolicySet
 from deploy.serving.grpc_ingress import RawMessage, grpc_status
 from deploy.serving.held import HeldPolicies, ServedPolicy
@@ -79,15 +82,15 @@ logger = logging.getLogger("ray.serve")
 
 @dataclass(frozen=True)
 class PolicyCall:
-    """One validated request for one held policy: what `@serve.batch` gathers."""
+    """One validated request for one held policy: what the batch queue gathers."""
 
     policy: ServedPolicy
     act: ActRequest
 
 
-def _total_rows(calls: list[PolicyCall]) -> int:
-    """Batch size in observations, for `@serve.batch(batch_size_fn=...)`."""
-    return sum(call.act.rows for call in calls)
+def _call_rows(call: PolicyCall) -> int:
+    """A call's size in observations, for the batch queue."""
+    return call.act.rows
 
 
 def warmup_sizes(max_batch_size: int) -> list[int]:
@@ -157,6 +160,9 @@ class HuggyPolicyDeployment:
         self._requests_by_policy = Counter(
             "huggy_policy_requests", description="Requests answered, by policy",
             tag_keys=("policy",))
+        self._batches: BatchQueue[PolicyCall, dict[str, np.ndarray] | Exception] = BatchQueue(
+            self._run_batch, _call_rows, self.settings.max_batch_size,
+            self.settings.batch_wait_timeout_s)
         self._unreported: list[tuple[int, int]] = []
         self._unreported_policies: dict[str, int] = {}
 
@@ -170,8 +176,8 @@ class HuggyPolicyDeployment:
             if self.policies is None:
                 raise ValueError("the first user_config of a replica must name its 'policies'")
             policies = self.policies
-        self._act_batch.set_max_batch_size(settings.max_batch_size)
-        self._act_batch.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+        self._batches.max_batch_size = settings.max_batch_size
+        self._batches.wait_s = settings.batch_wait_timeout_s
         old = {entry.id: entry for entry in self.policies.entries} if self.policies else {}
         self.settings = settings
         self.policies = policies
@@ -267,13 +273,14 @@ class HuggyPolicyDeployment:
         body = await self._read_body(request)
         return Response(await self._answer_body(body, named), media_type=JSON)
 
-    async def _answer_body(self, body: bytes, named: str | None) -> bytes:
+    async def _answer_body(self, body: bytes, named: str | None, may_run_alone: bool = True
+                           ) -> bytes:
         """The answer to an act body for the policy `named` (by the path or the header), else
-        the split's or the default."""
+        the split's or the default; `may_run_alone`: see `_answer`."""
         document, exact = read_act_document(body)
         served = await self._choose(named, document.get("session"))
         act = act_from_document(document, exact, served.agent.spec, self.settings.max_rows)
-        return await self._answer(served, act)
+        return await self._answer(served, act, may_run_alone)
 
     async def _choose(self, named: str | None, session: Any) -> ServedPolicy:
         """The held policy of a request (loaded on a miss); 404 listing the known ids for an
@@ -289,16 +296,21 @@ class HuggyPolicyDeployment:
             raise ApiError(404, "unknown_policy", error.args[0]) from None
         return await self._held.get(entry)
 
-    async def _answer(self, served: ServedPolicy, act: ActRequest) -> bytes:
+    async def _answer(self, served: ServedPolicy, act: ActRequest, may_run_alone: bool = True
+                      ) -> bytes:
+        """The answer to a validated request: a batch of one straight away where the replica is
+        otherwise idle (and `may_run_alone`), else through the batch queue. gRPC requests always
+        take the queue: Serve's gRPC server hands them over one at a time, so each would find
+        the replica idle and none would share a forward pass."""
         self.counters["requests"] += 1
         self.policy_requests[served.id] = self.policy_requests.get(served.id, 0) + 1
         self._unreported_policies[served.id] = self._unreported_policies.get(served.id, 0) + 1
         alone = False
-        if not self.settings.batch_wait_timeout_s:
+        if may_run_alone and not self.settings.batch_wait_timeout_s:
             await asyncio.sleep(0)  # requests that arrived with this one reach this point too
             alone = self._in_flight == 1
         result = (self._forward_alone(served, act) if alone
-                  else await self._act_batch(PolicyCall(served, act)))
+                  else await self._batches.submit(PolicyCall(served, act)))
         if isinstance(result, Exception):
             raise result
         return act_response(result, act.single, served.agent.fingerprint, served.id)
@@ -323,7 +335,7 @@ class HuggyPolicyDeployment:
                 raise ApiError(413, "body_too_large", f"request is {len(request)} bytes, the "
                                f"limit is {limit} bytes; send fewer rows per request")
             named = serve.get_multiplexed_model_id() or None  # `multiplexed_model_id` metadata
-            return RawMessage(await self._answer_body(request, named))
+            return RawMessage(await self._answer_body(request, named, may_run_alone=False))
         except ApiError as error:
             self.counters["rejected"] += 1
             grpc_context.set_code(grpc_status(error.status))
@@ -345,12 +357,9 @@ class HuggyPolicyDeployment:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @serve.batch(max_batch_size=BatchSettings.max_batch_size,
-                 batch_wait_timeout_s=BatchSettings.batch_wait_timeout_s,
-                 batch_size_fn=_total_rows)
-    async def _act_batch(self, calls: list[PolicyCall]
+    async def _run_batch(self, calls: list[PolicyCall]
                          ) -> list[dict[str, np.ndarray] | Exception]:
-        """The batch `@serve.batch` gathered, through `_forward_calls`."""
+        """The batch the queue gathered, through `_forward_calls`."""
         return self._forward_calls(calls)
 
     def _forward_calls(self, calls: list[PolicyCall]) -> list[dict[str, np.ndarray] | Exception]:
