@@ -16,6 +16,7 @@ against it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -204,9 +205,23 @@ def test_standin_example_runs(block: Block, sandbox: Path) -> None:
     run_block(block, sandbox)
 
 
+def on_cpu(code: str) -> str:
+    """The block with `--accelerator cpu` given to every `huggy evaluate` and `huggy tournament`:
+    the session's cluster declares a fake NPU (for the placement tests), which `auto` would
+    pick."""
+    return re.sub(r"\bhuggy (evaluate|tournament)\b", r"huggy \1 --accelerator cpu", code)
+
+
+def test_ray_examples_are_run_on_the_cpu() -> None:
+    assert on_cpu("huggy evaluate a b \\\n  --episodes 3; huggy tournament x; huggy serve") == (
+        "huggy evaluate --accelerator cpu a b \\\n  --episodes 3; "
+        "huggy tournament --accelerator cpu x; huggy serve")
+
+
 @pytest.mark.parametrize("block", blocks_in("ray"), ids=ids(blocks_in("ray")))
 def test_ray_example_runs(block: Block, sandbox: Path, ray_cluster: RayCluster) -> None:
-    run_block(block, sandbox, shell_env(RAY_ADDRESS=ray_cluster.address))
+    run_block(dataclasses.replace(block, code=on_cpu(block.code)), sandbox,
+              shell_env(RAY_ADDRESS=ray_cluster.address))
 
 
 # --- the server examples ---------------------------------------------------------------------
