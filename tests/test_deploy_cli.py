@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -35,6 +34,7 @@ from tests.support.processes import (
     huggy,
     kill_processes_mentioning,
     mentions,
+    port_open,
 )
 from tests.support.ray_cluster import RayCluster
 
@@ -86,11 +86,6 @@ def not_its_own(lines: list[str]) -> list[str]:
     Ray's "Connecting to existing Serve app ... will not be applied" on every start or "Task
     ServeController.graceful_shutdown failed" on every stop."""
     return [line for line in lines if not line.startswith("huggy serve: ")]
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 EXPOSED = ("huggy serve: warning: no API key (--api-key-file or $HUGGY_API_KEY): anyone who "

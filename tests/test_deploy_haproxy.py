@@ -10,6 +10,7 @@ import http.client
 import http.server
 import io
 import json
+import shutil
 import subprocess
 import threading
 import time
@@ -29,8 +30,8 @@ from deploy.serving.haproxy import (
     patch_config,
     real_binary,
 )
-from deploy.serving.server import UNAVAILABLE
-from tests.support.processes import free_port
+from deploy.serving.server import UNAVAILABLE, _HAProxyAdmin, drain_haproxy, haproxy_dir
+from tests.support.processes import free_port, port_open
 
 # a configuration with the sections and lines of one that Ray 2.60 writes for one app
 # (ray/serve/_private/haproxy_templates.py), shortened: ports and the error page are filled in
@@ -224,3 +225,105 @@ def test_with_no_replica_up_requests_wait_for_the_fallback_at_most_the_hold(
         assert (status, headers["Retry-After"], json.loads(body)["error"]) == (
             503, "1", "unavailable"), path
     assert seconds >= HOLD_S  # held, then answered before the fallback's own answer came
+
+
+class _HeldBackend(http.server.BaseHTTPRequestHandler):
+    """A replica that holds each request until `release` is set; `arrived` counts them."""
+
+    protocol_version = "HTTP/1.1"
+    arrived = threading.Semaphore(0)
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        type(self).arrived.release()
+        type(self).release.wait()
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _admin_pid(socket_path: Path) -> int | None:
+    """The pid HAProxy's admin socket at `socket_path` reports, or None while it does not answer."""
+    try:
+        with _HAProxyAdmin(socket_path) as admin:
+            return admin.pid()
+    except OSError:
+        return None
+
+
+def test_draining_waits_for_the_requests_of_a_haproxy_that_a_reload_displaced() -> None:
+    """Serve reloads HAProxy at each configuration change: a new process takes the listeners
+    (`-sf OLD -x SOCKET`) and the old one answers what it had accepted. `drain_haproxy` returns
+    only once the old one has answered its held requests and exited, so the shutdown that follows
+    (which kills every HAProxy) cuts none of them."""
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HeldBackend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    port = free_port()
+    folder = haproxy_dir(port) / "test"
+    folder.mkdir(parents=True)
+    socket_path = folder / "admin.sock"
+    config = folder / "haproxy.cfg"
+    config.write_text(f"""global
+    stats socket {socket_path} mode 600 level admin expose-fd listeners
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    default_backend replica
+backend replica
+    server replica 127.0.0.1:{backend.server_address[1]}
+""")
+    command = [real_binary(), "-db", "-f", str(config)]
+    started: list[subprocess.Popen[bytes]] = []
+    answers: list[int | str] = []
+
+    def get() -> None:
+        try:
+            answers.append(_get(f"127.0.0.1:{port}", "/held")[0])
+        except OSError as error:
+            answers.append(type(error).__name__)
+
+    try:
+        started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
+        deadline = time.monotonic() + 30
+        while _admin_pid(socket_path) != started[0].pid:
+            assert started[0].poll() is None and time.monotonic() < deadline, "no HAProxy"
+            time.sleep(0.05)
+        clients = [threading.Thread(target=get) for _ in range(4)]
+        for client in clients:
+            client.start()
+        for _ in clients:  # each request is held by the replica, through the first HAProxy
+            assert _HeldBackend.arrived.acquire(timeout=30)
+        started.append(subprocess.Popen([*command, "-sf", str(started[0].pid),
+                                         "-x", str(socket_path)], stdout=subprocess.DEVNULL))
+        while _admin_pid(socket_path) != started[1].pid:
+            assert started[1].poll() is None and time.monotonic() < deadline, "no reload"
+            time.sleep(0.05)
+        assert started[0].poll() is None  # displaced, still holding the requests
+
+        drain = threading.Thread(target=drain_haproxy, args=(port, 60.0))
+        drain.start()
+        while port_open(port):  # the drain has soft-stopped the new HAProxy
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert drain.is_alive()  # the displaced HAProxy still holds the requests
+        _HeldBackend.release.set()
+        drain.join()
+        assert started[0].poll() is not None  # it answered them and exited, before the return
+        for client in clients:
+            client.join()
+        assert answers == [200] * 4
+    finally:
+        _HeldBackend.release.set()
+        for process in started:
+            process.kill()
+            process.wait()
+        backend.shutdown()
+        shutil.rmtree(folder.parent, ignore_errors=True)

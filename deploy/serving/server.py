@@ -32,7 +32,9 @@ own lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
+import itertools
 import logging
 import os
 import shutil
@@ -271,25 +273,57 @@ def stop_serve(port: int) -> None:
 
 
 def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
-    """Soft-stop the HAProxy of HTTP port `port`; return when it has no request in flight, or
+    """Soft-stop every HAProxy of HTTP port `port`; return when none has a request in flight, or
     after `timeout_s`.
 
     Soft stop (SIGUSR1): HAProxy closes its listening sockets at once, so new connections are
     refused, answers the requests in flight, and closes each client connection after its next
-    answer. The requests in flight are counted (`show sess`) on an admin session opened before
-    the soft stop, which survives it. HAProxy is reached through its admin socket under
-    `haproxy_dir(port)`, so only a HAProxy on this machine; with none (another ingress, or the
-    head node elsewhere) this does nothing.
+    answer. The requests in flight of the HAProxy that listens now are counted (`show sess`) on
+    an admin session opened before the soft stop, which survives it. The ones that Serve
+    displaced (each configuration change starts a new HAProxy with `-sf`; the old one goes on
+    answering the requests it had accepted, then exits) have no admin socket left: they are
+    waited for until they exit. HAProxy is found through its files under `haproxy_dir(port)`, so
+    only a HAProxy on this machine; with none (another ingress, or the head node elsewhere) this
+    does nothing.
     """
-    for path in haproxy_dir(port).glob("*/admin.sock"):
-        try:
-            with _HAProxyAdmin(path) as admin:
-                os.kill(admin.pid(), signal.SIGUSR1)
-                deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s
+    folder = haproxy_dir(port)
+    with contextlib.ExitStack() as stack:
+        sessions = []
+        for path in folder.glob("*/admin.sock"):
+            try:
+                admin = stack.enter_context(_HAProxyAdmin(path))
+                sessions.append((admin, admin.pid()))
+            except OSError:  # a stale socket, or HAProxy gone: nothing in flight there
+                continue
+        displaced = _haproxy_pids(folder) - {pid for _, pid in sessions}
+        for pid in displaced | {pid for _, pid in sessions}:
+            with contextlib.suppress(ProcessLookupError):  # the displaced ones had it: no harm
+                os.kill(pid, signal.SIGUSR1)
+        for admin, _ in sessions:
+            with contextlib.suppress(OSError):  # HAProxy gone: nothing in flight there
                 while admin.requests_in_flight() and time.monotonic() < deadline:
                     time.sleep(0.05)
-        except OSError:  # a stale socket, or HAProxy gone: nothing in flight there
+    while displaced & _haproxy_pids(folder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _haproxy_pids(folder: Path) -> set[int]:
+    """The live HAProxy processes whose configuration file lies under `folder` (from /proc: a
+    process that has exited has an empty command line)."""
+    prefix = f"{folder}/".encode()
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
             continue
+        try:
+            arguments = proc.joinpath("cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if any(flag == b"-f" and value.startswith(prefix)
+               for flag, value in itertools.pairwise(arguments)):
+            pids.add(int(proc.name))
+    return pids
 
 
 class _HAProxyAdmin:

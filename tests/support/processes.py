@@ -74,6 +74,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_open(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def mentions(proc: Path, marker: str) -> bool:
     """Whether a process's command line or one of its open files names `marker`."""
     try:
