@@ -96,15 +96,23 @@ def _onnxruntime(onnx_path: Path, threads: int, output: str) -> Callable[[np.nda
     return lambda obs: session.run([output], {"obs_0": obs})
 
 
+SETTLE_S = 0.1
+"""The pause before each candidate's turn: onnxruntime's worker threads spin for a while after
+each run, and would slow whichever candidate comes next on the same cores (at a batch of 4096
+on 2 cores, the candidate after an onnxruntime session measured 0.55-0.7x its rate)."""
+
+
 def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls: int
                ) -> dict[str, np.ndarray]:
-    """Interleaved rounds, so noise from other processes hits every candidate alike."""
+    """Interleaved rounds, so noise from other processes hits every candidate alike; each turn
+    starts after `SETTLE_S`."""
     times: dict[str, list[float]] = {c.name: [] for c in candidates}
     for candidate in candidates:  # warm-up
         for _ in range(max(50, calls // 4)):
             candidate.single(row)
     for _ in range(rounds):
         for candidate in candidates:
+            time.sleep(SETTLE_S)
             for _ in range(calls):
                 start = time.perf_counter()
                 candidate.single(row)
@@ -113,12 +121,14 @@ def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls:
 
 
 def _throughputs(candidates: list[Candidate], batch: np.ndarray, repeats: int) -> dict[str, float]:
-    """Best of `repeats` interleaved calls per candidate, in observations per second."""
+    """Best of `repeats` interleaved calls per candidate, each after `SETTLE_S`, in observations
+    per second."""
     best = {c.name: float("inf") for c in candidates}
     for candidate in candidates:
         candidate.batch(batch)
     for _ in range(repeats):
         for candidate in candidates:
+            time.sleep(SETTLE_S)
             start = time.perf_counter()
             candidate.batch(batch)
             best[candidate.name] = min(best[candidate.name], time.perf_counter() - start)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from huggy_agent import HuggyAgent
+from huggy_agent import HuggyAgent, benchmark
 from huggy_agent.engines import Engine, auto_choice, auto_engine, choose_engine, resolve_engine
 from huggy_agent.engines.graphs import GRAPH_MODULE_API, GraphEngine, device_graphs, graph_backend
 from huggy_agent.engines.native import NativeEngine
@@ -357,9 +357,11 @@ def test_an_output_that_is_neither_per_row_nor_shared_is_refused() -> None:
 
 # --- the benchmark ----------------------------------------------------------------------------
 
-def test_benchmark_prints_every_engine_beside_the_references(capsys: pytest.CaptureFixture) -> None:
+def test_benchmark_prints_every_engine_beside_the_references(
+        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggy_agent.cli import main
 
+    monkeypatch.setattr(benchmark, "SETTLE_S", 0.0)  # the pause only steadies the figures
     threads = torch.get_num_threads()
     try:
         assert main(["benchmark", "--engine", "all", "--rounds", "1", "--calls", "10",
