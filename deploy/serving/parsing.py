@@ -34,11 +34,12 @@ ROW_FIELDS = ("obs", "inputs", "instances", "action_mask", "memory")
 """The fields that carry rows."""
 OPTION_FIELDS = ("deterministic", "seed", "row_offset", "session")
 ACT_FIELDS = (*ROW_FIELDS, *OPTION_FIELDS)
+_ACT_FIELD_SET = frozenset(ACT_FIELDS)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 """The smallest magnitude that rounds to infinity in float32 (halfway past FLOAT32_MAX)."""
 ONE_ROW_FIELDS = frozenset(("obs", "deterministic", "seed", "row_offset"))
-"""The fields of the common body that `_one_row_request` reads on its own."""
+"""The fields of the common body that `_one_row` reads on its own (after the options)."""
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,8 @@ def act_from_document(document: dict, exact: bool, spec: ActorSpec, max_rows: in
                       ) -> ActRequest:
     """The request of a `read_act_document` result, validated for a policy of interface `spec`
     (see `parse_act_request`)."""
-    if not exact:
-        request = _one_row_request(document, spec)
-        if request is not None:
-            return request
-    unknown = sorted(set(document) - set(ACT_FIELDS))
-    if unknown:
+    if not document.keys() <= _ACT_FIELD_SET:
+        unknown = sorted(set(document) - _ACT_FIELD_SET)
         raise ApiError(422, "invalid_request", f"unknown field(s) {unknown}; expected only "
                        f"{list(ACT_FIELDS)}")
     deterministic = document.get("deterministic", True)
@@ -121,6 +118,10 @@ def act_from_document(document: dict, exact: bool, spec: ActorSpec, max_rows: in
     if row_offset is None or not 0 <= row_offset < SEED_LIMIT:
         raise ApiError(422, "invalid_request", "'row_offset' must be an integer in [0, 2**64), "
                        f"received {_describe(document['row_offset'])}")
+    if not exact:
+        row = _one_row(document, spec)
+        if row is not None:
+            return ActRequest([row], True, deterministic, seed, row_offset)
     try:
         session = check_session_key(document.get("session"))
     except ValueError as error:
@@ -149,11 +150,11 @@ def act_from_document(document: dict, exact: bool, spec: ActorSpec, max_rows: in
     return ActRequest(inputs, single, deterministic, seed, row_offset, mask, memory, session)
 
 
-def _one_row_request(document: dict, spec: ActorSpec) -> ActRequest | None:
-    """The request of the common body, `{"obs": [numbers]}` (one row for a policy with one
-    vector input and no memory, with any of the options but "session"), read in one pass; None
-    for any other body, or anything in it to refuse: `act_from_document`'s full checks then
-    read it and word the error.
+def _one_row(document: dict, spec: ActorSpec) -> np.ndarray | None:
+    """The (1, n) observation of the common body, `{"obs": [numbers]}` (one row for a policy
+    with one vector input and no memory, with no fields but the options that
+    `act_from_document` has checked), read in one pass; None for any other body, or anything
+    in its "obs" to refuse: `_parse_inputs` then reads it and words the error.
 
     Only for a document read by orjson and found plain by `_may_hide_values`: its 'obs' holds
     no booleans, strings or nulls, only ints and floats. A value of magnitude at least
@@ -165,20 +166,12 @@ def _one_row_request(document: dict, spec: ActorSpec) -> ActRequest | None:
     if len(inputs) != 1 or spec.memory_size or inputs[0].kind != "vector" \
             or len(obs) != inputs[0].shape[0]:
         return None
-    deterministic = document.get("deterministic", True)
-    seed = document.get("seed")
-    row_offset = document.get("row_offset", 0)
-    if type(deterministic) is not bool or not (seed is None or type(seed) is int and
-                                                 0 <= seed < SEED_LIMIT) \
-            or type(row_offset) is not int or not 0 <= row_offset < SEED_LIMIT:
-        return None
     try:
         if not (min(obs) > -FLOAT32_OVERFLOW and max(obs) < FLOAT32_OVERFLOW):
             return None
     except TypeError:  # a nested list: a batch, or a shape to refuse
         return None
-    return ActRequest([np.array(obs, dtype=np.float32).reshape(1, -1)], True, deterministic,
-                      seed, row_offset)
+    return np.array(obs, dtype=np.float32).reshape(1, -1)
 
 
 def _parse_inputs(document: dict, spec: ActorSpec, max_rows: int, exact: bool,
