@@ -296,8 +296,9 @@ def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
                 sessions.append((admin, admin.pid()))
             except OSError:  # a stale socket, or HAProxy gone: nothing in flight there
                 continue
-        displaced = _haproxy_pids(folder) - {pid for _, pid in sessions}
-        for pid in displaced | {pid for _, pid in sessions}:
+        listening = {pid for _, pid in sessions}
+        displaced = _haproxy_pids(folder) - listening
+        for pid in displaced | listening:
             with contextlib.suppress(ProcessLookupError):  # the displaced ones had it: no harm
                 os.kill(pid, signal.SIGUSR1)
         for admin, _ in sessions:
