@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import queue
-import socket
 import subprocess
 import sys
 import time
@@ -32,9 +31,9 @@ METHOD = "/floor.Floor/Exchange"
 OLDER_CLIENT_IO = {"GRPC_EXPERIMENTS": "-event_engine_client"}
 
 
-def serve(port: int, handoff: bool) -> None:
-    """Answer `METHOD` on 127.0.0.1:`port` until killed; with `handoff`, through the main
-    thread."""
+def serve(handoff: bool) -> None:
+    """Answer `METHOD` on a free port of 127.0.0.1 until killed, after printing "ready PORT";
+    with `handoff`, through the main thread."""
     inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
     outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
     reply = b"a" * DOWN_BYTES
@@ -50,9 +49,9 @@ def serve(port: int, handoff: bool) -> None:
         service, {method: grpc.unary_unary_rpc_method_handler(exchange)})
     server = grpc.server(ThreadPoolExecutor(max_workers=10), options=(("grpc.so_reuseport", 1),))
     server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    print("ready", flush=True)
+    print("ready", port, flush=True)
     while handoff:
         inbox.get()
         outbox.put(reply)
@@ -72,25 +71,18 @@ def measure(port: int, exchanges: int) -> float:
         return (time.perf_counter() - start) / exchanges * 1e6
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--exchanges", type=int, default=3000, help="timed calls per run")
     parser.add_argument("--runs", type=int, default=3, help="client runs per variant")
     parser.add_argument("--target", type=int, default=20_000,
                         help="agent-decisions/s to compare the floor with (default 20,000)")
-    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--handoff", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.handoff)
+        serve(args.handoff)
         return
     if args.measure:
         print(f"{measure(args.measure, args.exchanges):.1f}")
@@ -99,15 +91,16 @@ def main() -> None:
     print(f"{AGENTS} agents at {args.target:,} agent-decisions/s: {budget_us:.0f} us per step, "
           f"all of it (the policy, both processes' work, the exchange)")
     for handoff in (False, True):
-        port = _free_port()
         server = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(port), *(["--handoff"] * handoff)],
+            [sys.executable, __file__, "--serve", *(["--handoff"] * handoff)],
             stdout=subprocess.PIPE, text=True)
         try:
-            assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+            assert server.stdout is not None
+            ready, port = server.stdout.readline().split()
+            assert ready == "ready"
             for name, env in (("default client I/O", {}), ("older client I/O", OLDER_CLIENT_IO)):
                 runs = [float(subprocess.run(
-                    [sys.executable, __file__, "--measure", str(port),
+                    [sys.executable, __file__, "--measure", port,
                      "--exchanges", str(args.exchanges)],
                     capture_output=True, text=True, check=True,
                     env={**os.environ, **env}).stdout.split()[-1]) for _ in range(args.runs)]
