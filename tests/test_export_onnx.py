@@ -68,7 +68,11 @@ def test_export_keeps_the_interface_the_outputs_and_the_fingerprint(original: Pa
             start += size
     if "continuous_actions" in expected:  # sampled in-graph: bounded, and not the mean
         sampled, mean = exported["continuous_actions"], exported["deterministic_continuous_actions"]
-        assert np.abs(sampled).max() <= 1.0
+        # PPO: clip(sample, -3, 3) / 3, at most 1 exactly. SAC: onnxruntime's float32 Tanh, a
+        # rational approximation, rounds past 1 near saturation: at most 2 ulps over 2 million
+        # inputs in [-50, 50] (x86-64, AVX2); twice that is the bound.
+        bound = 1.0 + 4 * float(np.finfo(np.float32).eps) if agent.arch.head == "sac" else 1.0
+        assert np.abs(sampled).max() <= bound
         if agent.arch.head == "sac":
             mean = np.tanh(mean)  # ML-Agents' SAC export carries the unsquashed mean
         assert np.abs(sampled - mean).mean() > 0.01
