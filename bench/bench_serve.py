@@ -11,7 +11,10 @@ Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client)
     echo@haproxy   the echo behind HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)
     ours@haproxy   our deployment behind HAProxy                    (the default of `huggy serve`)
     ours@direct    our replica's own port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1), no proxy
-    ours@X-grpc    the gRPC ingress (deploy/grpc_ingress.py) next to proxy X, one observation
+    ours@X-grpc    Serve's gRPC ingress (deploy/serving/grpc_ingress.py) next to proxy X, one
+                   observation
+    ours@replica-grpc  the replica's own gRPC server (`huggy serve --grpc-port`'s default), in
+                   the haproxy series, measured right after ours@haproxy-grpc
     ...-64obs      the same with 64 observations per request
     models         many policies behind HAProxy (`--series models --rounds 5` alone): p50/p99
                    of a resident policy among 15 against one policy served alone, 16 clients
@@ -207,11 +210,12 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
     if ingress == "direct":
         extra.update({"RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(direct_port),
                       "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(direct_port + 20)})
-    grpc_port = port + 2
+    grpc_port, own_grpc_port = port + 2, port + 31  # direct ingress takes port + 1 to port + 21
     start_serve("127.0.0.1", port, ingress, extra_env=extra,
                 grpc_port=None if ingress == "direct" else grpc_port)
     try:
-        deploy(AppArgs(accelerator="cpu", ingress=ingress), timeout_s=120)
+        deploy(AppArgs(accelerator="cpu", ingress=ingress, grpc_port=own_grpc_port),
+               timeout_s=120)
         base = f"http://127.0.0.1:{direct_port if ingress == 'direct' else port}"
         wait_http(f"{base}/v1/act")
         echo = f"http://127.0.0.1:{port}/echo"
@@ -231,6 +235,9 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
             for clients in args.clients:
                 points.append(measure(f"ours@{ingress}-grpc", f"grpc://127.0.0.1:{grpc_port}", 1,
                                       clients, args.duration, f"{base}/v1/info"))
+                if ingress == "haproxy":
+                    points.append(measure("ours@replica-grpc", f"grpc://127.0.0.1:{own_grpc_port}",
+                                          1, clients, args.duration, f"{base}/v1/info"))
     finally:
         stop_serve(port)
 
@@ -443,7 +450,8 @@ def summary(points: list[Point]) -> list[str]:
                   ("ours@proxy / echo@proxy", "ours@proxy", "echo@proxy"),
                   ("ours@haproxy / fastapi", "ours@haproxy", "fastapi"),
                   ("ours@direct / ours@haproxy", "ours@direct", "ours@haproxy"),
-                  ("ours@haproxy-grpc / ours@haproxy", "ours@haproxy-grpc", "ours@haproxy")]
+                  ("ours@haproxy-grpc / ours@haproxy", "ours@haproxy-grpc", "ours@haproxy"),
+                  ("ours@replica-grpc / ours@haproxy", "ours@replica-grpc", "ours@haproxy")]
         for label, top, bottom in ratios:
             a, b = rps(top), rps(bottom)
             if a and b:

@@ -235,7 +235,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
     parser.add_argument("--grpc-port", type=int, default=None,
-                        help="also serve the gRPC ingress (/huggy.v1.Policy/Act) on this port")
+                        help="also serve gRPC (/huggy.v1.Policy/Act) on this port")
+    parser.add_argument("--grpc-ingress", choices=("replica", "serve"), default="replica",
+                        help="who answers --grpc-port: replica (each replica's own gRPC server, "
+                             "on --host; reaches the replicas of this node; fastest, default) "
+                             "or serve (Serve's gRPC ingress on the head node; reaches every "
+                             "replica of the cluster)")
     parser.add_argument("--address", default=None,
                         help="join this Ray cluster (e.g. 127.0.0.1:6379) instead of starting one")
     parser.add_argument("--ingress", choices=("haproxy", "proxy", "direct"), default="haproxy",

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import grpc
 import numpy as np
 import pytest
 
+from deploy.serving.grpc_ingress import ACT_METHOD
 from huggy_agent import HuggyAgent
 from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
@@ -189,10 +191,11 @@ class OwnServer:
 
 
 @contextmanager
-def own_server(wrapper: tuple[str, ...] = ()) -> Iterator[OwnServer]:
+def own_server(wrapper: tuple[str, ...] = (), *extra: str) -> Iterator[OwnServer]:
     """Start `huggy serve` without --address, on a free port, with RAY_TMPDIR=/tmp/hs<8 hex>
     (Ray's temp root: every process of its cluster names it) and its output in a log file there;
-    wait for the ready line. Whatever is left of it is killed on exit."""
+    wait for the ready line; `extra`: more arguments. Whatever is left of it is killed on
+    exit."""
     from deploy.serving.server import haproxy_dir
 
     temp_dir = Path(f"/tmp/hs{uuid.uuid4().hex[:8]}")
@@ -201,7 +204,7 @@ def own_server(wrapper: tuple[str, ...] = ()) -> Iterator[OwnServer]:
     log = temp_dir / "serve.log"
     with log.open("w") as out:
         process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
-                        env={"RAY_TMPDIR": str(temp_dir)}, wrapper=wrapper, stdout=out,
+                        *extra, env={"RAY_TMPDIR": str(temp_dir)}, wrapper=wrapper, stdout=out,
                         start_new_session=True)
     server = OwnServer(process, port, temp_dir, haproxy_dir(port), log)
     try:
@@ -236,6 +239,55 @@ async def post_all(url: str, bodies: list[bytes],
             return time.monotonic(), outcome
 
         return list(await asyncio.gather(*(post(body) for body in bodies)))
+
+
+async def call_all(address: str, bodies: list[bytes], first_answer: threading.Event
+                   ) -> list[tuple[float, str]]:
+    """Call /huggy.v1.Policy/Act with every body at once: (time answered, status code name)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        act = channel.unary_unary(ACT_METHOD)
+
+        async def call(body: bytes) -> tuple[float, str]:
+            try:
+                await act(body, timeout=60)
+                outcome = grpc.StatusCode.OK.name
+            except grpc.aio.AioRpcError as error:
+                outcome = error.code().name
+            first_answer.set()
+            return time.monotonic(), outcome
+
+        return list(await asyncio.gather(*(call(body) for body in bodies)))
+
+
+@pytest.mark.ray  # starts a Ray cluster of its own
+def test_huggy_serve_answers_the_grpc_calls_in_flight_when_it_stops() -> None:
+    """`--grpc-port` (the replicas' own gRPC server): SIGTERM arrives while 50 calls are in
+    flight; each is answered, or refused before it was sent (UNAVAILABLE), none cut; then the
+    port is closed and no process is left."""
+    grpc_port = free_port()
+    with own_server((), "--grpc-port", str(grpc_port)) as server:
+        assert f"gRPC {ACT_METHOD} on 127.0.0.1:{grpc_port} by replica" in server.output()
+        obs = np.random.default_rng(7).standard_normal((256, 59)).astype(np.float32)
+        first_answer = threading.Event()
+        answers: list[tuple[float, str]] = []
+        burst = threading.Thread(target=lambda: answers.extend(asyncio.run(call_all(
+            f"127.0.0.1:{grpc_port}", [json.dumps({"obs": obs.tolist()}).encode()] * 50,
+            first_answer))))
+        burst.start()
+        assert first_answer.wait(60)
+        signalled = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=30) == 0, server.output()[-3000:]
+        burst.join(timeout=60)
+        deadline = time.monotonic() + 5
+        while (left := server.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert not left, f"processes left behind: {left}"
+    assert not port_open(grpc_port)
+    assert len(answers) == 50
+    assert {outcome for _, outcome in answers} <= {"OK", "UNAVAILABLE"}, answers
+    assert any(when > signalled and outcome == "OK" for when, outcome in answers), (
+        "no call was in flight when the signal came")
 
 
 @pytest.mark.ray  # starts a Ray cluster of its own

@@ -66,7 +66,8 @@ def build_app(args: AppArgs, policies: PolicySet | None = None,
         options["num_replicas"] = args.replicas
     key = load_api_key(args.api_key_file)
     init_args = (placement.device, args.precision, args.ingress, args.models_per_replica,
-                 None if key is None else ApiKey.of(key))
+                 None if key is None else ApiKey.of(key),
+                 None if args.grpc_port is None else (args.grpc_host, args.grpc_port))
     deployment = HuggyPolicyDeployment.options(**options)
     # Serve's Python API gives every deploy a new random version, which restarts the replicas;
     # a version of what the replicas are built from lets a redeploy that changes only the

@@ -1,11 +1,18 @@
 """The gRPC ingress: one unary method, `/huggy.v1.Policy/Act`, carrying the same JSON documents as
-`POST /v1/act` (no .proto to compile: request and answer are raw bytes).
+`POST /v1/act` (no .proto to compile: request and answer are raw bytes). Two servers carry it:
 
-    serve.start(grpc_options={"port": 9000,
-                              "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]})
+- the replicas' own (`start_replica_server`, the default of `huggy serve --grpc-port`): each
+  replica runs a gRPC server on its event loop, next to its HTTP server, all of a node's
+  replicas on one port (SO_REUSEPORT: the kernel spreads the connections over them). Requests
+  reach the replica's batch queue as they arrive, concurrently, so they share forward passes as
+  HTTP requests do. It reaches the replicas of the node it runs on.
+- Serve's gRPC ingress (`GRPC_SERVICER_FUNCTION`, `huggy serve --grpc-ingress serve`): Serve's
+  proxy or HAProxy on the head node routes to every replica of the cluster, by the
+  `application` metadata.
+
     channel = grpc.insecure_channel("127.0.0.1:9000")
     act = channel.unary_unary(ACT_METHOD)            # bytes in, bytes out
-    answer = act(b'{"obs": [...]}', metadata=(("application", "huggy"),))
+    answer = act(b'{"obs": [...]}')                  # Serve's: metadata=(("application", "huggy"),)
 
 With an API key, send it as metadata: `("authorization", "Bearer <key>")`; without it (or with
 a wrong one) the call ends with UNAUTHENTICATED. Refused requests end with INVALID_ARGUMENT (400,
@@ -15,6 +22,7 @@ a wrong one) the call ends with UNAUTHENTICATED. Refused requests end with INVAL
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -22,6 +30,9 @@ import grpc
 SERVICE = "huggy.v1.Policy"
 ACT_METHOD = f"/{SERVICE}/Act"
 GRPC_SERVICER_FUNCTION = "deploy.serving.grpc_ingress:add_PolicyServicer_to_server"
+MAX_MESSAGE_BYTES = 64 << 20
+"""The largest message the replicas' own server takes in or sends; a request over the served
+`max_body_bytes` (at most this) gets RESOURCE_EXHAUSTED with the API's message."""
 STATUS_FOR_HTTP = {401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND,
                    413: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -43,3 +54,23 @@ def add_PolicyServicer_to_server(servicer: Any, server: Any) -> None:  # noqa: N
 def grpc_status(http_status: int) -> grpc.StatusCode:
     """The gRPC status code of a refused request with HTTP status `http_status`."""
     return STATUS_FOR_HTTP.get(http_status, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+async def start_replica_server(act: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]],
+                               host: str, port: int) -> grpc.aio.Server:
+    """Start a gRPC server on the running event loop, serving `act` as `ACT_METHOD` on
+    `host:port`, that port shared with the other processes of this user that bind it the same
+    way (SO_REUSEPORT). Raises RuntimeError if the port cannot be bound."""
+    size = ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 1), size,
+                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    handler = grpc.unary_unary_rpc_method_handler(act)  # no (de)serializers: raw bytes
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE,
+                                                                          {"Act": handler}),))
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise RuntimeError(f"the gRPC server cannot listen on {address}: {error}") from None
+    await server.start()
+    return server

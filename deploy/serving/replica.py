@@ -17,9 +17,9 @@ own seed (`HuggyAgent.actions_from`), so batching never changes a request's answ
 counted in rows (observations), not requests. An HTTP request that finds the replica otherwise
 idle (`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that
 arrived with it reach the same point, no other request in the replica) has no batch to join: it
-runs as a batch of one straight away, without the round trip through the batch queue. gRPC
-requests always take the queue (see `_answer`; docs/serving.md's Batching section has the
-costs).
+runs as a batch of one straight away, without the round trip through the batch queue; so does
+a call to the replica's own gRPC server (`grpc_address`). Calls through Serve's gRPC ingress
+always take the queue (see `Act`; docs/serving.md's Batching section has the costs).
 
 Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
 accelerator). A replica loads the policies it holds and warms up every batch size they may see
@@ -27,8 +27,8 @@ accelerator). A replica loads the policies it holds and warms up every batch siz
 reports healthy only once a first request costs no more than any other. A policy loaded later,
 on a miss, is loaded in a worker thread (the held ones keep answering) and warmed up at one row.
 
-With an API key, every request is checked where it enters the replica (`_route` for HTTP, `Act`
-for gRPC), before any routing: every route but `/v1/healthz` answers 401 without
+With an API key, every request is checked where it enters the replica (`_route` for HTTP,
+`_act_grpc` for gRPC), before any routing: every route but `/v1/healthz` answers 401 without
 `Authorization: Bearer <key>`. Only the key's SHA-256 digest travels to the replicas.
 """
 
@@ -42,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import grpc
 import numpy as np
 import ray
 from ray import serve
@@ -52,7 +53,12 @@ from starlette.responses import Response
 
 from deploy.serving.batching import BatchQueue
 from deploy.serving.catalogue import PolicyEntry, PolicySet
-from deploy.serving.grpc_ingress import RawMessage, grpc_status
+from deploy.serving.grpc_ingress import (
+    ACT_METHOD,
+    RawMessage,
+    grpc_status,
+    start_replica_server,
+)
 from deploy.serving.held import HeldPolicies, ServedPolicy
 from deploy.serving.openapi import openapi_document
 from deploy.serving.parsing import ActRequest, act_from_document, read_act_document
@@ -75,6 +81,9 @@ from huggy_agent.spec import ActorSpec
 DEPLOYMENT_NAME = "HuggyPolicy"
 JSON = "application/json"
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+GRPC_GRACE_S = 4.0
+"""How long the own gRPC server's calls in flight may take to finish at shutdown, seconds (under
+the deployment's `graceful_shutdown_timeout_s`)."""
 METRICS_REPORT_PASSES = 256
 """Forward passes whose metrics are handed to Ray together (see `_report_metrics`)."""
 logger = logging.getLogger("ray.serve")
@@ -131,13 +140,18 @@ class HuggyPolicyDeployment:
     """
 
     def __init__(self, device: str, precision: str = "fp32", ingress: str = "",
-                 models_per_replica: int | None = None, api_key: ApiKey | None = None) -> None:
+                 models_per_replica: int | None = None, api_key: ApiKey | None = None,
+                 grpc_address: tuple[str, int] | None = None) -> None:
         self.device = _pinned_device(device)
         self.precision = precision
         self.models_per_replica = models_per_replica
         self.settings = BatchSettings()
         self.policies: PolicySet | None = None
         self.api_key = api_key
+        self.grpc_address = grpc_address
+        """(host, port) of the replica's own gRPC server, started once the first
+        `reconfigure` has loaded the policies; None: none."""
+        self._grpc_server: grpc.aio.Server | None = None
         self._in_flight = 0
         """Requests inside this replica now (HTTP and gRPC), the one asking included."""
         self._held = HeldPolicies(self._load, models_per_replica)
@@ -192,6 +206,14 @@ class HuggyPolicyDeployment:
             await self._held.get(policies.entry(policy_id))
         for policy_id in self.held():
             self._warm_up(self._held[policy_id], settings.max_batch_size)
+        if self.grpc_address is not None and self._grpc_server is None:
+            self._grpc_server = await start_replica_server(self._act_own_grpc, *self.grpc_address)
+
+    async def __del__(self) -> None:
+        """Serve's shutdown of the replica: the own gRPC server stops taking calls and answers
+        those in flight (within the deployment's graceful shutdown time)."""
+        if self._grpc_server is not None:
+            await self._grpc_server.stop(grace=GRPC_GRACE_S)
 
     async def _load(self, entry: PolicyEntry) -> ServedPolicy:
         """Load a policy of the catalogue (in a worker thread, so the held policies keep
@@ -299,9 +321,7 @@ class HuggyPolicyDeployment:
     async def _answer(self, served: ServedPolicy, act: ActRequest, may_run_alone: bool = True
                       ) -> bytes:
         """The answer to a validated request: a batch of one straight away where the replica is
-        otherwise idle (and `may_run_alone`), else through the batch queue. gRPC requests always
-        take the queue: Serve's gRPC server hands them over one at a time, so each would find
-        the replica idle and none would share a forward pass."""
+        otherwise idle (and `may_run_alone`), else through the batch queue (see `Act`)."""
         self.counters["requests"] += 1
         self.policy_requests[served.id] = self.policy_requests.get(served.id, 0) + 1
         self._unreported_policies[served.id] = self._unreported_policies.get(served.id, 0) + 1
@@ -317,30 +337,47 @@ class HuggyPolicyDeployment:
 
     async def Act(self, request: bytes,  # noqa: N802 - gRPC method name
                   grpc_context: RayServegRPCContext) -> RawMessage:
-        """`/huggy.v1.Policy/Act` of the gRPC ingress: the same JSON in and out as /v1/act; the
-        policy by the `multiplexed_model_id` metadata, else the split's or the default."""
+        """`/huggy.v1.Policy/Act` of Serve's gRPC ingress: the same JSON in and out as /v1/act;
+        the policy by the `multiplexed_model_id` metadata, else the split's or the default.
+        Always through the batch queue: Serve's gRPC server hands requests over one at a time,
+        so each would find the replica idle and none would share a forward pass."""
+        named = serve.get_multiplexed_model_id() or None  # `multiplexed_model_id` metadata
+        return RawMessage(await self._act_grpc(request, grpc_context, named, may_run_alone=False))
+
+    async def _act_own_grpc(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """`/huggy.v1.Policy/Act` of the replica's own gRPC server: as `Act`; the calls arrive
+        concurrently, so a lone one runs alone and the others share forward passes, as over
+        HTTP."""
+        named = dict(context.invocation_metadata() or ()).get("multiplexed_model_id") or None
+        return await self._act_grpc(request, context, named, may_run_alone=True)
+
+    async def _act_grpc(self, request: bytes, context: grpc.aio.ServicerContext
+                        | RayServegRPCContext, named: str | None, may_run_alone: bool) -> bytes:
+        """The answer to one gRPC call; a refused one ends with the status of its HTTP error
+        (`grpc_status`) and the API's JSON as the details."""
         self._in_flight += 1
         try:
-            return await self._act_grpc(request, grpc_context)
-        finally:
-            self._in_flight -= 1
-
-    async def _act_grpc(self, request: bytes, grpc_context: RayServegRPCContext) -> RawMessage:
-        try:
             if self.api_key is not None:
-                metadata = dict(grpc_context.invocation_metadata())
+                metadata = dict(context.invocation_metadata() or ())
                 self.api_key.authorize(ACT_PATH, metadata.get("authorization"))
             limit = self.settings.max_body_bytes
             if len(request) > limit:
                 raise ApiError(413, "body_too_large", f"request is {len(request)} bytes, the "
                                f"limit is {limit} bytes; send fewer rows per request")
-            named = serve.get_multiplexed_model_id() or None  # `multiplexed_model_id` metadata
-            return RawMessage(await self._answer_body(request, named, may_run_alone=False))
+            return await self._answer_body(request, named, may_run_alone)
         except ApiError as error:
             self.counters["rejected"] += 1
-            grpc_context.set_code(grpc_status(error.status))
-            grpc_context.set_details(error.body().decode())
-            return RawMessage()
+            context.set_code(grpc_status(error.status))
+            context.set_details(error.body().decode())
+            return b""
+        except Exception as error:  # answered with the API's JSON; the replica serves on
+            logger.exception("gRPC call %s failed", ACT_METHOD)
+            context.set_code(grpc.StatusCode.INTERNAL)
+            context.set_details(ApiError(500, "internal_error", "the server failed to answer: "
+                                         f"{error!r}").body().decode())
+            return b""
+        finally:
+            self._in_flight -= 1
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes

@@ -375,11 +375,12 @@ class _HAProxyAdmin:
         return reply[:-3].decode(errors="replace")
 
 
-def banner(served: PolicySet, host: str, port: int, ingress: str, grpc_port: int | None
-           ) -> str:
+def banner(served: PolicySet, host: str, port: int, ingress: str, grpc_port: int | None,
+           grpc_ingress: str = "serve") -> str:
     """The line `huggy serve` prints once the policies answer: where, and who answers
     `/v1/act` (the split's shares, else the default policy)."""
-    grpc = f", gRPC {ACT_METHOD} on {host}:{grpc_port}" if grpc_port else ""
+    grpc = (f", gRPC {ACT_METHOD} on {host}:{grpc_port} by {grpc_ingress}" if grpc_port
+            else "")
     count = f"{len(served.entries)} policies" if len(served.entries) > 1 else "policy"
     if served.split is not None:
         shares = ", ".join(f"{policy_id} {share:.0%}"
@@ -427,7 +428,8 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                   start_timeout_s: float = 180.0, grpc_port: int | None = None,
                   policies: PolicySet | None = None) -> int:
     """Start (or join, with `address`) a cluster and serve `policies` (default:
-    `args.policy_set()`) until SIGTERM or SIGINT (Ctrl-C).
+    `args.policy_set()`) until SIGTERM or SIGINT (Ctrl-C); gRPC by Serve's ingress on
+    `grpc_port`, or by the replicas' own servers on `args.grpc_port`.
 
     Either signal, also one arriving while the app starts, prints "huggy serve: shutting down
     (SIGTERM)" (or SIGINT), then `stop_serve` (HAProxy answers the requests in flight first)
@@ -456,7 +458,8 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                         else None)
             deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s,
                    policies=served)
-            print(banner(served, host, port, ingress, grpc_port), flush=True)
+            print(banner(served, host, port, ingress, grpc_port or args.grpc_port,
+                         "serve" if grpc_port else "replica"), flush=True)
             while True:
                 signal.pause()
         except _Stop as stop:
@@ -505,9 +508,12 @@ def serve_command(args: argparse.Namespace) -> int:
         replicas=args.replicas, autoscale=args.autoscale, max_replicas=args.max_replicas,
         num_cpus=args.num_cpus, max_batch_size=args.max_batch_size,
         batch_wait_timeout_s=args.batch_wait_ms / 1000, max_rows=args.max_rows,
-        max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file)
+        max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file,
+        **({"grpc_port": args.grpc_port, "grpc_host": args.host}
+           if args.grpc_port is not None and args.grpc_ingress == "replica" else {}))
     # read once, here: a missing file, an unknown --default or a bad --split fails before Ray
     policies = settings.policy_set()
     return serve_forever(settings, host=args.host, port=args.port, ingress=args.ingress,
                          address=args.address, start_timeout_s=args.start_timeout,
-                         grpc_port=args.grpc_port, policies=policies)
+                         grpc_port=args.grpc_port if args.grpc_ingress == "serve" else None,
+                         policies=policies)

@@ -92,6 +92,11 @@ class AppArgs(BaseModel):
     max_body_bytes: int = BatchSettings.max_body_bytes
     max_ongoing_requests: int = Field(512, ge=1)
     ingress: str = Field("", description="recorded in /v1/info; set by deploy.runner")
+    grpc_port: int | None = Field(None, ge=1, le=65535, description=(
+        "each replica's own gRPC server (deploy.serving.grpc_ingress) on this port of its node, "
+        "shared by the node's replicas; None: none"))
+    grpc_host: str = Field("127.0.0.1", description="the address the replicas' gRPC server "
+                           "binds (0.0.0.0: every interface)")
     api_key_file: str | None = Field(None, description="file whose first line is the API key; "
                                      "None: $HUGGY_API_KEY where the app is built, else no key")
 
