@@ -493,13 +493,15 @@ def test_banner_names_who_answers_v1_act() -> None:
                            interface=spec.describe(), spec=spec.as_dict(), fingerprint=i)
                for i in ("run@100", "run@200")]
     split = banner(PolicySet.build(entries, split="run@100=3,run@200=1"), "127.0.0.1", 8000,
-                   "haproxy", None)
+                   "haproxy", None, "replica")
     assert "/v1/act split by session: run@100 75%, run@200 25%" in split
     assert "answers with" not in split
+    assert "gRPC" not in split
     default = banner(PolicySet.build(entries, default="run@200"), "127.0.0.1", 8000, "proxy",
-                     9000)
+                     9000, "replica")
     assert ("huggy serve: 2 policies served at http://127.0.0.1:8000/v1/act (ingress proxy, gRPC "
-            "/huggy.v1.Policy/Act on 127.0.0.1:9000); /v1/act answers with run@200") in default
+            "/huggy.v1.Policy/Act on 127.0.0.1:9000 by replica); /v1/act answers with run@200"
+            ) in default
 
 
 def test_app_arguments_are_refused_in_plain_words() -> None:
@@ -508,7 +510,9 @@ def test_app_arguments_are_refused_in_plain_words() -> None:
     for values, expected in (({"replicas": 0}, "replicas: Input should be greater than or "
                                                 "equal to 1"),
                              ({"max_rows": 300}, "max_rows (300) must not exceed max_batch_size "
-                                                 "(256): a request is never split over batches")):
+                                                 "(256): a request is never split over batches"),
+                             ({"grpc_port": 70000}, "grpc_port: Input should be less than or "
+                                                    "equal to 65535")):
         with pytest.raises(ValueError) as refused:
             app_args(**values)
         assert str(refused.value) == expected

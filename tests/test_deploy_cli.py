@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -62,6 +63,13 @@ def test_serve_arguments_are_checked_before_anything_starts(tmp_path, capsys, mo
     code, output = serve_in_process(capsys, monkeypatch, "--policy", str(tmp_path / "nope.onnx"))
     assert code == 2
     assert f"policy '{tmp_path / 'nope.onnx'}' not found" in output
+    with socket.socket() as listening:  # the replicas' gRPC servers would join it (SO_REUSEPORT)
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        busy = listening.getsockname()[1]
+        code, output = serve_in_process(capsys, monkeypatch, "--grpc-port", str(busy))
+    assert code == 2
+    assert f"huggy serve: error: --grpc-port 127.0.0.1:{busy} is not free (Address already in use)" in output
 
 
 def test_an_unreadable_or_empty_key_file_is_named_in_plain_words(tmp_path, capsys,

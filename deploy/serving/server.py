@@ -82,6 +82,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def refuse_busy_port(host: str, port: int, what: str) -> None:
+    """Raise ValueError if `host:port` cannot be bound now (something listens there). The
+    replicas' own gRPC servers share their port (SO_REUSEPORT), which would also let them join
+    another server of this user on that port: `huggy serve` checks first."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            raise ValueError(f"{what} {host}:{port} is not free ({error.strerror}); choose "
+                             "another port or stop what listens there") from None
+
+
 def haproxy_dir(port: int) -> Path:
     """Where HAProxy keeps its config, sockets and state for the Serve HTTP port `port`."""
     return Path(f"/tmp/huggy-haproxy-{port}")
@@ -376,9 +389,10 @@ class _HAProxyAdmin:
 
 
 def banner(served: PolicySet, host: str, port: int, ingress: str, grpc_port: int | None,
-           grpc_ingress: str = "serve") -> str:
-    """The line `huggy serve` prints once the policies answer: where, and who answers
-    `/v1/act` (the split's shares, else the default policy)."""
+           grpc_ingress: str) -> str:
+    """The line `huggy serve` prints once the policies answer: where, who answers gRPC
+    (`grpc_ingress`: replica or serve) and who answers `/v1/act` (the split's shares, else the
+    default policy)."""
     grpc = (f", gRPC {ACT_METHOD} on {host}:{grpc_port} by {grpc_ingress}" if grpc_port
             else "")
     count = f"{len(served.entries)} policies" if len(served.entries) > 1 else "policy"
@@ -498,6 +512,8 @@ def serve_command(args: argparse.Namespace) -> int:
                                args.api_key_file is not None or load_api_key() is not None)
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    if args.grpc_port is not None and args.grpc_ingress == "replica":
+        refuse_busy_port(args.host, args.grpc_port, "--grpc-port")
     if args.policy is not None and args.policies:
         raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
                          f"and --policy {args.policy!r}")
