@@ -3,9 +3,11 @@
 
 - the replicas' own (`start_replica_server`, the default of `huggy serve --grpc-port`): each
   replica runs a gRPC server on its event loop, next to its HTTP server, all of a node's
-  replicas on one port (SO_REUSEPORT: the kernel spreads the connections over them). Requests
-  reach the replica's batch queue as they arrive, concurrently, so they share forward passes as
-  HTTP requests do. It reaches the replicas of the node it runs on.
+  replicas on one port (SO_REUSEPORT: the kernel spreads the connections over them). A call is
+  handled as an HTTP request is: alone at once where the replica is otherwise idle, else through
+  the batch queue (`grpc.aio` hands calls over one event-loop turn apart, so under load they
+  seldom share a forward pass: docs/benchmarks.md). It reaches the replicas of the node it runs
+  on.
 - Serve's gRPC ingress (`GRPC_SERVICER_FUNCTION`, `huggy serve --grpc-ingress serve`): Serve's
   proxy or HAProxy on the head node routes to every replica of the cluster, by the
   `application` metadata.

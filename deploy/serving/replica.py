@@ -345,9 +345,8 @@ class HuggyPolicyDeployment:
         return RawMessage(await self._act_grpc(request, grpc_context, named, may_run_alone=False))
 
     async def _act_own_grpc(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """`/huggy.v1.Policy/Act` of the replica's own gRPC server: as `Act`; the calls arrive
-        concurrently, so a lone one runs alone and the others share forward passes, as over
-        HTTP."""
+        """`/huggy.v1.Policy/Act` of the replica's own gRPC server: as `Act`, but a call that
+        finds the replica otherwise idle runs alone at once, as an HTTP request does."""
         named = dict(context.invocation_metadata() or ()).get("multiplexed_model_id") or None
         return await self._act_grpc(request, context, named, may_run_alone=True)
 
