@@ -62,7 +62,7 @@ from deploy.serving.grpc_ingress import (
 from deploy.serving.held import HeldPolicies, ServedPolicy
 from deploy.serving.openapi import openapi_document
 from deploy.serving.parsing import ActRequest, act_from_document, read_act_document
-from deploy.serving.responses import ApiError, act_response, answer_arrays
+from deploy.serving.responses import ApiError, act_response, answer_arrays, internal_error
 from deploy.serving.routes import ApiKey, check_route
 from deploy.serving.settings import BatchSettings, split_user_config
 from huggy_agent import HuggyAgent
@@ -285,8 +285,7 @@ class HuggyPolicyDeployment:
                             headers=error.headers)
         except Exception as error:  # answered as JSON; the replica serves on
             logger.exception("request %s %s failed", request.method, path)
-            failure = ApiError(500, "internal_error", f"the server failed to answer: {error!r}")
-            return Response(failure.body(), status_code=500, media_type=JSON)
+            return Response(internal_error(error).body(), status_code=500, media_type=JSON)
 
     async def _act(self, request: Request, named: str | None) -> Response:
         if named is None:
@@ -372,8 +371,7 @@ class HuggyPolicyDeployment:
         except Exception as error:  # answered with the API's JSON; the replica serves on
             logger.exception("gRPC call %s failed", ACT_METHOD)
             context.set_code(grpc.StatusCode.INTERNAL)
-            context.set_details(ApiError(500, "internal_error", "the server failed to answer: "
-                                         f"{error!r}").body().decode())
+            context.set_details(internal_error(error).body().decode())
             return b""
         finally:
             self._in_flight -= 1

@@ -38,6 +38,11 @@ def unavailable(message: str) -> ApiError:
     return ApiError(503, "unavailable", message, {"Retry-After": str(RETRY_AFTER_S)})
 
 
+def internal_error(error: Exception) -> ApiError:
+    """500: answering failed with `error`, a bug of the server's (the replica serves on)."""
+    return ApiError(500, "internal_error", f"the server failed to answer: {error!r}")
+
+
 def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
                   ) -> dict[str, np.ndarray]:
     """What an act route answers, by name: `continuous`, `discrete` and `memory` as the policy
