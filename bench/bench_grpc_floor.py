@@ -4,10 +4,11 @@ it from another process), with messages of a Huggy step's size (18 agents: obser
 actions down), no protobuf and no work on either side.
 
 Two server variants: the handler answers itself, or it hands the request to the main thread and
-waits for the answer (the handoff envs/fast_step.py makes); two client variants: gRPC's default
-client I/O, and the older one the stand-ins use (`GRPC_EXPERIMENTS=-event_engine_client`).
-Prints microseconds per exchange (several client runs per pair, each after its warm-up) and what
-that leaves of a step at a given agent-decisions/s target.
+waits for the answer (the handoff envs/fast_step.py makes); three client variants: Python's
+`grpc` with its default client I/O, with the older one (`GRPC_EXPERIMENTS=-event_engine_client`),
+and the stand-ins' own HTTP/2 client (`envs.standin.http2`). Prints microseconds per exchange
+and the client's CPU per exchange (several client runs per pair, each after its warm-up), and
+what the exchange leaves of a step at a given agent-decisions/s target.
 
     .venv/bin/python bench/bench_grpc_floor.py [--exchanges 3000] [--runs 3] [--target 20000]
 """
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 
@@ -29,6 +31,9 @@ UP_BYTES = AGENTS * 59 * 4 + 2_000  # observations, and the rest of the agents' 
 DOWN_BYTES = AGENTS * 21 * 4 + 200  # continuous actions
 METHOD = "/floor.Floor/Exchange"
 OLDER_CLIENT_IO = {"GRPC_EXPERIMENTS": "-event_engine_client"}
+CLIENTS = (("gRPC, default client I/O", "grpc", {}),
+           ("gRPC, older client I/O", "grpc", OLDER_CLIENT_IO),
+           ("the stand-ins' HTTP/2 client", "http2", {}))
 
 
 def serve(handoff: bool) -> None:
@@ -58,17 +63,29 @@ def serve(handoff: bool) -> None:
     server.wait_for_termination()
 
 
-def measure(port: int, exchanges: int) -> float:
-    """Microseconds per exchange over `exchanges` calls, after 200 to warm up."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary(METHOD)
-        body = b"o" * UP_BYTES
+def measure(port: int, exchanges: int, client: str) -> tuple[float, float]:
+    """(wall, client CPU) microseconds per exchange over `exchanges` calls, after 200 to warm
+    up; `client` "grpc" (Python's gRPC client) or "http2" (the stand-ins' `UnaryClient`)."""
+    body = b"o" * UP_BYTES
+    if client == "http2":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from envs.standin.http2 import UnaryClient
+
+        unary = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
+        call, close = unary.call, unary.close
+    else:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        call, close = channel.unary_unary(METHOD), channel.close
+    try:
         for _ in range(200):
             call(body)
-        start = time.perf_counter()
+        cpu, start = time.process_time(), time.perf_counter()
         for _ in range(exchanges):
             call(body)
-        return (time.perf_counter() - start) / exchanges * 1e6
+        return ((time.perf_counter() - start) / exchanges * 1e6,
+                (time.process_time() - cpu) / exchanges * 1e6)
+    finally:
+        close()
 
 
 def main() -> None:
@@ -80,12 +97,13 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--handoff", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--client", default="grpc", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.handoff)
         return
     if args.measure:
-        print(f"{measure(args.measure, args.exchanges):.1f}")
+        print(*(f"{us:.1f}" for us in measure(args.measure, args.exchanges, args.client)))
         return
     budget_us = AGENTS / args.target * 1e6
     print(f"{AGENTS} agents at {args.target:,} agent-decisions/s: {budget_us:.0f} us per step, "
@@ -98,16 +116,18 @@ def main() -> None:
             assert server.stdout is not None
             ready, port = server.stdout.readline().split()
             assert ready == "ready"
-            for name, env in (("default client I/O", {}), ("older client I/O", OLDER_CLIENT_IO)):
-                runs = [float(subprocess.run(
-                    [sys.executable, __file__, "--measure", port,
+            for name, client, env in CLIENTS:
+                runs = [[float(us) for us in subprocess.run(
+                    [sys.executable, __file__, "--measure", port, "--client", client,
                      "--exchanges", str(args.exchanges)],
                     capture_output=True, text=True, check=True,
-                    env={**os.environ, **env}).stdout.split()[-1]) for _ in range(args.runs)]
+                    env={**os.environ, **env}).stdout.split()] for _ in range(args.runs)]
                 server_kind = "handoff to the main thread" if handoff else "handler answers"
-                print(f"{server_kind:27s} {name:18s} us per exchange: "
-                      + ", ".join(f"{run:.0f}" for run in runs)
-                      + f"  ({min(runs) / budget_us:.0%} of the step budget at best)")
+                walls = [wall for wall, _ in runs]
+                print(f"{server_kind:27s} {name:26s} us per exchange: "
+                      + ", ".join(f"{wall:.0f}" for wall in walls)
+                      + f"  ({min(walls) / budget_us:.0%} of the step budget at best);"
+                      + " client CPU us: " + ", ".join(f"{cpu:.0f}" for _, cpu in runs))
         finally:
             server.kill()
             server.wait()

@@ -4,8 +4,8 @@ They run `envs` code without `envs/__init__.py`, which imports Gymnasium and the
 registers the Gymnasium id, none of which a worker or the stand-in uses: `bare_command` gives
 `python -c CODE ROOT ...`, where CODE installs a bare `envs` package (only its `__path__`, under
 ROOT, the folder that holds this copy of `envs/`, whatever the working directory), runs `setup`,
-then `main`. Each such process then imports numpy, grpc and mlagents-envs only (about 15 MB
-less than `import envs`, and a faster start).
+then `main`. A worker then imports numpy, grpc and mlagents-envs only, a stand-in numpy and
+mlagents-envs' messages (about 15 MB less than `import envs`, and a faster start).
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ _PLAYER_FILES = {"huggy": "Huggy.x86_64", "soccertwos": "SoccerTwos.x86_64"}
 
 def launcher_script(python: str = sys.executable, scene: str = "huggy") -> str:
     """The POSIX shell text of the launcher of `scene` for interpreter `python`: it runs the
-    stand-in on a bare `envs` package (`envs.bootstrap`), which imports only numpy, grpc and the
-    messages."""
+    stand-in on a bare `envs` package (`envs.bootstrap`), which imports only numpy and the
+    messages (its gRPC client is `envs.standin.http2`)."""
     _, _, code, root = bare_command(STANDIN_SETUP,
                                     "from envs.standin.client import main; sys.exit(main())")
     scene_args = "" if scene == "huggy" else f" --scene {shlex.quote(scene)}"
@@ -37,10 +37,6 @@ def launcher_script(python: str = sys.executable, scene: str = "huggy") -> str:
         f"# {Path(_PLAYER_FILES[scene]).stem} stand-in (huggy-agent): started like a Unity "
         "player,\n"
         "#   FILE --mlagents-port N [-nographics -batchmode] [-logFile PATH]\n"
-        "GRPC_VERBOSITY=${GRPC_VERBOSITY:-NONE}  # no gRPC chatter when Python closes the server\n"
-        "# gRPC's older client I/O path: one blocking call at a time wakes fewer threads\n"
-        "GRPC_EXPERIMENTS=${GRPC_EXPERIMENTS--event_engine_client}\n"
-        "export GRPC_VERBOSITY GRPC_EXPERIMENTS\n"
         f'exec {shlex.quote(python)} -c {shlex.quote(code)} {shlex.quote(root)}{scene_args} "$@"\n'
     )
 

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from envs.standin.http2 import UnaryClient
 from envs.standin.wire import empty_message
 
 COMMUNICATION_VERSION = "1.5.0"
@@ -132,16 +133,21 @@ def _watch_parent(parent: int) -> None:
 def run(standin: Any, port: int, log: TextIO) -> int:
     """Connect to the Python trainer on 127.0.0.1:`port` and serve it with `standin` until
     told to stop; the exit code (0 when closed by Python, 1 when Python is gone)."""
-    import grpc
     from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    exchange = channel.unary_unary(EXCHANGE, response_deserializer=UnityMessageProto.FromString)
     try:
-        reply = exchange(standin.handshake_message(), wait_for_ready=True,
-                         timeout=CONNECT_TIMEOUT_S)
+        client = UnaryClient("127.0.0.1", port, EXCHANGE, CONNECT_TIMEOUT_S)
+    except OSError as error:
+        log.write(f"exiting: no Python side on port {port} ({error})\n")
+        return 1
+
+    def exchange(message: bytes) -> Any:
+        return UnityMessageProto.FromString(client.call(message))
+
+    try:
+        reply = exchange(standin.handshake_message())
         seed = reply.unity_input.rl_initialization_input.seed
         log.write(f"connected on port {port}, seed {seed}\n")
         reply = exchange(empty_message())
@@ -159,10 +165,10 @@ def run(standin: Any, port: int, log: TextIO) -> int:
             else:
                 out = standin.step(standin.actions_from(rl_input))
             reply = exchange(out)
-    except grpc.RpcError as error:
-        log.write(f"exiting: the Python side is gone ({error.code().name})\n")
+    except OSError as error:  # ExchangeError among them
+        log.write(f"exiting: the Python side is gone ({error})\n")
         return 1
     finally:
-        channel.close()
+        client.close()
 
 
