@@ -43,69 +43,57 @@ def _server(port: int, options: tuple = ()) -> grpc.Server:
 
 
 @pytest.fixture()
-def served() -> Iterator[tuple[grpc.Server, int]]:
+def connected(request: pytest.FixtureRequest) -> Iterator[tuple[grpc.Server, UnaryClient]]:
+    """The test server on a free port (with the server options of an indirect parameter),
+    and a client connected to it."""
     port = free_port()
-    server = _server(port)
+    server = _server(port, getattr(request, "param", ()))
+    client = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
     try:
-        yield server, port
+        yield server, client
     finally:
+        client.close()
         server.stop(None)
 
 
-def test_answers_are_the_servers_byte_for_byte_at_every_size(served: tuple) -> None:
+def test_answers_are_the_servers_byte_for_byte_at_every_size(connected: tuple) -> None:
     """Sizes around HTTP/2's defaults: a 16,384-byte frame, a 65,535-byte window (both ways:
     the request and the reversed answer), and a megabyte; then 300 Huggy-sized calls in a row
     on the same connection (1.8 MB, 28 initial connection windows)."""
-    _, port = served
-    client = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
-    try:
-        for size in (0, 1, 16_379, 16_380, 65_535, 70_000, 1_000_000):
-            request = bytes(range(256)) * (size // 256) + bytes(size % 256)
-            assert client.call(request) == _answer(request), size
-        for k in range(300):
-            request = k.to_bytes(2, "big") * 3_000
-            assert client.call(request) == _answer(request)
-    finally:
-        client.close()
+    _, client = connected
+    for size in (0, 1, 16_379, 16_380, 65_535, 70_000, 1_000_000):
+        request = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        assert client.call(request) == _answer(request), size
+    for k in range(300):
+        request = k.to_bytes(2, "big") * 3_000
+        assert client.call(request) == _answer(request)
 
 
-def test_a_new_connection_takes_over_when_stream_ids_run_out(served: tuple) -> None:
+def test_a_new_connection_takes_over_when_stream_ids_run_out(connected: tuple) -> None:
     """HTTP/2 stream ids are odd numbers below 2**31 and never reused: the call after the one
     on stream 2**31 - 1 goes out on a new connection."""
-    _, port = served
-    client = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
-    try:
-        client._next_stream = MAX_STREAM
-        first = client._socket
-        for request in (b"last id", b"new connection"):
-            assert client.call(request) == _answer(request)
-        assert client._socket is not first and client._next_stream == 3
-    finally:
-        client.close()
+    _, client = connected
+    client._next_stream = MAX_STREAM
+    first = client._socket
+    for request in (b"last id", b"new connection"):
+        assert client.call(request) == _answer(request)
+    assert client._socket is not first and client._next_stream == 3
 
 
-def test_a_refused_call_raises_and_the_connection_goes_on(served: tuple) -> None:
-    _, port = served
-    client = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
-    try:
-        with pytest.raises(ExchangeError, match="without an answer"):
-            client.call(b"refuse")
-        assert client.call(b"next") == _answer(b"next")
-    finally:
-        client.close()
+def test_a_refused_call_raises_and_the_connection_goes_on(connected: tuple) -> None:
+    _, client = connected
+    with pytest.raises(ExchangeError, match="without an answer"):
+        client.call(b"refuse")
+    assert client.call(b"next") == _answer(b"next")
 
 
-def test_a_server_that_went_away_raises_an_os_error(served: tuple) -> None:
+def test_a_server_that_went_away_raises_an_os_error(connected: tuple) -> None:
     """The stand-in's loop ends on OSError (ExchangeError is one) as the Python side leaving."""
-    server, port = served
-    client = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
-    try:
-        assert client.call(b"first") == _answer(b"first")
-        server.stop(None)
-        with pytest.raises(OSError):
-            client.call(b"second")
-    finally:
-        client.close()
+    server, client = connected
+    assert client.call(b"first") == _answer(b"first")
+    server.stop(None)
+    with pytest.raises(OSError):
+        client.call(b"second")
 
 
 def test_no_server_raises_connection_refused_after_the_timeout() -> None:
@@ -114,15 +102,21 @@ def test_no_server_raises_connection_refused_after_the_timeout() -> None:
 
 
 class _RecordedSocket:
-    """A socket whose sent bytes are kept, to read the client's frames back."""
+    """A socket whose sent and received bytes are kept, to read the frames back."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._socket = sock
         self.sent = bytearray()
+        self.received = bytearray()
 
     def sendall(self, data: bytes) -> None:
         self.sent += data
         self._socket.sendall(data)
+
+    def recv(self, size: int) -> bytes:
+        data = self._socket.recv(size)
+        self.received += data
+        return data
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._socket, name)
@@ -141,22 +135,20 @@ def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
     return frames
 
 
-def test_the_servers_pings_are_acknowledged_and_read_past() -> None:
+@pytest.mark.parametrize("connected", [(
+    ("grpc.keepalive_time_ms", 50), ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.http2.max_pings_without_data", 0))], indirect=True)
+def test_the_servers_pings_are_acknowledged_and_read_past(connected: tuple) -> None:
     """A server that pings every 50 ms while it takes 0.6 s per answer: the answers arrive
-    intact, and the client sent a PING ACK (type 6, flag 1) for pings it read, each with an
-    8-byte payload (RFC 9113 section 6.7; the payloads are the server's, echoed)."""
-    port = free_port()
-    server = _server(port, (("grpc.keepalive_time_ms", 50), ("grpc.keepalive_timeout_ms", 5000),
-                            ("grpc.http2.max_pings_without_data", 0)))
-    client = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
+    intact, and the client answered the pings with PING ACKs (type 6, flag 1, stream 0) that
+    echo their 8-byte payloads (RFC 9113 section 6.7)."""
+    _, client = connected
     recorded = client._socket = _RecordedSocket(client._socket)
-    try:
-        for _ in range(2):
-            assert client.call(b"slow") == _answer(b"slow")
-    finally:
-        client.close()
-        server.stop(None)
+    for _ in range(2):
+        assert client.call(b"slow") == _answer(b"slow")
+    pings = {payload for kind, flags, _, payload in _frames(recorded.received)
+             if kind == 6 and not flags & 1}
     acks = [f for f in _frames(recorded.sent) if f[0] == 6]
     assert len(acks) >= 2
-    assert all(flags == 1 and stream == 0 and len(payload) == 8
+    assert all(flags == 1 and stream == 0 and payload in pings
                for _, flags, stream, payload in acks)
