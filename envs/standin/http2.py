@@ -26,7 +26,7 @@ DEFAULT_WINDOW = 65_535
 DEFAULT_MAX_FRAME = 16_384
 MAX_WINDOW = MAX_STREAM = 2**31 - 1
 RECEIVE_CHUNK = 1 << 18
-_FRAME_HEADER = struct.Struct(">IBI")  # (24-bit length << 8 | type), flags, stream
+_FRAME_HEADER = struct.Struct(">IBI")  # (24-bit length << 8 | type), flags, stream id
 
 
 class ExchangeError(ConnectionError):
@@ -35,8 +35,7 @@ class ExchangeError(ConnectionError):
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     """One HTTP/2 frame."""
-    return (struct.pack(">I", len(payload))[1:] + bytes((kind, flags))
-            + stream.to_bytes(4, "big") + payload)
+    return _FRAME_HEADER.pack(len(payload) << 8 | kind, flags, stream) + payload
 
 
 def _hpack_string(value: str) -> bytes:
@@ -105,25 +104,25 @@ class UnaryClient:
         self._next_stream += 2
         self._stream_window = self._peer_initial_window
         body = b"\x00" + struct.pack(">I", len(request)) + request  # gRPC message, uncompressed
-        pending = frame(HEADERS, END_HEADERS, stream, self._headers)
+        pending = [frame(HEADERS, END_HEADERS, stream, self._headers)]
         sent = 0
         while True:
             remaining = len(body) - sent
             room = min(self._send_window, self._stream_window, self._peer_max_frame)
             if room <= 0:  # out of window: send what is ready, wait for WINDOW_UPDATE
-                self._socket.sendall(pending)
-                pending = b""
+                self._socket.sendall(b"".join(pending))
+                pending = []
                 self._read_frames(stream, None)
                 continue
             size = min(room, remaining)
-            pending += frame(DATA, END_STREAM if size == remaining else 0, stream,
-                             body[sent : sent + size])
+            pending.append(frame(DATA, END_STREAM if size == remaining else 0, stream,
+                                 body[sent : sent + size]))
             sent += size
             self._send_window -= size
             self._stream_window -= size
             if sent == len(body):
                 break
-        self._socket.sendall(pending)
+        self._socket.sendall(b"".join(pending))
         answer = bytearray()
         self._read_frames(stream, answer)
         if self._timed:  # the first answer came: from now on wait as long as the server takes
@@ -152,7 +151,7 @@ class UnaryClient:
                     buffer += chunk
                 size_kind, flags, stream_id = _FRAME_HEADER.unpack_from(buffer, offset)
                 size, kind = size_kind >> 8, size_kind & 0xFF
-                stream_id &= MAX_WINDOW
+                stream_id &= MAX_STREAM  # the reserved top bit cleared
                 payload = bytes(buffer[offset + 9 : offset + 9 + size])
                 offset += 9 + size
                 if self._handle(kind, flags, stream_id, payload, stream, answer):
