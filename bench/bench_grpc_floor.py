@@ -3,12 +3,14 @@ mlagents-envs makes it (the Python side hosts a sync gRPC server with a thread p
 it from another process), with messages of a Huggy step's size (18 agents: observations up,
 actions down), no protobuf and no work on either side.
 
-Two server variants: the handler answers itself, or it hands the request to the main thread and
-waits for the answer (the handoff envs/fast_step.py makes); three client variants: Python's
-`grpc` with its default client I/O, with the older one (`GRPC_EXPERIMENTS=-event_engine_client`),
-and the stand-ins' own HTTP/2 client (`envs.standin.http2`). Prints microseconds per exchange
-and the client's CPU per exchange (several client runs per pair, each after its warm-up), and
-what the exchange leaves of a step at a given agent-decisions/s target.
+Three server variants: a `grpc` server whose handler answers itself; one whose handler hands the
+request to the main thread and waits for the answer (mlagents-envs' design, and this project's
+until December 2026); and the Python side's own server, served in the main thread
+(`envs.http2.UnaryServer`, what `envs.lockstep` uses). Three client variants: Python's `grpc`
+with its default client I/O, with the older one (`GRPC_EXPERIMENTS=-event_engine_client`), and
+the stand-ins' own HTTP/2 client (`envs.http2.UnaryClient`). Prints microseconds per exchange
+and the client's and the server's CPU per exchange (several client runs per pair, each after its
+warm-up), and what the exchange leaves of a step at a given agent-decisions/s target.
 
     .venv/bin/python bench/bench_grpc_floor.py [--exchanges 3000] [--runs 3] [--target 20000]
 """
@@ -34,14 +36,32 @@ OLDER_CLIENT_IO = {"GRPC_EXPERIMENTS": "-event_engine_client"}
 CLIENTS = (("gRPC, default client I/O", "grpc", {}),
            ("gRPC, older client I/O", "grpc", OLDER_CLIENT_IO),
            ("the stand-ins' HTTP/2 client", "http2", {}))
+SERVERS = (("grpc, handler answers", "answers"), ("grpc, handoff to main", "handoff"),
+           ("own server, main thread", "lockstep"))
+WARM_UP = 200
 
 
-def serve(handoff: bool) -> None:
-    """Answer `METHOD` on a free port of 127.0.0.1 until killed, after printing "ready PORT";
-    with `handoff`, through the main thread."""
+def _repository_on_path() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def serve(kind: str) -> None:
+    """Answer `METHOD` on a free port of 127.0.0.1 until killed, after printing "ready PORT":
+    `kind` "answers" (a grpc handler), "handoff" (a grpc handler through the main thread) or
+    "lockstep" (`UnaryServer` in the main thread)."""
+    reply = b"a" * DOWN_BYTES
+    if kind == "lockstep":
+        _repository_on_path()
+        from envs.http2 import UnaryServer
+
+        own = UnaryServer("127.0.0.1", 0)
+        print("ready", own._listener.getsockname()[1], flush=True)
+        while True:
+            own.receive()
+            own.answer(reply)
+    handoff = kind == "handoff"
     inbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
     outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-    reply = b"a" * DOWN_BYTES
 
     def exchange(request: bytes, context: grpc.ServicerContext) -> bytes:
         if not handoff:
@@ -64,12 +84,12 @@ def serve(handoff: bool) -> None:
 
 
 def measure(port: int, exchanges: int, client: str) -> tuple[float, float]:
-    """(wall, client CPU) microseconds per exchange over `exchanges` calls, after 200 to warm
-    up; `client` "grpc" (Python's gRPC client) or "http2" (the stand-ins' `UnaryClient`)."""
+    """(wall, client CPU) microseconds per exchange over `exchanges` calls, after `WARM_UP` to
+    warm up; `client` "grpc" (Python's gRPC client) or "http2" (the stand-ins' `UnaryClient`)."""
     body = b"o" * UP_BYTES
     if client == "http2":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from envs.standin.http2 import UnaryClient
+        _repository_on_path()
+        from envs.http2 import UnaryClient
 
         unary = UnaryClient("127.0.0.1", port, METHOD, connect_timeout=10)
         call, close = unary.call, unary.close
@@ -77,7 +97,7 @@ def measure(port: int, exchanges: int, client: str) -> tuple[float, float]:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         call, close = channel.unary_unary(METHOD), channel.close
     try:
-        for _ in range(200):
+        for _ in range(WARM_UP):
             call(body)
         cpu, start = time.process_time(), time.perf_counter()
         for _ in range(exchanges):
@@ -95,12 +115,12 @@ def main() -> None:
     parser.add_argument("--target", type=int, default=20_000,
                         help="agent-decisions/s to compare the floor with (default 20,000)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--handoff", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--server", default="answers", help=argparse.SUPPRESS)
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--client", default="grpc", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.handoff)
+        serve(args.server)
         return
     if args.measure:
         print(*(f"{us:.1f}" for us in measure(args.measure, args.exchanges, args.client)))
@@ -108,29 +128,39 @@ def main() -> None:
     budget_us = AGENTS / args.target * 1e6
     print(f"{AGENTS} agents at {args.target:,} agent-decisions/s: {budget_us:.0f} us per step, "
           f"all of it (the policy, both processes' work, the exchange)")
-    for handoff in (False, True):
-        server = subprocess.Popen(
-            [sys.executable, __file__, "--serve", *(["--handoff"] * handoff)],
-            stdout=subprocess.PIPE, text=True)
+    for server_name, server_kind in SERVERS:
+        server = subprocess.Popen([sys.executable, __file__, "--serve", "--server", server_kind],
+                                  stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None
             ready, port = server.stdout.readline().split()
             assert ready == "ready"
             for name, client, env in CLIENTS:
-                runs = [[float(us) for us in subprocess.run(
-                    [sys.executable, __file__, "--measure", port, "--client", client,
-                     "--exchanges", str(args.exchanges)],
-                    capture_output=True, text=True, check=True,
-                    env={**os.environ, **env}).stdout.split()] for _ in range(args.runs)]
-                server_kind = "handoff to the main thread" if handoff else "handler answers"
+                runs, server_cpu = [], []
+                for _ in range(args.runs):
+                    before = _cpu_seconds(server.pid)
+                    runs.append([float(us) for us in subprocess.run(
+                        [sys.executable, __file__, "--measure", port, "--client", client,
+                         "--exchanges", str(args.exchanges)],
+                        capture_output=True, text=True, check=True,
+                        env={**os.environ, **env}).stdout.split()])
+                    server_cpu.append((_cpu_seconds(server.pid) - before)
+                                      / (args.exchanges + WARM_UP) * 1e6)
                 walls = [wall for wall, _ in runs]
-                print(f"{server_kind:27s} {name:26s} us per exchange: "
+                print(f"{server_name:24s} {name:29s} us per exchange: "
                       + ", ".join(f"{wall:.0f}" for wall in walls)
                       + f"  ({min(walls) / budget_us:.0%} of the step budget at best);"
-                      + " client CPU us: " + ", ".join(f"{cpu:.0f}" for _, cpu in runs))
+                      + " CPU us, client: " + ", ".join(f"{cpu:.0f}" for _, cpu in runs)
+                      + "; server: " + ", ".join(f"{cpu:.0f}" for cpu in server_cpu))
         finally:
             server.kill()
             server.wait()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

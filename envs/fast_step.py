@@ -1,8 +1,9 @@
 """The hot step path between Python and Unity: speed-ups of mlagents-envs' per-step work, with
 the same results (checked against the originals in tests).
 
-- The servicer hands messages to the main thread through in-process queues instead of a
-  pickling `multiprocessing.Pipe`.
+- The player's calls are served in the thread that steps the environment
+  (`envs.lockstep.LockstepCommunicator`) instead of by `grpc`'s server threads, which handed
+  each message to the main thread through a pickling `multiprocessing.Pipe`.
 - `steps_from_proto` reads float observations with one bulk copy per agent.
 - The step input is encoded to protobuf wire bytes with numpy (`encode_agent_actions`) instead
   of one `extend` per agent and field.
@@ -18,81 +19,12 @@ from __future__ import annotations
 
 import functools
 import math
-import queue
-import threading
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from envs.lockstep import lockstep_communicator
 from envs.protobuf_wire import varint
-
-
-class _QueueConnection:
-    """One end of an in-process duplex channel with the `Connection` methods the servicer uses.
-
-    With `wake_at_exit` (the servicer's end, read by a gRPC worker thread), `recv` gives up
-    with EOFError once the interpreter starts exiting (`_EXITING`): an environment left open
-    would otherwise keep that thread waiting for an answer, and the exit, which joins the gRPC
-    thread pool before it runs mlagents-envs' close at exit, would wait forever."""
-
-    _CLOSED = object()
-    EXIT_POLL_S = 0.5
-
-    def __init__(self, incoming: queue.SimpleQueue, outgoing: queue.SimpleQueue,
-                 wake_at_exit: bool = False) -> None:
-        self._incoming = incoming
-        self._outgoing = outgoing
-        self._peeked: list[Any] = []
-        self._wake_at_exit = wake_at_exit
-
-    def send(self, obj: Any) -> None:
-        self._outgoing.put(obj)
-
-    def recv(self) -> Any:
-        item = self._peeked.pop() if self._peeked else self._get()
-        if item is self._CLOSED:
-            self._peeked.append(item)
-            raise EOFError("connection closed")
-        return item
-
-    def _get(self) -> Any:
-        if not self._wake_at_exit:
-            return self._incoming.get()
-        while True:
-            try:
-                return self._incoming.get(timeout=self.EXIT_POLL_S)
-            except queue.Empty:
-                if _EXITING.is_set():
-                    raise EOFError("the interpreter is exiting") from None
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        if self._peeked:
-            return True
-        try:
-            self._peeked.append(self._incoming.get(timeout=max(float(timeout), 0.0)))
-        except queue.Empty:
-            return False
-        return True
-
-    def close(self) -> None:
-        self._outgoing.put(self._CLOSED)
-
-
-def _fast_servicer_class() -> type:
-    from mlagents_envs import rpc_communicator
-
-    base = rpc_communicator.UnityToExternalServicerImplementation
-
-    class QueueServicer(base):  # type: ignore[misc, valid-type]
-        """Hands each request to the main thread and waits for its answer, without pickling."""
-
-        def __init__(self) -> None:  # does not call the Pipe-creating base init
-            to_parent: queue.SimpleQueue = queue.SimpleQueue()
-            to_child: queue.SimpleQueue = queue.SimpleQueue()
-            self.parent_conn = _QueueConnection(to_parent, to_child)
-            self.child_conn = _QueueConnection(to_child, to_parent, wake_at_exit=True)
-
-    return QueueServicer
 
 
 def encode_agent_actions(continuous: np.ndarray | None, discrete: np.ndarray | None = None
@@ -152,22 +84,6 @@ def _action_table(n: int, continuous: int, discrete: int) -> tuple[np.ndarray, t
     return template, tuple(len(head) + start for start in starts)
 
 
-_EXITING = threading.Event()
-"""Set when the interpreter starts exiting, before it joins the threads of thread pools."""
-
-
-def _wake_servicers_at_exit() -> None:
-    """Have `_EXITING` set at exit before `concurrent.futures` joins its pools' threads (gRPC's
-    server threads among them). `threading._register_atexit` is the hook `concurrent.futures`
-    itself uses (CPython 3.9+; its functions run last registered first); without it, an env
-    left open makes the exit wait, as it does with mlagents-envs' own servicer."""
-    import concurrent.futures.thread  # noqa: F401  (registers its exit first: ours runs before)
-
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_EXITING.set)
-
-
 _ORIGINALS: dict[str, Any] = {}
 _FAST: dict[str, Any] = {}
 _lean_enabled = True
@@ -175,16 +91,15 @@ _lean_enabled = True
 
 def install() -> None:
     """Swap mlagents-envs' step functions for this module's (once, by `envs.compat.apply`)."""
-    from mlagents_envs import environment, rpc_communicator, rpc_utils
+    from mlagents_envs import environment, rpc_utils
 
     _ORIGINALS.update(
-        servicer=rpc_communicator.UnityToExternalServicerImplementation,
+        communicator=environment.UnityEnvironment.__dict__["_get_communicator"],
         steps_from_proto=rpc_utils.steps_from_proto,
         generate_step_input=environment.UnityEnvironment._generate_step_input,
     )
-    _wake_servicers_at_exit()
     _FAST.update(
-        servicer=_fast_servicer_class(),
+        communicator=staticmethod(lockstep_communicator),
         steps_from_proto=_steps_from_proto,
         generate_step_input=_generate_step_input,
     )
@@ -196,14 +111,14 @@ def set_fast_paths(enabled: bool) -> None:
     (`lean_step` then declines).
 
     For measuring them (bench/bench_envs.py) and checking they change nothing (tests); takes
-    effect for environments created afterwards (the servicer is chosen at creation).
+    effect for environments created afterwards (the communicator is chosen at creation).
     """
-    from mlagents_envs import environment, rpc_communicator, rpc_utils
+    from mlagents_envs import environment, rpc_utils
 
     global _lean_enabled
     _lean_enabled = enabled
     chosen = _FAST if enabled else _ORIGINALS
-    rpc_communicator.UnityToExternalServicerImplementation = chosen["servicer"]
+    environment.UnityEnvironment._get_communicator = chosen["communicator"]
     rpc_utils.steps_from_proto = chosen["steps_from_proto"]
     environment.steps_from_proto = chosen["steps_from_proto"]
     environment.UnityEnvironment._generate_step_input = chosen["generate_step_input"]

@@ -1,19 +1,25 @@
-"""The stand-ins' gRPC client (`envs.standin.http2`) against a real `grpc` server: answers byte
-for byte, flow control both ways, refusals, a server that goes away, the server's pings."""
+"""Both ends of `envs.http2` against real `grpc` peers. The stand-ins' client against a `grpc`
+server: answers byte for byte, flow control both ways, refusals, a server that goes away, the
+server's pings. The Python side's server against `grpc`'s client (the C core that Unity's
+`Grpc.Core` wraps): the same sizes, many calls, a client that reconnects or cancels, a
+compressed call refused, pings answered."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
-from envs.standin.http2 import MAX_STREAM, ExchangeError, UnaryClient
+from envs.http2 import MAX_STREAM, PREFACE, ExchangeError, UnaryClient, UnaryServer, frame
 from tests.support.processes import free_port
 
 METHOD = "/test.Echo/Exchange"
@@ -56,14 +62,20 @@ def connected(request: pytest.FixtureRequest) -> Iterator[tuple[grpc.Server, Una
         server.stop(None)
 
 
+SIZES = (0, 1, 16_379, 16_380, 65_535, 70_000, 1_000_000)
+
+
+def _request(size: int) -> bytes:
+    return bytes(range(256)) * (size // 256) + bytes(size % 256)
+
+
 def test_answers_are_the_servers_byte_for_byte_at_every_size(connected: tuple) -> None:
     """Sizes around HTTP/2's defaults: a 16,384-byte frame, a 65,535-byte window (both ways:
     the request and the reversed answer), and a megabyte; then 300 Huggy-sized calls in a row
     on the same connection (1.8 MB, 28 initial connection windows)."""
     _, client = connected
-    for size in (0, 1, 16_379, 16_380, 65_535, 70_000, 1_000_000):
-        request = bytes(range(256)) * (size // 256) + bytes(size % 256)
-        assert client.call(request) == _answer(request), size
+    for size in SIZES:
+        assert client.call(_request(size)) == _answer(_request(size)), size
     for k in range(300):
         request = k.to_bytes(2, "big") * 3_000
         assert client.call(request) == _answer(request)
@@ -152,3 +164,185 @@ def test_the_servers_pings_are_acknowledged_and_read_past(connected: tuple) -> N
     assert len(acks) >= 2
     assert all(flags == 1 and stream == 0 and payload in pings
                for _, flags, stream, payload in acks)
+
+
+# -- the Python side's server, called by grpc's client ---------------------------------------
+
+
+class _Served:
+    """A `UnaryServer` on a free port, serving in a thread of its own as the Python side does in
+    its main thread: wait for a call, take it, answer `_answer` of it. A request b"hold" is
+    answered once `release` is set, after `held` is."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.server = UnaryServer("127.0.0.1", self.port)
+        self.held, self.release, self._stop = threading.Event(), threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if self.server.poll(0.05):
+                request = self.server.receive()
+                if request == b"hold":
+                    self.held.set()
+                    self.release.wait()
+                self.server.answer(_answer(request))
+
+    def channel(self, options: tuple = ()) -> grpc.Channel:
+        return grpc.insecure_channel(f"127.0.0.1:{self.port}", options=options)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.release.set()
+        self._thread.join()
+        self.server.close(linger=0.0)
+
+
+@pytest.fixture()
+def served() -> Iterator[_Served]:
+    serving = _Served()
+    try:
+        yield serving
+    finally:
+        serving.stop()
+
+
+def test_the_server_answers_grpc_byte_for_byte_at_every_size(served: _Served) -> None:
+    """grpc's client gets each answer whole, at the client's sizes both ways, then 300
+    Huggy-sized calls on one channel; a second channel (a new connection) is served too."""
+    with served.channel() as channel:
+        call = channel.unary_unary(METHOD)
+        for size in SIZES:
+            assert call(_request(size), timeout=30) == _answer(_request(size)), size
+        for k in range(300):
+            request = k.to_bytes(2, "big") * 3_000
+            assert call(request, timeout=30) == _answer(request)
+    with served.channel() as channel:
+        assert channel.unary_unary(METHOD)(b"again", timeout=30) == _answer(b"again")
+
+
+def test_a_call_the_client_cancelled_is_answered_into_the_void(served: _Served) -> None:
+    """A call cancelled while the server holds it: the server's answer goes nowhere, and the
+    next call on the channel gets its own answer."""
+    with served.channel() as channel:
+        call = channel.unary_unary(METHOD)
+        pending = call.future(b"hold", timeout=30)
+        assert served.held.wait(30)
+        pending.cancel()
+        served.release.set()
+        assert pending.cancelled()
+        assert call(b"next", timeout=30) == _answer(b"next")
+
+
+def test_a_compressed_call_is_refused_and_the_server_goes_on(served: _Served) -> None:
+    with served.channel() as channel:
+        call = channel.unary_unary(METHOD)
+        with pytest.raises(grpc.RpcError) as refused:
+            call(b"z" * 4_000, timeout=30, compression=grpc.Compression.Gzip)
+        assert refused.value.code() == grpc.StatusCode.INTERNAL
+        assert "uncompressed" in refused.value.details()
+        assert call(b"plain", timeout=30) == _answer(b"plain")
+
+
+def test_poll_gives_up_after_its_timeout_and_a_taken_port_is_refused() -> None:
+    server = UnaryServer("127.0.0.1", free_port())
+    try:
+        assert server.poll(0.05) is False
+        with pytest.raises(OSError):
+            UnaryServer("127.0.0.1", server._listener.getsockname()[1])
+    finally:
+        server.close()
+
+
+def test_the_clients_settings_and_pings_are_acknowledged() -> None:
+    """A client's SETTINGS and PINGs, written by hand: the server answers with its own
+    SETTINGS, a SETTINGS ACK (type 4, flag 1) and PING ACKs (type 6, flag 1, stream 0) echoing
+    each 8-byte payload (RFC 9113 sections 6.5 and 6.7), all while it waits for a call."""
+    server = UnaryServer("127.0.0.1", free_port())
+    pings = [bytes([k]) * 8 for k in range(1, 4)]
+    try:
+        with socket.create_connection(server._listener.getsockname()) as sock:
+            sock.sendall(PREFACE + frame(4, 0, 0) + b"".join(frame(6, 0, 0, p) for p in pings))
+            assert server.poll(0.5) is False  # no call came, but the frames were handled
+            sock.settimeout(5)
+            received = bytearray()
+            while len(_frames(received)) < 6 or len(received) < sum(
+                    9 + len(f[3]) for f in _frames(received)):
+                received += sock.recv(4096)
+        frames = _frames(received)
+        assert frames[0][0] == 4 and frames[0][1] == 0  # the server's own SETTINGS
+        assert (4, 1, 0, b"") in frames
+        assert [f for f in frames if f[0] == 6] == [(6, 1, 0, p) for p in pings]
+    finally:
+        server.close()
+
+
+# -- mlagents-envs over the server, with Unity's client ---------------------------------------
+
+
+class _GrpcPlayer:
+    """A Unity player's end as Unity's `Grpc.Core` makes it (gRPC's C core, connecting to
+    "localhost"): `Initialize` once, then `Exchange`."""
+
+    def __init__(self, port: int) -> None:
+        self._channel = grpc.insecure_channel(f"localhost:{port}")
+        self._methods = [self._channel.unary_unary(f"/communicator_objects.UnityToExternalProto/"
+                                                   f"{name}") for name in ("Initialize", "Exchange")]
+        self._calls = 0
+
+    def call(self, request: bytes) -> bytes:
+        method = self._methods[min(self._calls, 1)]
+        self._calls += 1
+        return method(request, wait_for_ready=True, timeout=60)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _huggy_through_mlagents(connect: Any) -> tuple[list[np.ndarray], int, str]:
+    """20 steps of the Huggy stand-in, played in a thread with the client `connect` makes,
+    through mlagents-envs' `UnityEnvironment` (editor mode: it waits for a player on its
+    port): the deciding agents' observations at each step, the stand-in's exit code, its log."""
+    from mlagents_envs.base_env import ActionTuple
+    from mlagents_envs.environment import UnityEnvironment
+
+    from envs.standin.client import StandIn
+    from envs.standin.protocol import run
+
+    port, log, ended = free_port(), io.StringIO(), []
+    player = threading.Thread(target=lambda: ended.append(run(StandIn(log, port), port, log,
+                                                                  connect)))
+    player.start()
+    env = UnityEnvironment(file_name=None, base_port=port, seed=3, timeout_wait=60)
+    seen = []
+    try:
+        assert type(env._communicator).__name__ == "LockstepCommunicator"
+        env.reset()
+        (behavior,) = env.behavior_specs
+        for k in range(20):
+            decision, _ = env.get_steps(behavior)
+            seen.append(decision.obs[0].copy())
+            env.set_actions(behavior, ActionTuple(continuous=np.full(
+                (len(decision), 21), 0.25 * (k % 5 - 2), np.float32)))
+            env.step()
+    finally:
+        env.close()
+        player.join(30)
+    return seen, ended[0], log.getvalue()
+
+
+def test_mlagents_envs_serves_unitys_grpc_client_as_it_serves_the_stand_ins() -> None:
+    """The server under mlagents-envs (`envs.lockstep`, the default communicator) with the
+    client of a real Unity player (gRPC's C core: HPACK with Huffman coding and a dynamic table,
+    its own SETTINGS, window updates and pings) and with the stand-ins' client: the handshake,
+    the same seeded observations exactly (the same simulation, seed and actions), and status
+    400 delivered at close (the player exits 0)."""
+    ours, ours_code, ours_log = _huggy_through_mlagents(None)
+    theirs, theirs_code, theirs_log = _huggy_through_mlagents(_GrpcPlayer)
+    assert (ours_code, theirs_code) == (0, 0), (ours_log, theirs_log)
+    assert "closing: status 400" in theirs_log
+    assert len(theirs) == len(ours) == 20 and all(len(obs) for obs in theirs)
+    for step, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
+        np.testing.assert_array_equal(mine, other, err_msg=f"step {step}")

@@ -28,7 +28,7 @@ _PLAYER_FILES = {"huggy": "Huggy.x86_64", "soccertwos": "SoccerTwos.x86_64"}
 def launcher_script(python: str = sys.executable, scene: str = "huggy") -> str:
     """The POSIX shell text of the launcher of `scene` for interpreter `python`: it runs the
     stand-in on a bare `envs` package (`envs.bootstrap`), which imports only numpy and the
-    messages (its gRPC client is `envs.standin.http2`)."""
+    messages (its gRPC client is `envs.http2.UnaryClient`)."""
     _, _, code, root = bare_command(STANDIN_SETUP,
                                     "from envs.standin.client import main; sys.exit(main())")
     scene_args = "" if scene == "huggy" else f" --scene {shlex.quote(scene)}"

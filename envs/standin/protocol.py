@@ -20,10 +20,10 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from envs.standin.http2 import UnaryClient
+from envs.http2 import UnaryClient
 from envs.standin.wire import empty_message
 
 COMMUNICATION_VERSION = "1.5.0"
@@ -130,15 +130,19 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
-def run(standin: Any, port: int, log: TextIO) -> int:
+def run(standin: Any, port: int, log: TextIO, connect: Callable[[int], Any] | None = None) -> int:
     """Connect to the Python trainer on 127.0.0.1:`port` and serve it with `standin` until
-    told to stop; the exit code (0 when closed by Python, 1 when Python is gone)."""
+    told to stop; the exit code (0 when closed by Python, 1 when Python is gone).
+
+    `connect(port)` opens the connection instead (an object with `call(bytes) -> bytes` and
+    `close()`); by default the stand-ins' own `UnaryClient`."""
     from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     try:
-        client = UnaryClient("127.0.0.1", port, EXCHANGE, CONNECT_TIMEOUT_S)
+        client = (connect(port) if connect is not None
+                  else UnaryClient("127.0.0.1", port, EXCHANGE, CONNECT_TIMEOUT_S))
     except OSError as error:
         log.write(f"exiting: no Python side on port {port} ({error})\n")
         return 1
