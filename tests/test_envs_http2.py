@@ -283,19 +283,17 @@ def test_the_clients_settings_and_pings_are_acknowledged() -> None:
 
 
 class _GrpcPlayer:
-    """A Unity player's end as Unity's `Grpc.Core` makes it (gRPC's C core, connecting to
-    "localhost"): `Initialize` once, then `Exchange`."""
+    """A Unity player's end as ML-Agents' `RpcCommunicator.cs` makes it with `Grpc.Core`
+    (gRPC's C core): a channel to "localhost:PORT" with default options, and every call,
+    the handshake included, to `Exchange`."""
 
     def __init__(self, port: int) -> None:
         self._channel = grpc.insecure_channel(f"localhost:{port}")
-        self._methods = [self._channel.unary_unary(f"/communicator_objects.UnityToExternalProto/"
-                                                   f"{name}") for name in ("Initialize", "Exchange")]
-        self._calls = 0
+        self._exchange = self._channel.unary_unary(
+            "/communicator_objects.UnityToExternalProto/Exchange")
 
     def call(self, request: bytes) -> bytes:
-        method = self._methods[min(self._calls, 1)]
-        self._calls += 1
-        return method(request, wait_for_ready=True, timeout=60)
+        return self._exchange(request, wait_for_ready=True, timeout=60)
 
     def close(self) -> None:
         self._channel.close()
