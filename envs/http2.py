@@ -188,11 +188,14 @@ class _Endpoint:
 
     def _send_message(self, stream: int, head: bytes, message: bytes, tail: bytes) -> None:
         """Send `head` (frames), `message` as one gRPC message in DATA frames within the peer's
-        windows, then `tail` (frames); with no `tail` the last DATA frame ends the stream."""
+        windows, then `tail` (frames); with no `tail` the last DATA frame ends the stream.
+        Nothing more once the peer resets the stream."""
         body = grpc_message(message)
         pending = [head]
         sent = 0
         while sent < len(body):
+            if stream not in self._send_windows:  # the peer reset the stream meanwhile
+                return
             room = min(self._send_window, self._send_windows[stream], self._peer_max_frame)
             if room <= 0:  # out of window: send what is ready, wait for WINDOW_UPDATE
                 self._socket.sendall(b"".join(pending))
@@ -387,9 +390,10 @@ class _ServerConnection(_Endpoint):
             self._send_windows[stream_id] = self._peer_initial_window
         elif kind == DATA and stream_id in self._bodies:
             self._bodies[stream_id] += payload
-        elif kind == RST_STREAM:  # the client gave the call up
+        elif kind == RST_STREAM:  # the client gave the call up: an answer waiting for window ends
             self._bodies.pop(stream_id, None)
             self._send_windows.pop(stream_id, None)
+            return self._awaiting_window
         if flags & END_STREAM and kind in (DATA, HEADERS) and stream_id in self._bodies:
             request = _one_message(self._bodies.pop(stream_id))
             if request is None:
@@ -412,7 +416,7 @@ class _ServerConnection(_Endpoint):
         self._send_message(stream, frame(HEADERS, END_HEADERS, stream, _STATUS_200 + _CONTENT_TYPE),
                            response, frame(HEADERS, END_HEADERS | END_STREAM, stream,
                                            status_headers(0)))
-        del self._send_windows[stream]
+        self._send_windows.pop(stream, None)
 
     def finish(self, linger: float) -> None:
         """Close after the client has read what was sent: our side's end first, then up to

@@ -344,3 +344,61 @@ def test_mlagents_envs_serves_unitys_grpc_client_as_it_serves_the_stand_ins() ->
     assert len(theirs) == len(ours) == 20 and all(len(obs) for obs in theirs)
     for step, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
         np.testing.assert_array_equal(mine, other, err_msg=f"step {step}")
+
+
+def _hand_client_call(server: UnaryServer, window: int) -> socket.socket:
+    """A client written by hand that grants `window` bytes per stream and has called once
+    (request b"call"); the server has taken the call."""
+    sock = socket.create_connection(server._listener.getsockname())
+    settings = (4).to_bytes(2, "big") + window.to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE
+    sock.sendall(PREFACE + frame(4, 0, 0, settings) + frame(1, 4, 1, b"\x83")  # HEADERS
+                 + frame(0, 1, 1, b"\x00" + (4).to_bytes(4, "big") + b"call"))  # DATA, END_STREAM
+    assert server.receive() == b"call"
+    return sock
+
+
+def _read_frames_until(sock: socket.socket, done: Any) -> list[tuple[int, int, int, bytes]]:
+    """The frames `sock` receives until `done(frames)` or the server closes the connection."""
+    received = bytearray()
+    sock.settimeout(30)
+    while not done(_frames(received)):
+        chunk = sock.recv(65_536)
+        if not chunk:
+            break
+        received += chunk
+    return _frames(received)
+
+
+@pytest.mark.parametrize("then", ["window update", "reset"])
+def test_an_answer_waits_for_the_clients_window(then: str) -> None:
+    """A client granting 10 bytes per stream: the server sends the answer's first 10 bytes and
+    waits; a WINDOW_UPDATE lets the rest through (the whole answer, then trailers ending the
+    stream), a RST_STREAM ends the wait with nothing more sent."""
+    server = UnaryServer("127.0.0.1", free_port())
+    answered = threading.Event()
+    answer = bytes(range(100))
+    try:
+        with _hand_client_call(server, window=10) as sock:
+            thread = threading.Thread(target=lambda: (server.answer(answer), answered.set()),
+                                      daemon=True)
+            thread.start()
+            first = _read_frames_until(sock, lambda frames: any(f[0] == 0 for f in frames))
+            prefix = b"\x00" + (100).to_bytes(4, "big")  # one uncompressed 100-byte message
+            assert b"".join(f[3] for f in first if f[0] == 0) == prefix + answer[:5]
+            if then == "reset":
+                sock.sendall(frame(3, 0, 1, (8).to_bytes(4, "big")))  # RST_STREAM, CANCEL
+                assert answered.wait(30)
+                thread.join()
+                server.close(linger=0.0)
+                rest = _read_frames_until(sock, lambda frames: False)  # until the server closes
+                assert not [f for f in rest if f[2] == 1]  # nothing more on the reset stream
+                return
+            sock.sendall(frame(8, 0, 1, (1_000).to_bytes(4, "big")))  # WINDOW_UPDATE, stream 1
+            assert answered.wait(30)
+            frames = first + _read_frames_until(
+                sock, lambda frames: any(f[0] == 1 and f[1] & 1 for f in frames))
+            body = b"".join(f[3] for f in frames if f[0] == 0 and f[2] == 1)
+            assert body == prefix + answer
+            thread.join()
+    finally:
+        server.close(linger=0.0)
