@@ -4,7 +4,7 @@
 
 A Unity player calls one unary method (`Initialize`, then `Exchange` once per step) on the
 Python side's gRPC server. Python's `grpc` package spent 230-300 us of CPU per call on a
-2-core machine in the stand-ins' client, and mlagents-envs' server another 600-800 us in its
+2-core machine in the stand-ins' client, and mlagents-envs' server another 400-570 us in its
 threads (a polling thread and a pool thread per call, then a handoff to the main thread). These
 two do what one lockstep call needs and no more: one stream per call, headers encoded once as
 literals, flow control both ways, answers to the peer's SETTINGS and PINGs. Neither decodes the

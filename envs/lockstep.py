@@ -2,7 +2,7 @@
 
 mlagents-envs serves the Unity player's calls with `grpc`'s synchronous server: a polling
 thread, a pool thread per call, and a handoff of each message to the main thread and back,
-600-800 us of CPU per step on a 2-core machine. The exchange is lockstep (the player waits for
+400-570 us of CPU per exchange on a 2-core machine. The exchange is lockstep (the player waits for
 each answer), so `LockstepCommunicator` reads the player's calls and writes the answers itself
 when the environment steps, with `envs.http2.UnaryServer`: no threads, no handoffs. Everything
 above the server is mlagents-envs' own `RpcCommunicator` (its handshake, timeouts and
