@@ -16,6 +16,7 @@ that ends after exactly one uncompressed message as a call.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import struct
@@ -314,8 +315,10 @@ class UnaryServer:
             readable, _, _ = select.select([listener, *by_descriptor], [], [], remaining)
             for descriptor in readable:
                 if descriptor == listener:
-                    self._connections.append(_ServerConnection(self._listener.accept()[0],
-                                                               self._calls.append))
+                    # a client that left before its connection was set up is forgotten
+                    with contextlib.suppress(OSError):
+                        self._connections.append(_ServerConnection(self._listener.accept()[0],
+                                                                   self._calls.append))
                     continue
                 connection = by_descriptor[descriptor]
                 try:
