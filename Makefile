@@ -35,15 +35,21 @@ $(STAMP): pyproject.toml setup.py huggy_agent/_native.c
 run: install
 	$(VENV)/bin/huggy rollout --episodes 20
 
+# pytest compiles each test module (rewriting its asserts) and Python each project module; where
+# the environment turns bytecode files off (PYTHONDONTWRITEBYTECODE), every run and every worker
+# would compile them all again (~8 s per pytest process here), so the test targets keep them in
+# the ignored __pycache__ folders.
+TEST_ENV := PYTHONDONTWRITEBYTECODE=
+
 # Every lane. `make test-fast`: what needs neither a Ray cluster nor a stand-in process, nor runs
 # the site's examples as processes, nor checks a statistical method over many simulated worlds
 # (see the markers in pyproject.toml): one worker per core, one thread each, a test module per
 # worker (its module-scoped references are computed once).
 test: install
-	RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q
+	$(TEST_ENV) RAY_USAGE_STATS_ENABLED=0 $(PY) -m pytest -q
 
 test-fast: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not ray and not standin and not docs and not statistics"
+	$(TEST_ENV) OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadscope -m "not ray and not standin and not docs and not statistics"
 
 # The numerics tests again under other CPU kernel paths, standing in for other CPUs:
 # one thread; torch's AVX2 kernels with MKL's AVX2 path; torch's scalar kernels.
@@ -54,7 +60,7 @@ KERNEL_PATHS := "OMP_NUM_THREADS=1" \
 test-numerics: install
 	@set -e; for paths in $(KERNEL_PATHS); do \
 		echo "== numerics tests with $$paths"; \
-		env $$paths $(PY) -m pytest -q -m numerics; \
+		env $(TEST_ENV) $$paths $(PY) -m pytest -q -m numerics; \
 	done
 
 # ruff, then mypy (strict for huggy_agent, the default checks for envs and deploy; see the

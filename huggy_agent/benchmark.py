@@ -3,6 +3,10 @@ against onnxruntime and a plain eager torch forward, measured in one run with on
 (interleaved, so that load from other processes hits every candidate alike), plus the machine's
 own float32 matmul rate and each engine's load and first-call time.
 
+"Cold" latencies are single calls right after `EVICT_BYTES` of other memory was written: the
+weights then come from memory, not from the caches, as in a server where other work (the HTTP
+stack, other processes) ran between two requests.
+
 Deterministic and stochastic actions both: onnxruntime's stochastic reference is the ML-Agents
 graph's own `continuous_actions`, sampled in the graph (RandomNormalLike); ours draws the host
 noise of a fresh stream per call (`seed=None`)."""
@@ -102,11 +106,18 @@ each run, and would slow whichever candidate comes next on the same cores (at a 
 on 2 cores, the candidate after an onnxruntime session measured 0.55-0.7x its rate)."""
 
 
+EVICT_BYTES = 64 << 20
+"""Memory written before each cold call: more than the last-level cache of common CPUs."""
+
+
 def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls: int
-               ) -> dict[str, np.ndarray]:
-    """Interleaved rounds, so noise from other processes hits every candidate alike; each turn
-    starts after `SETTLE_S`."""
-    times: dict[str, list[float]] = {c.name: [] for c in candidates}
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(warm, cold) latencies in seconds: per round and candidate, `calls` calls back to back,
+    then `calls // 20` (at least 5) each after writing `EVICT_BYTES`. Interleaved rounds, so
+    noise from other processes hits every candidate alike; each turn starts after `SETTLE_S`."""
+    warm: dict[str, list[float]] = {c.name: [] for c in candidates}
+    cold: dict[str, list[float]] = {c.name: [] for c in candidates}
+    evict = np.zeros(EVICT_BYTES // 4, dtype=np.float32)
     for candidate in candidates:  # warm-up
         for _ in range(max(50, calls // 4)):
             candidate.single(row)
@@ -116,8 +127,14 @@ def _latencies(candidates: list[Candidate], row: np.ndarray, rounds: int, calls:
             for _ in range(calls):
                 start = time.perf_counter()
                 candidate.single(row)
-                times[candidate.name].append(time.perf_counter() - start)
-    return {name: np.array(values) for name, values in times.items()}
+                warm[candidate.name].append(time.perf_counter() - start)
+            for _ in range(max(5, calls // 20)):
+                evict += 1.0
+                start = time.perf_counter()
+                candidate.single(row)
+                cold[candidate.name].append(time.perf_counter() - start)
+    return ({name: np.array(values) for name, values in warm.items()},
+            {name: np.array(values) for name, values in cold.items()})
 
 
 def _throughputs(candidates: list[Candidate], batch: np.ndarray, repeats: int) -> dict[str, float]:
@@ -199,7 +216,7 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
             candidates.append(Candidate(f"huggy compute_action [{engine}, {device}]",
                                         other.compute_action, other.compute_action))
         obs = canonical_observations(agent.loaded, batch_size, seed=1)
-        latencies = _latencies(candidates, obs[1], rounds, calls)
+        latencies, cold_latencies = _latencies(candidates, obs[1], rounds, calls)
         throughputs = _throughputs(candidates, obs, batch_repeats)
     gflops = matmul_gflops(threads)
     flops = flops_per_observation(agent)
@@ -210,6 +227,7 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
             "name": candidate.name,
             "p50_us": float(np.percentile(lat, 50)), "p95_us": float(np.percentile(lat, 95)),
             "p99_us": float(np.percentile(lat, 99)),
+            "cold_p50_us": float(np.percentile(cold_latencies[candidate.name] * 1e6, 50)),
             "batch_obs_per_s": throughputs[candidate.name],
             "matmul_efficiency": throughputs[candidate.name] * flops / (gflops * 1e9),
         })
@@ -217,6 +235,7 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
     for result in results:  # stochastic rows against onnxruntime's sampling, the rest against its
         reference = ort_sampled if result["name"].endswith(STOCHASTIC) else ort_result
         result["p50_vs_onnxruntime"] = result["p50_us"] / reference["p50_us"]
+        result["cold_p50_vs_onnxruntime"] = result["cold_p50_us"] / reference["cold_p50_us"]
     return {
         "threads": threads, "batch_size": batch_size, "flops_per_obs": flops,
         "matmul_gflops": gflops, "auto_engine": agent.engine,
@@ -227,6 +246,7 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
         "ratios": {
             "p50_vs_onnxruntime": ours["p50_us"] / ort_result["p50_us"],
             "p50_vs_eager": ours["p50_us"] / eager_result["p50_us"],
+            "cold_p50_vs_onnxruntime": ours["cold_p50_us"] / ort_result["cold_p50_us"],
             "stochastic_p50_vs_onnxruntime": ours_sampled["p50_us"] / ort_sampled["p50_us"],
             "batch_vs_onnxruntime": ours["batch_obs_per_s"] / ort_result["batch_obs_per_s"],
             "batch_vs_matmul_rate": ours["matmul_efficiency"],
