@@ -10,9 +10,10 @@
  * optional normalizer, Linear + SiLU layers, a continuous head. Weights are stored row by row,
  * each row padded with zeros to a multiple of 8 floats and aligned to 32 bytes, so the dot
  * products run without tails; all layers in one allocation (on 2 MB pages where Linux grants
- * them), read in order, with the rows ahead prefetched (`arena_floats`, `gemv_avx2`). Two kernels: `avx2` (AVX2 + FMA intrinsics, x86-64 CPUs that have
- * them) and `generic` (plain C that compilers vectorize for any CPU). Float32 throughout; the
- * results differ from a BLAS by summation order only.
+ * them), read in order, with the rows ahead prefetched (`arena_floats`, `gemv_avx2`). Two
+ * kernels: `avx2` (AVX2 + FMA intrinsics, x86-64 CPUs that have them) and `generic` (plain C
+ * that compilers vectorize for any CPU). Float32 throughout; the results differ from a BLAS by
+ * summation order only.
  *
  * Every buffer is passed through the buffer protocol, so the module needs no numpy headers.
  * Calls release the GIL while they compute.
