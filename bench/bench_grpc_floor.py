@@ -55,7 +55,7 @@ def serve(kind: str) -> None:
         from envs.http2 import UnaryServer
 
         own = UnaryServer("127.0.0.1", 0)
-        print("ready", own._listener.getsockname()[1], flush=True)
+        print("ready", own.address[1], flush=True)
         while True:
             own.receive()
             own.answer(reply)

@@ -304,6 +304,12 @@ class UnaryServer:
         self._calls: deque[tuple[_ServerConnection, int, bytes]] = deque()
         self._taken: tuple[_ServerConnection, int] | None = None
 
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the server listens on: the port the system chose for port 0."""
+        host, port = self._listener.getsockname()[:2]
+        return host, port
+
     def poll(self, timeout: float | None) -> bool:
         """True once a call is waiting to be received; False after `timeout` seconds without
         one (None: wait as long as it takes)."""

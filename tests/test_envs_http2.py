@@ -251,7 +251,7 @@ def test_poll_gives_up_after_its_timeout_and_a_taken_port_is_refused() -> None:
     try:
         assert server.poll(0.05) is False
         with pytest.raises(OSError):
-            UnaryServer("127.0.0.1", server._listener.getsockname()[1])
+            UnaryServer("127.0.0.1", server.address[1])
     finally:
         server.close()
 
@@ -263,7 +263,7 @@ def test_the_clients_settings_and_pings_are_acknowledged() -> None:
     server = UnaryServer("127.0.0.1", free_port())
     pings = [bytes([k]) * 8 for k in range(1, 4)]
     try:
-        with socket.create_connection(server._listener.getsockname()) as sock:
+        with socket.create_connection(server.address) as sock:
             sock.sendall(PREFACE + frame(4, 0, 0) + b"".join(frame(6, 0, 0, p) for p in pings))
             assert server.poll(0.5) is False  # no call came, but the frames were handled
             sock.settimeout(5)
@@ -349,7 +349,7 @@ def test_mlagents_envs_serves_unitys_grpc_client_as_it_serves_the_stand_ins() ->
 def _hand_client_call(server: UnaryServer, window: int) -> socket.socket:
     """A client written by hand that grants `window` bytes per stream and has called once
     (request b"call"); the server has taken the call."""
-    sock = socket.create_connection(server._listener.getsockname())
+    sock = socket.create_connection(server.address)
     settings = (4).to_bytes(2, "big") + window.to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE
     sock.sendall(PREFACE + frame(4, 0, 0, settings) + frame(1, 4, 1, b"\x83")  # HEADERS
                  + frame(0, 1, 1, b"\x00" + (4).to_bytes(4, "big") + b"call"))  # DATA, END_STREAM
