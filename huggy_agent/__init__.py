@@ -13,6 +13,7 @@ from huggy_agent.agent import (
     HuggyAgent,
     PolicyActions,
     PolicyOutputs,
+    RowsPart,
     bundled_policy_path,
     split_memory,
 )
@@ -24,4 +25,4 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = ["ActionResult", "Actions", "HuggyAgent", "PolicyActions", "PolicyLoadError",
-           "PolicyOutputs", "__version__", "bundled_policy_path", "split_memory"]
+           "PolicyOutputs", "RowsPart", "__version__", "bundled_policy_path", "split_memory"]

@@ -17,11 +17,11 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple, TypeAlias, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 import torch
@@ -79,6 +79,26 @@ def split_memory(result: ActionResult) -> tuple[PolicyActions, np.ndarray | None
         actions, memory = result
         return actions, memory
     return result, None
+
+
+class RowsPart(Protocol):
+    """One caller's consecutive rows of a shared forward pass and how to act on them (see
+    `HuggyAgent.actions_of_parts`); the serving layer's validated requests are such parts."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def deterministic(self) -> bool: ...
+
+    @property
+    def seed(self) -> int | None: ...
+
+    @property
+    def row_offset(self) -> int: ...
+
+    @property
+    def action_mask(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,10 @@ class HuggyAgent:
                 logger.warning("%s", self.engine_reason)
             return self._engine
 
+    def _stream(self, seed: int | None) -> int:
+        """`seed`, or a fresh stream from the agent's generator where it is None."""
+        return self._new_stream() if seed is None else seed
+
     def _new_stream(self) -> int:
         """A fresh noise stream from the agent's generator: what `Generator.integers(2**63)`
         draws (one raw 64-bit word, halved: Lemire's method with a power-of-two range never
@@ -258,6 +282,54 @@ class HuggyAgent:
         actions = continuous if continuous is not None else discrete
         assert actions is not None  # every spec has continuous or discrete actions
         return actions
+
+    def actions_of_parts(self, outputs: PolicyOutputs, parts: Sequence[RowsPart]
+                         ) -> list[PolicyActions]:
+        """The actions of consecutive parts of `outputs` (one part per caller of a shared
+        forward pass): part k is what `actions_from(outputs[its rows], part.deterministic,
+        part.seed, part.row_offset, part.action_mask)` gives, streams for `seed=None` drawn
+        in the order of `parts`.
+
+        A continuous-only policy's head runs once over all the deterministic rows and once over
+        all the stochastic ones (each stochastic part with its own noise), not once per part:
+        the same element-wise operations on the same values. Other policies take
+        `actions_from` part by part. Raises ValueError when the parts do not cover `outputs`.
+        """
+        total = sum(part.rows for part in parts)
+        if total != len(outputs):
+            raise ValueError(f"the parts cover {total} rows, the outputs have {len(outputs)}")
+        if self.spec.kind != "continuous":
+            answers: list[PolicyActions] = []
+            start = 0
+            for part in parts:
+                answers.append(self.actions_from(outputs[start:start + part.rows],
+                                                 part.deterministic, part.seed, part.row_offset,
+                                                 part.action_mask))
+                start += part.rows
+            return answers
+        for part in parts:
+            as_mask_batch(part.action_mask, self.spec, part.rows)  # raises: no masks here
+        assert outputs.mu is not None and outputs.log_sigma is not None
+        mu, log_sigma = outputs.mu, outputs.log_sigma
+        starts = np.cumsum([0, *(part.rows for part in parts)])
+        stochastic = [k for k, part in enumerate(parts) if not part.deterministic]
+        noise = [gaussian_noise(self._stream(parts[k].seed), parts[k].rows,
+                                self.spec.continuous_size, parts[k].row_offset)
+                 for k in stochastic]
+        with torch.inference_mode():
+            if len(stochastic) == len(parts):
+                actions = self.head.apply(mu, log_sigma, np.concatenate(noise))
+            else:
+                actions = self.head.apply(mu, log_sigma, None)
+                if stochastic:
+                    rows = torch.from_numpy(np.concatenate(
+                        [np.arange(starts[k], starts[k + 1]) for k in stochastic]))
+                    shared = log_sigma.shape[0] != len(outputs)  # PPO's one row for all
+                    actions[rows.numpy()] = self.head.apply(
+                        mu[rows.to(mu.device)],
+                        log_sigma if shared else log_sigma[rows.to(log_sigma.device)],
+                        np.concatenate(noise))
+        return [actions[starts[k]:starts[k + 1]] for k in range(len(parts))]
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
                        row_offset: int = 0, action_mask: Any = None, memory: Any = None

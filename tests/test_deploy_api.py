@@ -15,7 +15,7 @@ import requests
 import yaml
 
 from deploy.placement import plan_placement, resolve_accelerator
-from deploy.serving.parsing import parse_act_request
+from deploy.serving.parsing import parse_act_request, plain_one_row
 from deploy.serving.responses import ApiError, act_response
 from deploy.serving.routes import ApiKey, check_route
 from huggy_agent import HuggyAgent
@@ -517,3 +517,31 @@ def test_app_arguments_are_refused_in_plain_words() -> None:
             app_args(**values)
         assert str(refused.value) == expected
         assert "pydantic" not in str(refused.value)
+
+
+@pytest.mark.parametrize("raw", [case[1] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
+def test_the_one_pass_reader_leaves_every_refused_body_to_the_full_checks(raw: bytes) -> None:
+    assert plain_one_row(raw, SPEC) is None
+
+
+def test_the_one_pass_reader_reads_the_common_body_as_the_full_checks_do() -> None:
+    below_overflow = float(np.nextafter(2.0**128 - 2.0**103, 0.0))
+    numbers = ["0.5", "-0.0", "1e-45", str(2**63), str(-2**63), repr(below_overflow),
+               repr(-below_overflow), "3.4028235e38", "7"] + ["0.25"] * (OBS - 9)
+    for options in ("", ', "deterministic": false, "seed": 18446744073709551615, "row_offset": 3',
+                    ', "seed": null', ', "row_offset": 0, "deterministic": true', ', "seed": 0'):
+        text = f'{{"obs": [{", ".join(numbers)}]{options}}}'.encode()
+        fast, full = plain_one_row(text, SPEC), parse_act_request(text, SPEC, 8)
+        assert fast is not None and fast.single and fast.obs.shape == (1, OBS)
+        assert fast.obs.dtype == np.float32 and fast.obs.flags.c_contiguous
+        np.testing.assert_array_equal(fast.obs[0], np.array(numbers, dtype=np.float64)
+                                      .astype(np.float32))
+        assert (fast.deterministic, fast.seed, fast.row_offset, fast.session) == (
+            full.deterministic, full.seed, full.row_offset, full.session)
+    # Accepted bodies outside the common form are left to the full reading.
+    row = ", ".join(["0.5"] * OBS)
+    for text in (f'{{"obs": [{row}], "seed": 7.0}}', f'{{"obs": [{row}], "session": "u"}}',
+                 f'{{"o\\u0062s": [{row}]}}', f'{{"obs": [[{row}]]}}',
+                 f'{{"obs": [{row}], "deterministic": false, "deterministic": true}}'):
+        assert plain_one_row(text.encode(), SPEC) is None
+    assert parse_act_request(f'{{"obs": [{row}], "seed": 7.0}}'.encode(), SPEC, 8).seed == 7

@@ -24,6 +24,7 @@ from huggy_agent import Actions, HuggyAgent, split_memory
 from huggy_agent.spec import ActorSpec
 from tests.support.fixtures import EXTRA_FIXTURES, mlagents_fixtures_dir, mlagents_policy_files
 from tests.support.kinds import random_inputs, random_masks, run_onnx
+from tests.support.policy_reference import RowsPart
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
@@ -295,3 +296,26 @@ def test_describe_counts_parameters_of_each_kind() -> None:
     assert description["spec"]["inputs"] == [
         {"name": "obs_0", "shape": [3, 32, 32], "kind": "visual"},
         {"name": "obs_1", "shape": [8], "kind": "vector"}]
+
+
+def test_masked_parts_of_a_shared_pass_act_on_their_own_masks() -> None:
+    """`actions_of_parts` for a hybrid policy: each part's deterministic discrete actions are
+    onnxruntime's for its rows under its own mask, and no part draws an action its mask forbids."""
+    path = mlagents_fixtures_dir() / "hybrid" / "Hybrid.onnx"
+    agent = HuggyAgent.from_checkpoint(path, device="cpu")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(9)
+    inputs = random_inputs(agent.spec, 60, rng)
+    masks = random_masks(agent.spec, 60, rng)
+    parts = [RowsPart(20, True, None, 0, masks[:20]), RowsPart(25, False, 3, 0, masks[20:45]),
+             RowsPart(15, True, None, 0, None)]
+    answers = agent.actions_of_parts(agent.distribution(inputs[0] if len(inputs) == 1 else inputs),
+                                     parts)
+    reference = run_onnx(session, inputs, masks, None)["deterministic_discrete_actions"]
+    unmasked = run_onnx(session, inputs, None, None)["deterministic_discrete_actions"]
+    assert np.mean(answers[0].discrete == reference[:20]) >= DISCRETE_AGREEMENT
+    assert np.mean(answers[2].discrete == unmasked[45:]) >= DISCRETE_AGREEMENT
+    offsets = np.cumsum([0, *agent.spec.discrete_branches])
+    for row, actions in enumerate(answers[1].discrete):
+        for branch, action in enumerate(actions):
+            assert masks[20 + row, offsets[branch] + action]

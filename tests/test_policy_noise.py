@@ -14,7 +14,12 @@ from huggy_agent.noise import gaussian_noise
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from tests.support.engines import RECORDED_NOISE_BITS
 from tests.support.fixtures import fixtures_dir
-from tests.support.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
+from tests.support.policy_reference import (
+    ReferencePolicy,
+    RowsPart,
+    normalizer_observations,
+    ppo_actions,
+)
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
 
@@ -228,3 +233,50 @@ def test_rows_past_2_to_the_64_wrap_around_as_the_counters_do() -> None:
         tail = noise(3, 4, 2, row_offset=2**64 - 2)
         np.testing.assert_array_equal(tail[2:], noise(3, 2, 2, row_offset=0))
         np.testing.assert_array_equal(tail[:2], noise(3, 2, 2, row_offset=2**64 - 2))
+
+
+# --- the heads of a shared pass, part by part (what a server's batch answers) -------------------
+
+MIXED_PARTS = [RowsPart(3), RowsPart(1, False, 11), RowsPart(20, False, 11, 5), RowsPart(1),
+               RowsPart(7, False, 2), RowsPart(32)]
+
+
+def test_actions_of_parts_are_each_parts_own_actions(observations: np.ndarray) -> None:
+    agent = HuggyAgent.from_checkpoint(BASELINE_ONNX, device="cpu")
+    dist = agent.distribution(observations)
+    answers = agent.actions_of_parts(dist, MIXED_PARTS)
+    mu = dist.mu.numpy().astype(np.float64)
+    log_sigma = dist.log_sigma.numpy().astype(np.float64)
+    start = 0
+    for part, answer in zip(MIXED_PARTS, answers, strict=True):
+        rows = slice(start, start + part.rows)
+        z = None if part.deterministic else gaussian_noise(part.seed, part.rows, 21,
+                                                           part.row_offset)
+        # Against float64 from the same mu: the head is float32 + * / and clip, exp of one row.
+        expected = ppo_actions(mu[rows], log_sigma, z)
+        assert answer.shape == (part.rows, 21)
+        assert np.abs(answer - expected).max() <= 1e-6
+        # And exactly what the part's own head call gives: the same element-wise float32
+        # operations on the same values, whichever rows share the call.
+        np.testing.assert_array_equal(answer, agent.actions_from(
+            dist[rows], part.deterministic, part.seed, part.row_offset))
+        start += part.rows
+
+
+def test_actions_of_parts_draw_unseeded_streams_in_order(observations: np.ndarray) -> None:
+    parts = [RowsPart(4, False), RowsPart(2), RowsPart(5, False)]
+    together = HuggyAgent.from_checkpoint(BASELINE_ONNX, device="cpu", seed=42)
+    apart = HuggyAgent.from_checkpoint(BASELINE_ONNX, device="cpu", seed=42)
+    dist = together.distribution(observations[:11])
+    answers = together.actions_of_parts(dist, parts)
+    np.testing.assert_array_equal(answers[0], apart.actions_from(dist[0:4], False))
+    np.testing.assert_array_equal(answers[2], apart.actions_from(dist[6:11], False))
+    assert np.abs(answers[0][:1] - answers[2][:1]).max() > 1e-3  # two streams, not one
+
+
+def test_actions_of_parts_refuses_parts_that_do_not_cover_the_pass(agent: HuggyAgent,
+                                                                     observations: np.ndarray
+                                                                     ) -> None:
+    dist = agent.distribution(observations[:5])
+    with pytest.raises(ValueError, match="the parts cover 4 rows, the outputs have 5"):
+        agent.actions_of_parts(dist, [RowsPart(4)])

@@ -20,6 +20,7 @@ from tests.support.fixtures import fixtures_dir
 from tests.support.policy_reference import (
     DIST,
     ReferencePolicy,
+    RowsPart,
     normalizer_observations,
     ppo_actions,
     sac_actions,
@@ -103,3 +104,22 @@ def test_sac_distribution_slices_row_by_row(sac_path: Path, observations: np.nda
     for start, stop in [(0, 1), (1, 2), (2, 200)]:
         piece = agent.actions_from(dist[start:stop], False, seed=3, row_offset=start)
         assert np.abs(piece - whole[start:stop]).max() <= FP32_ACTION_ATOL
+
+
+def test_sac_actions_of_parts_follow_each_parts_seed(sac_path: Path,
+                                                     observations: np.ndarray) -> None:
+    agent = HuggyAgent.from_checkpoint(sac_path, device="cpu")
+    dist = agent.distribution(observations[:30])
+    parts = [(10, True, None, 0), (15, False, 4, 100), (5, False, 9, 0)]
+    answers = agent.actions_of_parts(dist, [RowsPart(*part) for part in parts])
+    mu = dist.mu.numpy().astype(np.float64)
+    log_sigma = dist.log_sigma.numpy().astype(np.float64)
+    start = 0
+    for (rows, deterministic, seed, offset), answer in zip(parts, answers, strict=True):
+        part = slice(start, start + rows)
+        z = None if deterministic else gaussian_noise(seed, rows, 21, offset)
+        # Each part's rows of its own state-dependent sigma (tanh and exp ran over other sizes:
+        # within the contract, not bit for bit).
+        assert np.abs(answer - sac_actions(mu[part], log_sigma[part], z)).max() <= FP32_ACTION_ATOL
+        start += rows
+

@@ -48,11 +48,18 @@ class HeldPolicies:
         self._loading: dict[tuple[str, str, str], asyncio.Future[ServedPolicy]] = {}
         """Loads in progress, by (id, file, fingerprint): an entry's identity."""
 
-    async def get(self, entry: PolicyEntry) -> ServedPolicy:
-        """The held policy of `entry` (now the most recently used), loaded on a miss."""
+    def held(self, entry: PolicyEntry) -> ServedPolicy | None:
+        """The held policy of `entry` (now the most recently used), None if it is not held."""
         held = self._held.get(entry.id)
         if held is not None and (held.entry is entry or held.entry == entry):
             self._held.move_to_end(entry.id)
+            return held
+        return None
+
+    async def get(self, entry: PolicyEntry) -> ServedPolicy:
+        """The held policy of `entry` (now the most recently used), loaded on a miss."""
+        held = self.held(entry)
+        if held is not None:
             return held
         key = (entry.id, entry.path, entry.fingerprint)
         pending = self._loading.get(key)

@@ -80,6 +80,51 @@ def parse_act_request(body: bytes, spec: ActorSpec, max_rows: int) -> ActRequest
     return act_from_document(*read_act_document(body), spec, max_rows)
 
 
+def plain_one_row(body: bytes, spec: ActorSpec) -> ActRequest | None:
+    """The request of the most common body, `{"obs": [numbers]}` with any of the options
+    `deterministic` (a boolean), `seed` and `row_offset` (integers in range, or a null seed),
+    for a policy with one vector input and no memory, read and checked in one pass; None for
+    anything else (then `read_act_document` and `act_from_document` read it, with the same
+    answer, and word any error).
+
+    The body is plain when it holds no backslash, no '"' but its keys' and no 'u' or 'a' but
+    its keys' and its top-level literals' (see `_may_hide_values`): no key repeats and no
+    string or literal hides in 'obs'."""
+    inputs = spec.inputs
+    if len(inputs) != 1 or spec.memory_size or inputs[0].kind != "vector" or b"\\" in body:
+        return None
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(document) is not dict or not document.keys() <= ONE_ROW_FIELDS:
+        return None
+    obs = document.get("obs")
+    deterministic = document.get("deterministic", True)
+    seed = document.get("seed")
+    row_offset = document.get("row_offset", 0)
+    if (type(obs) is not list or len(obs) != inputs[0].shape[0]
+            or type(deterministic) is not bool
+            or not (seed is None or (type(seed) is int and 0 <= seed < SEED_LIMIT))
+            or not (type(row_offset) is int and 0 <= row_offset < SEED_LIMIT)
+            or body.count(b'"') != 2 * len(document)
+            or body.count(b"u") + body.count(b"a")
+            != sum(map(_LETTERS.__getitem__, document)) + (seed is None and "seed" in document)
+            + ("deterministic" in document)):
+        return None
+    try:
+        row = np.fromiter(obs, np.float32, len(obs))
+    except (TypeError, ValueError):  # a nested list: a batch, or a shape to refuse
+        return None
+    if not np.isfinite(row).all():  # beyond float32 (the full checks word it)
+        return None
+    return ActRequest([row.reshape(1, -1)], True, deterministic, seed, row_offset)
+
+
+_LETTERS = {field: field.count("u") + field.count("a") for field in ONE_ROW_FIELDS}
+"""The letters 'u' and 'a' in each key `plain_one_row` accepts."""
+
+
 def read_act_document(body: bytes) -> tuple[dict, bool]:
     """The JSON object of an act body and whether it was read exactly (`_exact_json`), before
     any policy's rules: 400 or 422 as `parse_act_request` says. Read first where the policy

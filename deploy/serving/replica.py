@@ -12,13 +12,15 @@ travel in the `user_config`, so a redeploy that changes them reaches running rep
 A replica parses and validates each request on its own (bad ones are answered with a 4xx and
 never join a batch), then the replica's batch queue (`deploy.serving.batching`, one for HTTP and
 gRPC alike) gathers the rows of many requests into ONE forward pass
-(`HuggyAgent.distribution`); each request's actions come from its own slice of that pass with its
-own seed (`HuggyAgent.actions_from`), so batching never changes a request's answer. Batches are
-counted in rows (observations), not requests. An HTTP request that finds the replica otherwise
-idle (`batch_wait_timeout_s` 0, and after one turn of the event loop, in which requests that
-arrived with it reach the same point, no other request in the replica) has no batch to join: it
-runs as a batch of one straight away, without the round trip through the batch queue; so does
-a call to the replica's own gRPC server (`grpc_address`). Calls through Serve's gRPC ingress
+(`HuggyAgent.distribution`); each request's actions come from its own rows of that pass with its
+own seed, the heads of all of them in one call (`HuggyAgent.actions_of_parts`), so batching
+never changes a request's answer. Batches are counted in rows (observations), not requests. An
+HTTP request that finds the replica otherwise idle (`batch_wait_timeout_s` 0, no other request
+in the replica, and still none after one turn of the event loop, in which requests that arrived
+with it reach the same point) has no batch to join: it runs as a batch of one straight away,
+without the round trip through the batch queue; so does a call to the replica's own gRPC server
+(`grpc_address`). The common body, one observation row for a policy held now, is read in one
+pass (`plain_one_row`). Calls through Serve's gRPC ingress
 always take the queue (see `Act`; docs/serving.md's Batching section has the costs).
 
 Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
@@ -61,11 +63,16 @@ from deploy.serving.grpc_ingress import (
 )
 from deploy.serving.held import HeldPolicies, ServedPolicy
 from deploy.serving.openapi import openapi_document
-from deploy.serving.parsing import ActRequest, act_from_document, read_act_document
+from deploy.serving.parsing import (
+    ActRequest,
+    act_from_document,
+    plain_one_row,
+    read_act_document,
+)
 from deploy.serving.responses import ApiError, act_response, answer_arrays, internal_error
 from deploy.serving.routes import ApiKey, check_route
 from deploy.serving.settings import BatchSettings, split_user_config
-from huggy_agent import HuggyAgent
+from huggy_agent import HuggyAgent, PolicyOutputs
 from huggy_agent.devices import resolve_device
 from huggy_agent.http_api import (
     ACT_PATH,
@@ -119,6 +126,24 @@ def _pinned_device(placement_device: str) -> str:
         raise RuntimeError(
             f"replica pinned to {placement_device} cannot use it: {error}. Ray granted "
             f"{ {k: v for k, v in granted.items() if v} }, visible devices {visible}") from None
+
+
+_POLICY_ID_NAMES = (POLICY_ID_HEADER.encode(), POLICY_ID_HEADER.replace("_", "-").encode())
+
+
+def _act_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """(Content-Length, the policy id header) of an ASGI request's headers, in one pass; the
+    id by `POLICY_ID_HEADER`, else by its spelling with dashes; None where absent."""
+    declared = None
+    named: list[str | None] = [None, None]
+    for name, value in headers:
+        if name == b"content-length":
+            declared = value.decode("latin-1")
+        elif name in _POLICY_ID_NAMES:
+            spelling = _POLICY_ID_NAMES.index(name)
+            if named[spelling] is None:
+                named[spelling] = value.decode("latin-1")
+    return declared, named[0] if named[0] is not None else named[1]
 
 
 @serve.deployment(
@@ -288,20 +313,36 @@ class HuggyPolicyDeployment:
             return Response(internal_error(error).body(), status_code=500, media_type=JSON)
 
     async def _act(self, request: Request, named: str | None) -> Response:
-        if named is None:
-            named = request.headers.get(POLICY_ID_HEADER,
-                                        request.headers.get(POLICY_ID_HEADER.replace("_", "-")))
-        body = await self._read_body(request)
-        return Response(await self._answer_body(body, named), media_type=JSON)
+        declared, header_named = _act_headers(request.scope["headers"])
+        body = await self._read_body(request, declared)
+        return Response(await self._answer_body(body, named or header_named), media_type=JSON)
 
     async def _answer_body(self, body: bytes, named: str | None, may_run_alone: bool = True
                            ) -> bytes:
         """The answer to an act body for the policy `named` (by the path or the header), else
-        the split's or the default; `may_run_alone`: see `_answer`."""
+        the split's or the default; `may_run_alone`: see `_answer`.
+
+        The common body (`plain_one_row`) for a policy held now is read in one pass; any other
+        is read in full before the policy is chosen (a bad body is refused before an unknown
+        policy), and the body's session may choose it."""
+        served = self._held_choice(named)
+        if served is not None:
+            act = plain_one_row(body, served.agent.spec)
+            if act is not None:
+                return await self._answer(served, act, may_run_alone)
         document, exact = read_act_document(body)
         served = await self._choose(named, document.get("session"))
         act = act_from_document(document, exact, served.agent.spec, self.settings.max_rows)
         return await self._answer(served, act, may_run_alone)
+
+    def _held_choice(self, named: str | None) -> ServedPolicy | None:
+        """The held policy that a request naming `named` (or none) and giving no session
+        gets; None if it is unknown or not held now."""
+        assert self.policies is not None
+        try:
+            return self._held.held(self.policies.entry(self.policies.choose(named)))
+        except KeyError:
+            return None
 
     async def _choose(self, named: str | None, session: Any) -> ServedPolicy:
         """The held policy of a request (loaded on a miss); 404 listing the known ids for an
@@ -325,7 +366,7 @@ class HuggyPolicyDeployment:
         self.policy_requests[served.id] = self.policy_requests.get(served.id, 0) + 1
         self._unreported_policies[served.id] = self._unreported_policies.get(served.id, 0) + 1
         alone = False
-        if may_run_alone and not self.settings.batch_wait_timeout_s:
+        if may_run_alone and not self.settings.batch_wait_timeout_s and self._in_flight == 1:
             await asyncio.sleep(0)  # requests that arrived with this one reach this point too
             alone = self._in_flight == 1
         result = (self._forward_alone(served, act) if alone
@@ -376,9 +417,10 @@ class HuggyPolicyDeployment:
         finally:
             self._in_flight -= 1
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, request: Request, declared: str | None) -> bytes:
+        """The body, refused with 413 when its `declared` Content-Length or what arrives
+        exceeds the limit."""
         limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, "body_too_large", f"request body is {declared} bytes, the limit "
                            f"is {limit} bytes; send fewer rows per request")
@@ -436,19 +478,29 @@ class HuggyPolicyDeployment:
             memory = np.concatenate([r.memory for r in requests])
         outputs = agent.distribution(inputs[0] if len(inputs) == 1 else inputs, memory=memory)
         self._count_batch(len(requests), len(inputs[0]))
-        results: list[dict[str, np.ndarray] | Exception] = []
-        start = 0
-        for request in requests:
-            rows = outputs[start:start + request.rows]
-            try:  # one request's failure must not fail the others of its batch
-                actions = agent.actions_from(rows, request.deterministic, request.seed,
-                                             request.row_offset, request.action_mask)
-                new_memory = None if rows.memory is None else rows.memory.cpu().numpy()
-                results.append(answer_arrays(agent, actions, new_memory))
-            except Exception as error:  # noqa: BLE001 - handed back to that request alone
-                results.append(error)
-            start += request.rows
-        return results
+        memory_rows = None if outputs.memory is None else outputs.memory.cpu().numpy()
+        starts = np.cumsum([0, *(request.rows for request in requests)]).tolist()
+        try:
+            actions = agent.actions_of_parts(outputs, requests)
+        except Exception:  # noqa: BLE001 - find the request that failed: see below
+            return [self._actions_alone(agent, outputs[start:stop], request)
+                    for request, start, stop in zip(requests, starts, starts[1:], strict=False)]
+        return [answer_arrays(agent, part, None if memory_rows is None else
+                              memory_rows[start:stop])
+                for part, start, stop in zip(actions, starts, starts[1:], strict=False)]
+
+    @staticmethod
+    def _actions_alone(agent: HuggyAgent, rows: PolicyOutputs, request: ActRequest
+                       ) -> dict[str, np.ndarray] | Exception:
+        """One request's answer from its own rows of a batch whose heads failed together: its
+        error, if it is the one that failed, goes back to it alone."""
+        try:
+            actions = agent.actions_from(rows, request.deterministic, request.seed,
+                                         request.row_offset, request.action_mask)
+        except Exception as error:  # noqa: BLE001 - handed back to that request alone
+            return error
+        return answer_arrays(agent, actions, None if rows.memory is None else
+                             rows.memory.cpu().numpy())
 
     def _count_batch(self, requests: int, rows: int) -> None:
         counters = self.counters

@@ -104,6 +104,17 @@ def _layers(raw: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
     return layers
 
 
+@dataclass(frozen=True)
+class RowsPart:
+    """One caller's rows of a shared forward pass, for `HuggyAgent.actions_of_parts`."""
+
+    rows: int
+    deterministic: bool = True
+    seed: int | None = None
+    row_offset: int = 0
+    action_mask: np.ndarray | None = None
+
+
 def ppo_actions(mu: np.ndarray, log_sigma: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
     """`clip(mu [+ z * exp(log_sigma)], -3, 3) / 3` in float64."""
     action = mu if z is None else mu + z.astype(np.float64) * np.exp(log_sigma)

@@ -1,0 +1,119 @@
+"""A replica's own request path in process, without Ray: requests that arrive together share one
+forward pass and each gets the actions of its own rows, seed and offset; a request whose heads
+fail is answered 500 alone. Concurrency comes from one event loop's turns, never from timing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.requests import Request
+
+from deploy.serving.replica import HuggyPolicyDeployment
+from deploy.serving.settings import AppArgs
+from huggy_agent import HuggyAgent
+from huggy_agent.numerics import FP32_ACTION_ATOL
+
+ROWS = np.random.default_rng(4).standard_normal((16, 59)).astype(np.float32)
+DOCUMENTS: list[dict[str, Any]] = [
+    {"obs": ROWS[0].tolist()},
+    {"obs": ROWS[1].tolist(), "deterministic": False, "seed": 13},
+    {"obs": ROWS[2:5].tolist(), "deterministic": False, "seed": 13, "row_offset": 1},
+    {"obs": ROWS[5].tolist(), "deterministic": False, "seed": 7, "row_offset": 9},
+    {"obs": ROWS[6:8].tolist()},
+    {"obs": ROWS[8].tolist(), "deterministic": True, "seed": 5},
+    {"obs": ROWS[9].tolist(), "deterministic": False, "seed": 2**64 - 1},
+]
+
+
+def request(document: dict[str, Any]) -> Request:
+    body = json.dumps(document).encode()
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if delivered:
+            return {"type": "http.disconnect"}
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request({"type": "http", "method": "POST", "path": "/v1/act", "root_path": "",
+                    "query_string": b"", "headers": [(b"content-type", b"application/json"),
+                                                     (b"content-length", str(len(body)).encode())]},
+                   receive)
+
+
+class InProcessReplica(HuggyPolicyDeployment.func_or_class):  # type: ignore[misc,name-defined]
+    """The replica without Serve: nothing to stop at collection (Serve awaits the async
+    `__del__`, which only stops the own gRPC server, never started here)."""
+
+    def __del__(self) -> None:
+        pass
+
+
+@pytest.fixture()
+def replica() -> Any:
+    deployment = InProcessReplica("cpu")
+    args = AppArgs(accelerator="cpu")
+    asyncio.run(deployment.reconfigure({**asdict(args.batch_settings()),
+                                        **args.policy_set().as_config()}))
+    return deployment
+
+
+def answer_all(replica: Any) -> list[tuple[int, dict]]:
+    async def run() -> list[Any]:
+        return await asyncio.gather(*(replica(request(d)) for d in DOCUMENTS))
+
+    return [(r.status_code, json.loads(r.body)) for r in asyncio.run(run())]
+
+
+def expected(agent: HuggyAgent, document: dict[str, Any]) -> np.ndarray:
+    return agent.compute_action(np.asarray(document["obs"], np.float32),
+                                document.get("deterministic", True), document.get("seed"),
+                                document.get("row_offset", 0))
+
+
+def test_requests_that_arrive_together_share_a_pass_and_keep_their_own_actions(
+        replica: Any) -> None:
+    agent = HuggyAgent(device="cpu")
+    passes = replica.counters["forward_passes"]
+    answers = answer_all(replica)
+    assert replica.counters["forward_passes"] - passes == 1  # one batch for all of them
+    for document, (status, answer) in zip(DOCUMENTS, answers, strict=True):
+        assert status == 200
+        # One pass over 12 rows against each request's own compute_action: other matmul
+        # shapes, so within the numerical contract.
+        got = np.asarray(answer["continuous"], np.float32)
+        assert got.shape == expected(agent, document).shape
+        assert np.abs(got - expected(agent, document)).max() <= FP32_ACTION_ATOL
+
+
+def test_a_request_whose_heads_fail_is_answered_alone(replica: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = HuggyAgent(device="cpu")
+    served = replica._held[replica.held()[0]].agent
+    actions_from = served.actions_from
+
+    def failing(outputs: Any, deterministic: bool = True, seed: int | None = None,
+                row_offset: int = 0, action_mask: Any = None) -> Any:
+        if seed == 7:
+            raise RuntimeError("the heads of seed 7 failed")
+        return actions_from(outputs, deterministic, seed, row_offset, action_mask)
+
+    def shared_failing(*args: Any) -> Any:
+        raise RuntimeError("the shared heads failed")
+
+    monkeypatch.setattr(served, "actions_from", failing)
+    monkeypatch.setattr(served, "actions_of_parts", shared_failing)
+    answers = answer_all(replica)
+    for document, (status, answer) in zip(DOCUMENTS, answers, strict=True):
+        if document.get("seed") == 7:
+            assert status == 500 and "the heads of seed 7 failed" in answer["message"]
+            continue
+        assert status == 200
+        got = np.asarray(answer["continuous"], np.float32)
+        assert np.abs(got - expected(agent, document)).max() <= FP32_ACTION_ATOL
