@@ -132,13 +132,15 @@ _POLICY_ID_NAMES = (POLICY_ID_HEADER.encode(), POLICY_ID_HEADER.replace("_", "-"
 
 
 def _act_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
-    """(Content-Length, the policy id header) of an ASGI request's headers, in one pass; the
-    id by `POLICY_ID_HEADER`, else by its spelling with dashes; None where absent."""
+    """(Content-Length, the policy id header) of an ASGI request's headers, in one pass, each
+    the first of its name (as starlette's `Headers.get`); the id by `POLICY_ID_HEADER`, else by
+    its spelling with dashes; None where absent."""
     declared = None
     named: list[str | None] = [None, None]
     for name, value in headers:
         if name == b"content-length":
-            declared = value.decode("latin-1")
+            if declared is None:
+                declared = value.decode("latin-1")
         elif name in _POLICY_ID_NAMES:
             spelling = _POLICY_ID_NAMES.index(name)
             if named[spelling] is None:
@@ -315,7 +317,8 @@ class HuggyPolicyDeployment:
     async def _act(self, request: Request, named: str | None) -> Response:
         declared, header_named = _act_headers(request.scope["headers"])
         body = await self._read_body(request, declared)
-        return Response(await self._answer_body(body, named or header_named), media_type=JSON)
+        named = header_named if named is None else named
+        return Response(await self._answer_body(body, named), media_type=JSON)
 
     async def _answer_body(self, body: bytes, named: str | None, may_run_alone: bool = True
                            ) -> bytes:
