@@ -413,7 +413,8 @@ class GatedPolicy(HuggyPolicyDeployment.func_or_class):
 
     def _build(self, entry: object) -> object:
         served = super()._build(entry)
-        heads = served.agent.actions_from
+        agent = served.agent
+        heads, shared_heads = agent.actions_from, agent.actions_of_parts
 
         def failing_heads(rows: object, deterministic: bool, seed: int | None, *rest: object
                           ) -> object:
@@ -421,7 +422,14 @@ class GatedPolicy(HuggyPolicyDeployment.func_or_class):
                 raise RuntimeError("injected failure of one request's heads")
             return heads(rows, deterministic, seed, *rest)
 
-        served.agent.actions_from = failing_heads
+        def failing_shared_heads(outputs: object, parts: list) -> object:
+            """A batch's heads in one call fail with any part that fails on its own."""
+            if any(part.seed == FAIL_SEED for part in parts):
+                raise RuntimeError("injected failure of one request's heads")
+            return shared_heads(outputs, parts)
+
+        agent.actions_from = failing_heads
+        agent.actions_of_parts = failing_shared_heads
         return served
 
     async def _run_batch(self, calls: list) -> list:
