@@ -19,7 +19,9 @@ import grpc
 import numpy as np
 import pytest
 
-from envs.http2 import MAX_STREAM, PREFACE, ExchangeError, UnaryClient, UnaryServer, frame
+from envs.http2 import ExchangeError, UnaryClient, UnaryServer
+from huggy_agent.http2_frames import MAX_STREAM, PREFACE, frame
+from tests.support.http2 import frames_of, read_frames_until
 from tests.support.processes import free_port
 
 METHOD = "/test.Echo/Exchange"
@@ -134,19 +136,6 @@ class _RecordedSocket:
         return getattr(self._socket, name)
 
 
-def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
-    """(type, flags, stream, payload) of the HTTP/2 frames in `data`, read by hand (RFC 9113
-    section 4.1: a 24-bit length, type, flags, a 31-bit stream id)."""
-    frames, offset = [], 0
-    while offset < len(data):
-        size = int.from_bytes(data[offset : offset + 3], "big")
-        stream = int.from_bytes(data[offset + 5 : offset + 9], "big") & 0x7FFF_FFFF
-        frames.append((data[offset + 3], data[offset + 4], stream,
-                       bytes(data[offset + 9 : offset + 9 + size])))
-        offset += 9 + size
-    return frames
-
-
 @pytest.mark.parametrize("connected", [(
     ("grpc.keepalive_time_ms", 50), ("grpc.keepalive_timeout_ms", 5000),
     ("grpc.http2.max_pings_without_data", 0))], indirect=True)
@@ -158,9 +147,9 @@ def test_the_servers_pings_are_acknowledged_and_read_past(connected: tuple) -> N
     recorded = client._socket = _RecordedSocket(client._socket)
     for _ in range(2):
         assert client.call(b"slow") == _answer(b"slow")
-    pings = {payload for kind, flags, _, payload in _frames(recorded.received)
+    pings = {payload for kind, flags, _, payload in frames_of(recorded.received)
              if kind == 6 and not flags & 1}
-    acks = [f for f in _frames(recorded.sent) if f[0] == 6]
+    acks = [f for f in frames_of(recorded.sent) if f[0] == 6]
     assert len(acks) >= 2
     assert all(flags == 1 and stream == 0 and payload in pings
                for _, flags, stream, payload in acks)
@@ -268,10 +257,10 @@ def test_the_clients_settings_and_pings_are_acknowledged() -> None:
             assert server.poll(0.5) is False  # no call came, but the frames were handled
             sock.settimeout(5)
             received = bytearray()
-            while len(_frames(received)) < 6 or len(received) < sum(
-                    9 + len(f[3]) for f in _frames(received)):
+            while len(frames_of(received)) < 6 or len(received) < sum(
+                    9 + len(f[3]) for f in frames_of(received)):
                 received += sock.recv(4096)
-        frames = _frames(received)
+        frames = frames_of(received)
         assert frames[0][0] == 4 and frames[0][1] == 0  # the server's own SETTINGS
         assert (4, 1, 0, b"") in frames
         assert [f for f in frames if f[0] == 6] == [(6, 1, 0, p) for p in pings]
@@ -357,18 +346,6 @@ def _hand_client_call(server: UnaryServer, window: int) -> socket.socket:
     return sock
 
 
-def _read_frames_until(sock: socket.socket, done: Any) -> list[tuple[int, int, int, bytes]]:
-    """The frames `sock` receives until `done(frames)` or the server closes the connection."""
-    received = bytearray()
-    sock.settimeout(30)
-    while not done(_frames(received)):
-        chunk = sock.recv(65_536)
-        if not chunk:
-            break
-        received += chunk
-    return _frames(received)
-
-
 @pytest.mark.parametrize("then", ["window update", "reset"])
 def test_an_answer_waits_for_the_clients_window(then: str) -> None:
     """A client granting 10 bytes per stream: the server sends the answer's first 10 bytes and
@@ -382,7 +359,7 @@ def test_an_answer_waits_for_the_clients_window(then: str) -> None:
             thread = threading.Thread(target=lambda: (server.answer(answer), answered.set()),
                                       daemon=True)
             thread.start()
-            first = _read_frames_until(sock, lambda frames: any(f[0] == 0 for f in frames))
+            first = read_frames_until(sock, lambda frames: any(f[0] == 0 for f in frames))
             prefix = b"\x00" + (100).to_bytes(4, "big")  # one uncompressed 100-byte message
             assert b"".join(f[3] for f in first if f[0] == 0) == prefix + answer[:5]
             if then == "reset":
@@ -390,12 +367,12 @@ def test_an_answer_waits_for_the_clients_window(then: str) -> None:
                 assert answered.wait(30)
                 thread.join()
                 server.close(linger=0.0)
-                rest = _read_frames_until(sock, lambda frames: False)  # until the server closes
+                rest = read_frames_until(sock, lambda frames: False)  # until the server closes
                 assert not [f for f in rest if f[2] == 1]  # nothing more on the reset stream
                 return
             sock.sendall(frame(8, 0, 1, (1_000).to_bytes(4, "big")))  # WINDOW_UPDATE, stream 1
             assert answered.wait(30)
-            frames = first + _read_frames_until(
+            frames = first + read_frames_until(
                 sock, lambda frames: any(f[0] == 1 and f[1] & 1 for f in frames))
             body = b"".join(f[3] for f in frames if f[0] == 0 and f[2] == 1)
             assert body == prefix + answer

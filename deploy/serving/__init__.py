@@ -9,6 +9,7 @@
     held.py          the table of policies a replica holds (LRU)
     replica.py       the Serve deployment: batching, forward passes, health, counters
     grpc_ingress.py  the gRPC method, the same JSON documents
+    grpc_server.py   the replicas' own gRPC server: HTTP/2 on the replica's event loop
     app.py           the application builder (`serve run deploy.serving.app:app ...`)
     server.py        `huggy serve`: start Serve with an ingress, deploy, run until a signal, stop
     haproxy.py       Ray's HAProxy with huggy's changes: a JSON 503 at once while no replica answers

@@ -3,11 +3,10 @@
 
 - the replicas' own (`start_replica_server`, the default of `huggy serve --grpc-port`): each
   replica runs a gRPC server on its event loop, next to its HTTP server, all of a node's
-  replicas on one port (SO_REUSEPORT: the kernel spreads the connections over them). A call is
-  handled as an HTTP request is: alone at once where the replica is otherwise idle, else through
-  the batch queue (`grpc.aio` hands calls over one event-loop turn apart, so under load they
-  seldom share a forward pass: docs/benchmarks.md). It reaches the replicas of the node it runs
-  on.
+  replicas on one port (SO_REUSEPORT: the kernel spreads the connections over them). It reads
+  HTTP/2 as the bytes arrive (`deploy.serving.grpc_server`), so the calls that reach a replica
+  together meet in its batch queue as HTTP requests do; a call that finds the replica otherwise
+  idle runs alone at once. It reaches the replicas of the node it runs on.
 - Serve's gRPC ingress (`GRPC_SERVICER_FUNCTION`, `huggy serve --grpc-ingress serve`): Serve's
   proxy or HAProxy on the head node routes to every replica of the cluster, by the
   `application` metadata.
@@ -24,10 +23,11 @@ a wrong one) the call ends with UNAUTHENTICATED. Refused requests end with INVAL
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+
+from deploy.serving.grpc_server import Handler, UnaryServer
 
 SERVICE = "huggy.v1.Policy"
 ACT_METHOD = f"/{SERVICE}/Act"
@@ -58,21 +58,15 @@ def grpc_status(http_status: int) -> grpc.StatusCode:
     return STATUS_FOR_HTTP.get(http_status, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-async def start_replica_server(act: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]],
-                               host: str, port: int) -> grpc.aio.Server:
-    """Start a gRPC server on the running event loop, serving `act` as `ACT_METHOD` on
-    `host:port`, that port shared with the other processes of this user that bind it the same
-    way (SO_REUSEPORT). Raises RuntimeError if the port cannot be bound."""
-    size = ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 1), size,
-                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-    handler = grpc.unary_unary_rpc_method_handler(act)  # no (de)serializers: raw bytes
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE,
-                                                                          {"Act": handler}),))
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+async def start_replica_server(act: Handler, host: str, port: int) -> UnaryServer:
+    """Start the replica's own gRPC server (`deploy.serving.grpc_server`) on the running event
+    loop, serving `act` as `ACT_METHOD` on `host:port`, that port shared with the other
+    processes of this user that bind it the same way (SO_REUSEPORT). Raises RuntimeError if
+    the port cannot be bound."""
+    server = UnaryServer({ACT_METHOD: act}, MAX_MESSAGE_BYTES)
     try:
-        server.add_insecure_port(address)
-    except RuntimeError as error:
+        await server.start(host, port, reuse_port=True)
+    except OSError as error:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         raise RuntimeError(f"the gRPC server cannot listen on {address}: {error}") from None
-    await server.start()
     return server

@@ -61,6 +61,7 @@ from deploy.serving.grpc_ingress import (
     grpc_status,
     start_replica_server,
 )
+from deploy.serving.grpc_server import CallContext, UnaryServer
 from deploy.serving.held import HeldPolicies, ServedPolicy
 from deploy.serving.openapi import openapi_document
 from deploy.serving.parsing import (
@@ -178,7 +179,7 @@ class HuggyPolicyDeployment:
         self.grpc_address = grpc_address
         """(host, port) of the replica's own gRPC server, started once the first
         `reconfigure` has loaded the policies; None: none."""
-        self._grpc_server: grpc.aio.Server | None = None
+        self._grpc_server: UnaryServer | None = None
         self._in_flight = 0
         """Requests inside this replica now (HTTP and gRPC), the one asking included."""
         self._held = HeldPolicies(self._load, models_per_replica)
@@ -387,14 +388,14 @@ class HuggyPolicyDeployment:
         named = serve.get_multiplexed_model_id() or None  # `multiplexed_model_id` metadata
         return RawMessage(await self._act_grpc(request, grpc_context, named, may_run_alone=False))
 
-    async def _act_own_grpc(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _act_own_grpc(self, request: bytes, context: CallContext) -> bytes:
         """`/huggy.v1.Policy/Act` of the replica's own gRPC server: as `Act`, but a call that
         finds the replica otherwise idle runs alone at once, as an HTTP request does."""
         named = dict(context.invocation_metadata() or ()).get("multiplexed_model_id") or None
         return await self._act_grpc(request, context, named, may_run_alone=True)
 
-    async def _act_grpc(self, request: bytes, context: grpc.aio.ServicerContext
-                        | RayServegRPCContext, named: str | None, may_run_alone: bool) -> bytes:
+    async def _act_grpc(self, request: bytes, context: CallContext | RayServegRPCContext,
+                        named: str | None, may_run_alone: bool) -> bytes:
         """The answer to one gRPC call; a refused one ends with the status of its HTTP error
         (`grpc_status`) and the API's JSON as the details."""
         self._in_flight += 1
