@@ -189,11 +189,12 @@ class _Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._server.connections.add(self)
-        self._transport.write(settings_frame((SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
-                                       (SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW),
-                                       (SETTINGS_MAX_FRAME_SIZE, MAX_FRAME_SIZE),
-                                       (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST_BYTES))
-                        + frame(WINDOW_UPDATE, 0, 0, WORD.pack(MAX_WINDOW - DEFAULT_WINDOW)))
+        settings = settings_frame((SETTINGS_MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
+                                  (SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW),
+                                  (SETTINGS_MAX_FRAME_SIZE, MAX_FRAME_SIZE),
+                                  (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST_BYTES))
+        self._transport.write(settings + frame(WINDOW_UPDATE, 0, 0,
+                                               WORD.pack(MAX_WINDOW - DEFAULT_WINDOW)))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -281,7 +282,7 @@ class _Connection(asyncio.Protocol):
             self._received = 0
         stream = self._streams.get(stream_id)
         if stream is None or stream.task is not None or stream.refused:
-            if stream_id > self._last_stream:
+            if stream_id == 0 or stream_id > self._last_stream:
                 raise _ConnectionError(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             if stream is not None and stream.refused and flags & END_STREAM:
                 self._forget(stream)
