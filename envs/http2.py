@@ -24,41 +24,65 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from huggy_agent.http2_frames import (
-    ACK,
-    CONTENT_TYPE,
-    DATA,
-    DEFAULT_MAX_FRAME,
-    DEFAULT_WINDOW,
-    END_HEADERS,
-    END_STREAM,
-    FRAME_HEADER,
-    GOAWAY,
-    HEADERS,
-    MAX_STREAM,
-    MAX_WINDOW,
-    PADDED,
-    PING,
-    PREFACE,
-    RST_STREAM,
-    SETTINGS,
-    SETTINGS_ENABLE_PUSH,
-    SETTINGS_INITIAL_WINDOW_SIZE,
-    SETTINGS_MAX_FRAME_SIZE,
-    STATUS_200,
-    WINDOW_UPDATE,
-    frame,
-    grpc_message,
-    one_message,
-    request_headers,
-    status_headers,
-)
-
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
+END_STREAM, ACK, END_HEADERS, PADDED = 0x1, 0x1, 0x4, 0x8
+SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x2, 0x4, 0x5
+DEFAULT_WINDOW = 65_535
+DEFAULT_MAX_FRAME = 16_384
+MAX_WINDOW = MAX_STREAM = 2**31 - 1
 RECEIVE_CHUNK = 1 << 18
+_FRAME_HEADER = struct.Struct(">IBI")  # (24-bit length << 8 | type), flags, stream id
+_MESSAGE_PREFIX = struct.Struct(">BI")  # gRPC's: compressed flag, length
 
 
 class ExchangeError(ConnectionError):
     """The call did not end with an answer: the peer refused it or went away."""
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame."""
+    return _FRAME_HEADER.pack(len(payload) << 8 | kind, flags, stream) + payload
+
+
+def _hpack_string(value: str) -> bytes:
+    """An HPACK string literal, not Huffman-coded (all ours are shorter than 127 bytes)."""
+    raw = value.encode("ascii")
+    if len(raw) >= 127:
+        raise ValueError(f"header value too long for this endpoint: {value!r}")
+    return bytes((len(raw),)) + raw
+
+
+_CONTENT_TYPE = b"\x0f\x10" + _hpack_string("application/grpc")  # static name 31, not indexed
+_STATUS_200 = b"\x88"  # static table entry 8
+
+
+def request_headers(authority: str, path: str) -> bytes:
+    """The HPACK block of a gRPC request, literals without indexing (no table state)."""
+    return (b"\x83\x86"  # :method POST, :scheme http (static table 3 and 6)
+            + b"\x04" + _hpack_string(path)  # :path (static name 4)
+            + b"\x01" + _hpack_string(authority)  # :authority (static name 1)
+            + _CONTENT_TYPE + b"\x00" + _hpack_string("te") + _hpack_string("trailers"))
+
+
+def status_headers(code: int, message: str = "") -> bytes:
+    """The HPACK block of gRPC trailers with status `code` (and `message` when given)."""
+    block = b"\x00" + _hpack_string("grpc-status") + _hpack_string(str(code))
+    return block + (b"\x00" + _hpack_string("grpc-message") + _hpack_string(message)
+                    if message else b"")
+
+
+def grpc_message(payload: bytes) -> bytes:
+    """`payload` as one uncompressed gRPC message (length-prefixed)."""
+    return _MESSAGE_PREFIX.pack(0, len(payload)) + payload
+
+
+def _one_message(body: bytes | bytearray) -> bytes | None:
+    """The payload of `body` when it is exactly one uncompressed gRPC message, else None."""
+    if len(body) < 5:
+        return None
+    compressed, size = _MESSAGE_PREFIX.unpack_from(body)
+    return bytes(body[5:]) if compressed == 0 and size == len(body) - 5 else None
 
 
 class _Endpoint:
@@ -102,7 +126,7 @@ class _Endpoint:
         offset = 0
         try:
             while len(buffer) - offset >= 9:
-                size_kind, flags, stream_id = FRAME_HEADER.unpack_from(buffer, offset)
+                size_kind, flags, stream_id = _FRAME_HEADER.unpack_from(buffer, offset)
                 end = offset + 9 + (size_kind >> 8)
                 if end > len(buffer):
                     break
@@ -245,7 +269,7 @@ class UnaryClient(_Endpoint):
         if self._timed:  # the first answer came: from now on wait as long as the server takes
             self._socket.settimeout(None)
             self._timed = False
-        answer = one_message(self._answer)
+        answer = _one_message(self._answer)
         if answer is None:
             raise ExchangeError("the call ended without an answer (the server refused it)")
         return answer
@@ -380,7 +404,7 @@ class _ServerConnection(_Endpoint):
             self._send_windows.pop(stream_id, None)
             return self._awaiting_window
         if flags & END_STREAM and kind in (DATA, HEADERS) and stream_id in self._bodies:
-            request = one_message(self._bodies.pop(stream_id))
+            request = _one_message(self._bodies.pop(stream_id))
             if request is None:
                 self._refuse(stream_id)
             else:
@@ -391,14 +415,14 @@ class _ServerConnection(_Endpoint):
         """End the call on `stream` with INTERNAL: its body was not one uncompressed message."""
         self._send_windows.pop(stream, None)
         self._socket.sendall(frame(HEADERS, END_HEADERS | END_STREAM, stream,
-                                   STATUS_200 + CONTENT_TYPE + status_headers(
+                                   _STATUS_200 + _CONTENT_TYPE + status_headers(
                                        13, "expected one uncompressed message")))
 
     def answer(self, stream: int, response: bytes) -> None:
         """Answer the call on `stream` (nothing when the client reset it)."""
         if stream not in self._send_windows:
             return
-        self._send_message(stream, frame(HEADERS, END_HEADERS, stream, STATUS_200 + CONTENT_TYPE),
+        self._send_message(stream, frame(HEADERS, END_HEADERS, stream, _STATUS_200 + _CONTENT_TYPE),
                            response, frame(HEADERS, END_HEADERS | END_STREAM, stream,
                                            status_headers(0)))
         self._send_windows.pop(stream, None)

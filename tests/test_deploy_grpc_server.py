@@ -28,7 +28,8 @@ import uvloop
 from deploy.serving.batching import BatchQueue
 from deploy.serving.grpc_ingress import start_replica_server
 from deploy.serving.grpc_server import MAX_FRAME_SIZE, CallContext, UnaryServer
-from huggy_agent.http2_frames import (
+from tests.support.http2 import (
+    DATA,
     GOAWAY,
     HEADERS,
     PING,
@@ -36,12 +37,12 @@ from huggy_agent.http2_frames import (
     RST_STREAM,
     SETTINGS_INITIAL_WINDOW_SIZE,
     WINDOW_UPDATE,
+    Frame,
     frame,
     grpc_message,
-    request_headers,
+    read_frames_until,
     settings_frame,
 )
-from tests.support.http2 import Frame, read_frames_until
 
 ECHO = "/test.Echo/Echo"
 METADATA = "/test.Echo/Metadata"
@@ -218,7 +219,7 @@ def test_a_block_of_table_indexes_means_what_the_table_holds_now(served: Served)
               b"\x83\x86\x85" + with_indexing("x-id", "b"), indexed]
     with hand_connection(served) as sock:
         sock.sendall(b"".join(frame(HEADERS, 0x4, 2 * k + 1, block)
-                              + frame(0, 0x1, 2 * k + 1, grpc_message(b""))
+                              + frame(DATA, 0x1, 2 * k + 1, grpc_message(b""))
                               for k, block in enumerate(blocks)))
         frames = read_frames_until(sock, lambda got: len(answers_by_stream(got)) == 4)
     seen = {stream: json.loads(message) for stream, (message, _) in
@@ -262,10 +263,11 @@ def hand_connection(served: Served, *settings: tuple[int, int]) -> socket.socket
 
 
 def call_frames(stream: int, path: str, request: bytes) -> bytes:
-    """A whole unary call on `stream`: HEADERS (literals), then the message in one DATA frame
-    ending the stream."""
-    return (frame(HEADERS, 0x4, stream, request_headers("test", path))
-            + frame(0, 0x1, stream, grpc_message(request)))
+    """A whole unary call on `stream`: HEADERS (`:method POST`, `:scheme http` from the HPACK
+    static table, `:path` as a literal with the static table's name 4), then the message in one
+    DATA frame ending the stream."""
+    block = b"\x83\x86\x04" + bytes((len(path),)) + path.encode()
+    return frame(HEADERS, 0x4, stream, block) + frame(DATA, 0x1, stream, grpc_message(request))
 
 
 def trailers_by_stream(frames: list[Frame]) -> dict[int, dict[str, str]]:
@@ -280,7 +282,7 @@ def answers_by_stream(frames: list[Frame]) -> dict[int, tuple[bytes, str]]:
     the 5-byte message prefix, and the trailers' status."""
     bodies: dict[int, bytes] = {}
     for kind, _, stream, data in frames:
-        if kind == 0:
+        if kind == DATA:
             bodies[stream] = bodies.get(stream, b"") + data
     return {stream: (bodies.get(stream, b"")[5:], trailers["grpc-status"])
             for stream, trailers in trailers_by_stream(frames).items()}

@@ -19,8 +19,7 @@ import grpc
 import numpy as np
 import pytest
 
-from envs.http2 import ExchangeError, UnaryClient, UnaryServer
-from huggy_agent.http2_frames import MAX_STREAM, PREFACE, frame
+from envs.http2 import MAX_STREAM, PREFACE, ExchangeError, UnaryClient, UnaryServer, frame
 from tests.support.http2 import frames_of, read_frames_until
 from tests.support.processes import free_port
 

@@ -30,6 +30,10 @@ whole in memory, at most `max_message_bytes` per call, `MAX_CONCURRENT_STREAMS` 
 connection); an answer is sent within the windows the client grants, the rest when it grants
 more. A call the client resets has its handler cancelled. `stop(grace)`: no new connections, a
 GOAWAY on each, calls in flight answered for up to `grace` seconds, then every connection closed.
+
+The frame layout is written here again rather than shared with the Unity exchange's ends
+(`envs.http2`): a home under `huggy_agent` would load torch into the stand-ins, which must stay
+light, and importing `envs` here would load mlagents-envs into every replica.
 """
 
 from __future__ import annotations
@@ -43,43 +47,25 @@ from typing import Any, NamedTuple, cast
 
 import hpack
 
-from huggy_agent.http2_frames import (
-    ACK,
-    CONTENT_TYPE,
-    CONTINUATION,
-    DATA,
-    DEFAULT_MAX_FRAME,
-    DEFAULT_WINDOW,
-    END_HEADERS,
-    END_STREAM,
-    FRAME_HEADER,
-    GOAWAY,
-    HEADERS,
-    MAX_STREAM,
-    MAX_WINDOW,
-    MESSAGE_PREFIX,
-    PADDED,
-    PING,
-    PREFACE,
-    PRIORITY_FLAG,
-    PUSH_PROMISE,
-    RST_STREAM,
-    SETTING,
-    SETTINGS,
-    SETTINGS_INITIAL_WINDOW_SIZE,
-    SETTINGS_MAX_CONCURRENT_STREAMS,
-    SETTINGS_MAX_FRAME_SIZE,
-    SETTINGS_MAX_HEADER_LIST_SIZE,
-    STATUS_200,
-    WINDOW_UPDATE,
-    WORD,
-    frame,
-    grpc_message,
-    settings_frame,
-    status_headers,
-)
-
 logger = logging.getLogger(__name__)
+
+# HTTP/2 (RFC 9113) and gRPC's message framing, as this server reads and writes them.
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+(DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE,
+ CONTINUATION) = range(10)
+END_STREAM = ACK = 0x1
+END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
+SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 0x3, 0x4
+SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x5, 0x6
+DEFAULT_WINDOW = 65_535
+DEFAULT_MAX_FRAME = 16_384
+MAX_WINDOW = MAX_STREAM = 2**31 - 1
+FRAME_HEADER = struct.Struct(">IBI")
+"""A frame's 9-byte header: (24-bit length << 8 | type), flags, stream id."""
+MESSAGE_PREFIX = struct.Struct(">BI")
+"""gRPC's 5-byte message prefix: compressed flag, length."""
+SETTING = struct.Struct(">HI")
+WORD = struct.Struct(">I")
 
 MAX_FRAME_SIZE = 1 << 20
 """The largest frame we take (advertised; gRPC's clients send DATA frames up to it)."""
@@ -91,7 +77,58 @@ MAX_HEADER_LIST_BYTES = 16 << 10
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
 REFUSED_STREAM, COMPRESSION_ERROR = 0x7, 0x9
 OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 8, 12, 13
-_RESPONSE_HEADERS = STATUS_200 + CONTENT_TYPE
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame."""
+    return FRAME_HEADER.pack(len(payload) << 8 | kind, flags, stream) + payload
+
+
+def settings_frame(*settings: tuple[int, int]) -> bytes:
+    """A SETTINGS frame of (key, value) pairs."""
+    return frame(SETTINGS, 0, 0, b"".join(SETTING.pack(key, value) for key, value in settings))
+
+
+def _hpack_string(value: str) -> bytes:
+    """An HPACK string literal (RFC 7541 5.2), not Huffman-coded; `value` must be ASCII. Its
+    length is an HPACK integer with a 7-bit prefix (5.1)."""
+    raw = value.encode("ascii")
+    if len(raw) < 127:
+        return bytes((len(raw),)) + raw
+    length, rest = bytearray((127,)), len(raw) - 127
+    while rest >= 128:
+        length.append(rest & 0x7F | 0x80)
+        rest >>= 7
+    length.append(rest)
+    return bytes(length) + raw
+
+
+def _literal(name: str, value: str) -> bytes:
+    """A header field as a literal without indexing with a new name (RFC 7541 6.2.2): no table
+    state, so the client decodes it whatever its table holds."""
+    return b"\x00" + _hpack_string(name) + _hpack_string(value)
+
+
+def percent_encoded(details: str) -> str:
+    """`details` as gRPC's `grpc-message` carries it: UTF-8, every byte outside printable
+    ASCII and every '%' percent-encoded."""
+    return "".join(chr(byte) if 0x20 <= byte <= 0x7E and byte != 0x25 else f"%{byte:02X}"
+                   for byte in details.encode("utf-8"))
+
+
+def status_headers(code: int, details: str = "") -> bytes:
+    """The HPACK block of gRPC trailers with status `code` (and `details`, when given, as
+    `grpc-message`)."""
+    block = _literal("grpc-status", str(code))
+    return block + _literal("grpc-message", percent_encoded(details)) if details else block
+
+
+def grpc_message(payload: bytes) -> bytes:
+    """`payload` as one uncompressed gRPC message (length-prefixed)."""
+    return MESSAGE_PREFIX.pack(0, len(payload)) + payload
+
+
+_RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_string("application/grpc")
+"""`:status 200` (the static table's entry 8), then `content-type` (a literal without indexing
+with the static table's name 31, its index as an HPACK integer with a 4-bit prefix)."""
 _OK_TRAILERS = status_headers(OK)
 
 

@@ -1,5 +1,6 @@
-"""HTTP/2 frames read back by hand in the tests of our own gRPC ends (RFC 9113 section 4.1: a
-24-bit length, type, flags, a 31-bit stream id), independent of the code under test."""
+"""HTTP/2 frames written and read back by hand in the tests of our own gRPC ends (RFC 9113
+section 4.1: a 24-bit length, type, flags, a 31-bit stream id), independent of the code under
+test."""
 
 from __future__ import annotations
 
@@ -8,6 +9,26 @@ from collections.abc import Callable
 
 Frame = tuple[int, int, int, bytes]
 """(type, flags, stream, payload)"""
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
+SETTINGS_INITIAL_WINDOW_SIZE = 4
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    """One frame: a 24-bit length, type, flags, a 31-bit stream id, the payload."""
+    return (len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big")
+            + payload)
+
+
+def settings_frame(*settings: tuple[int, int]) -> bytes:
+    """A SETTINGS frame of (16-bit key, 32-bit value) pairs."""
+    return frame(SETTINGS, 0, 0, b"".join(key.to_bytes(2, "big") + value.to_bytes(4, "big")
+                                         for key, value in settings))
+
+
+def grpc_message(payload: bytes) -> bytes:
+    """One uncompressed gRPC message: flag 0, a 32-bit length, the payload."""
+    return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
 
 def frames_of(data: bytes | bytearray) -> list[Frame]:
