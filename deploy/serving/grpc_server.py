@@ -66,7 +66,6 @@ MESSAGE_PREFIX = struct.Struct(">BI")
 """gRPC's 5-byte message prefix: compressed flag, length."""
 SETTING = struct.Struct(">HI")
 WORD = struct.Struct(">I")
-
 MAX_FRAME_SIZE = 1 << 20
 """The largest frame we take (advertised; gRPC's clients send DATA frames up to it)."""
 MAX_CONCURRENT_STREAMS = 256
@@ -77,6 +76,8 @@ MAX_HEADER_LIST_BYTES = 16 << 10
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
 REFUSED_STREAM, COMPRESSION_ERROR = 0x7, 0x9
 OK, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 8, 12, 13
+
+
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     """One HTTP/2 frame."""
     return FRAME_HEADER.pack(len(payload) << 8 | kind, flags, stream) + payload
@@ -196,6 +197,13 @@ class _ConnectionError(Exception):
         self.code = code
 
 
+def _unpadded(payload: bytes) -> bytes:
+    """The content of a PADDED frame's payload (its pad length byte and padding removed)."""
+    if not payload or payload[0] >= len(payload):
+        raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
+    return payload[1:len(payload) - payload[0]]
+
+
 class _Connection(asyncio.Protocol):
     """One client connection of `UnaryServer`."""
 
@@ -271,7 +279,9 @@ class _Connection(asyncio.Protocol):
                 if self.closing:
                     return
         except _ConnectionError as error:
-            self._go_away(error.code, str(error))
+            logger.warning("gRPC connection closed: %s", error)
+            self.go_away(error.code, str(error))
+            self.close()
             return
         del buffer[:offset]
 
@@ -325,9 +335,7 @@ class _Connection(asyncio.Protocol):
                 self._forget(stream)
             return  # a stream reset or answered already: its data is dropped
         if flags & PADDED:
-            if not payload or payload[0] >= len(payload):
-                raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
-            payload = payload[1:len(payload) - payload[0]]
+            payload = _unpadded(payload)
         stream.body += payload
         if len(stream.body) > self._server.max_message_bytes + 5:
             size = len(stream.body) - 5
@@ -341,9 +349,7 @@ class _Connection(asyncio.Protocol):
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if flags & PADDED:
-            if not payload or payload[0] >= len(payload):
-                raise _ConnectionError(PROTOCOL_ERROR, "bad padding")
-            payload = payload[1:len(payload) - payload[0]]
+            payload = _unpadded(payload)
         if flags & PRIORITY_FLAG:
             payload = payload[5:]
         if flags & END_HEADERS:
@@ -389,10 +395,7 @@ class _Connection(asyncio.Protocol):
                 raise _ConnectionError(PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
             return  # trailers of a call we already forgot (reset, or answered and done)
         self._last_stream = stream_id
-        if self._server.stopping:
-            self._write(frame(RST_STREAM, 0, stream_id, WORD.pack(REFUSED_STREAM)))
-            return
-        if len(self._streams) >= MAX_CONCURRENT_STREAMS:
+        if self._server.stopping or len(self._streams) >= MAX_CONCURRENT_STREAMS:
             self._write(frame(RST_STREAM, 0, stream_id, WORD.pack(REFUSED_STREAM)))
             return
         stream = _Stream(stream_id, self._peer_initial_window)
@@ -489,10 +492,7 @@ class _Connection(asyncio.Protocol):
             self._send_window += increment
             if self._send_window > MAX_WINDOW:
                 raise _ConnectionError(FLOW_CONTROL_ERROR, "the connection window overflowed")
-            for waiting in [s for s in self._streams.values() if s.pending is not None]:
-                self._flush(waiting)
-                if self._send_window <= 0:
-                    break
+            self._flush_waiting()
             return
         stream = self._streams.get(stream_id)
         if stream is not None:
@@ -517,7 +517,13 @@ class _Connection(asyncio.Protocol):
                 self._peer_max_frame = value
             # the header table size bounds the peer's decoder: ours sends no indexed fields
         self._write(frame(SETTINGS, ACK, 0))
+        self._flush_waiting()
+
+    def _flush_waiting(self) -> None:
+        """Send what the windows now allow of every answer they held back."""
         for stream in [s for s in self._streams.values() if s.pending is not None]:
+            if self._send_window <= 0:
+                break
             self._flush(stream)
 
     def _refuse(self, stream: _Stream, code: int, details: str, ended: bool) -> None:
@@ -542,15 +548,11 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None and not self.closing:
             self._transport.write(data)
 
-    def _go_away(self, code: int, reason: str) -> None:
-        logger.warning("gRPC connection closed: %s", reason)
+    def go_away(self, code: int = NO_ERROR, reason: str = "") -> None:
+        """Tell the client that no call after the last one taken will be (GOAWAY with `code`,
+        `reason` as its debug data)."""
         self._write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream, code)
                           + reason.encode("utf-8", "replace")[:256]))
-        self.close()
-
-    def go_away(self) -> None:
-        """Tell the client that no new call will be taken (graceful GOAWAY)."""
-        self._write(frame(GOAWAY, 0, 0, struct.pack(">II", self._last_stream, NO_ERROR)))
 
     @property
     def idle(self) -> bool:
