@@ -7,6 +7,11 @@ Every loop phase runs in a fresh child process, its rounds interleaved with the 
 - "K instances" for each K of `--instances`, with the bundled policy, and for K > 1 also
   "K instances, pinned" (`pin_cores=True`: instance i's worker and Unity process on core i);
 - "1 instance, mlagents-envs' own paths" (`fast_step.set_fast_paths(False)`);
+- "1 instance, torch's default threads": the policy on as many threads as torch takes by default
+  (one per core), as in a caller's own loop that sets none. Its onnxruntime worker threads spin
+  for a while after each pass: with one instance the lockstep exchange keeps only one core busy
+  at a time, so the spinning costs the stand-in nothing and keeps the idle virtual CPU from being
+  halted between steps; with several instances the spinning takes cores the stand-ins need;
 - with `--baseline DIR` (a folder holding an older copy of `envs/`, e.g. made with
   `cp -r envs /tmp/old/`), "baseline, 1 instance": that code, with this checkout's policy.
 
@@ -37,6 +42,7 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_THREADS = "1 instance, torch's default threads"
 
 
 def _free_port() -> int:
@@ -118,7 +124,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from envs import fast_step
     from huggy_agent import HuggyAgent
 
-    torch.set_num_threads(spec["torch_threads"])
+    if spec["torch_threads"] is not None:
+        torch.set_num_threads(spec["torch_threads"])
     agent = HuggyAgent(device=spec["device"])
     fast_step.set_fast_paths(spec["fast_paths"])
     kwargs = ({"instances": spec["instances"], "pin_cores": spec.get("pin_cores", False)}
@@ -158,7 +165,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             "wait_ms": totals["wait"] * ms, "mlagents_ms": totals["mlagents"] * ms,
             "standin_ms": (1000 * min(_standin_work(200) for _ in range(3))
                            if spec["instances"] == 1 else None),
-            "memory": memory}
+            "memory": memory, "threads": torch.get_num_threads()}
 
 
 # -- in the parent ----------------------------------------------------------------------------
@@ -278,6 +285,8 @@ def main() -> None:
                    for k in counts if k > 1})
     phases["1 instance, mlagents-envs' own paths"] = {**common, "instances": 1,
                                                       "fast_paths": False}
+    if 1 in counts:
+        phases[DEFAULT_THREADS] = {**common, "instances": 1, "torch_threads": None}
     if args.baseline is not None:
         if not (args.baseline / "envs" / "__init__.py").is_file():
             raise SystemExit(f"--baseline: no envs/ package in {args.baseline}")
@@ -311,7 +320,8 @@ def main() -> None:
                         "vs baseline"], rows))
     print()
     split = [_split_row(name, r) for name, r in best.items()
-             if r["standin_ms"] is not None and name != "1 instance, mlagents-envs' own paths"]
+             if r["standin_ms"] is not None
+             and name not in ("1 instance, mlagents-envs' own paths", DEFAULT_THREADS)]
     print("Where one instance's step goes (ms; waiting = stand-in's own work + gRPC/transport):")
     print(format_table(["one instance", "step", "policy", "vector env (ours)",
                         "mlagents-envs+protobuf", "waiting", "stand-in work", "gRPC+transport"],
@@ -335,7 +345,10 @@ def main() -> None:
         if name in best:
             print(f"{name}: {best[name]['rate']:,.0f} agent-decisions/s "
                   "(target >= 40,000 on the 16-core GPU host)")
-    print(f"cores: {os.cpu_count()}, policy on {args.device}, torch threads {args.torch_threads}")
+    default_threads = (f" ({DEFAULT_THREADS}: {best[DEFAULT_THREADS]['threads']})"
+                       if DEFAULT_THREADS in best else "")
+    print(f"cores: {os.cpu_count()}, policy on {args.device}, torch threads {args.torch_threads}"
+          + default_threads)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,11 @@ Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client)
                    failed requests while a policy is added and removed under 16 clients
 Prints requests/s, observations/s, p50/p99 latency, errors and the mean number of requests per
 forward pass (from /v1/info), then the ratios against the baselines of the same run. Everything
-runs on one machine: the load client shares the CPUs with the server, as it would on a 2-core box.
+runs on one machine: the load client shares the CPUs with the server, as it would on a 2-core box,
+so under load the requests/s of two series follow the CPU that each request costs the whole
+machine. Under each point (on Linux) that cost is split by process, from /proc before and after
+the point: each Serve replica, HAProxy, the load client (this process) and the rest (Ray's own
+processes and anything else running), in microseconds of CPU per request.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Point:
     p50_ms: float
     p99_ms: float
     mean_batch_requests: float | None
+    cpu_us_per_request: dict[str, float] | None = None
 
     @property
     def rps(self) -> float:
@@ -75,8 +80,11 @@ def request_body(rows: int) -> bytes:
 
 
 async def load(url: str | list[str], body: bytes, clients: int, duration: float,
-               warmup: float = 1.0) -> tuple[int, int, list[float], float]:
-    """`clients` loops sending `body` for `warmup + duration` s; counts only the last `duration`.
+               warmup: float = 1.0, cpu: dict[str, dict] | None = None
+               ) -> tuple[int, int, list[float], float]:
+    """`clients` loops sending `body` for `warmup + duration` s; counts only the last `duration`
+    (and, given a `cpu` dict, puts `process_cpu` snapshots at its start and end in it as "before"
+    and "after").
 
     `url` is `http://...` (POST with aiohttp, one session per client) or `grpc://host:port`
     (the gRPC ingress's Act method, one channel per client); a list: client i sends to url
@@ -97,7 +105,14 @@ async def load(url: str | list[str], body: bytes, clients: int, duration: float,
                     latencies.append(time.perf_counter() - now)
                     errors += not ok
 
-    await asyncio.gather(*(client(index) for index in range(clients)))
+    async def snapshot_when_counting() -> None:
+        await asyncio.sleep(warmup)
+        cpu["before"] = process_cpu()
+
+    snapshot = [snapshot_when_counting()] if cpu is not None else []
+    await asyncio.gather(*(client(index) for index in range(clients)), *snapshot)
+    if cpu is not None:
+        cpu["after"] = process_cpu()
     return len(latencies), errors, latencies, duration
 
 
@@ -136,13 +151,54 @@ async def _sender(url: str, body: bytes) -> AsyncIterator[Callable[[], Awaitable
         yield send_http
 
 
+def process_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds used so far (user + system) by each process on this machine, with its group:
+    "replica NAME" (a Serve replica of app NAME), "haproxy", "load client" (this process) or
+    "Ray and other". Empty where there is no /proc."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    found: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:  # the process ended meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()
+        pid = int(entry.name)
+        if pid == os.getpid():
+            group = "load client"
+        elif "ServeReplica:" in command:
+            group = "replica " + command.partition("ServeReplica:")[2].partition(":")[0]
+        elif Path(command).name == "haproxy":
+            group = "haproxy"
+        else:
+            group = "Ray and other"
+        found[pid] = (group, (int(fields[11]) + int(fields[12])) / ticks)
+    return found
+
+
+def cpu_per_request(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                    requests: int) -> dict[str, float]:
+    """Microseconds of CPU per request by group between two `process_cpu` snapshots (processes
+    that started meanwhile count from zero), with "total"."""
+    used: dict[str, float] = {}
+    for pid, (group, seconds) in after.items():
+        used[group] = used.get(group, 0.0) + seconds - before.get(pid, (group, 0.0))[1]
+    per_request = {group: 1e6 * seconds / max(requests, 1) for group, seconds in used.items()}
+    per_request["total"] = sum(per_request.values())
+    return dict(sorted(per_request.items(), key=lambda item: -item[1]))
+
+
 def measure(series: str, url: str | list[str], rows: int, clients: int, duration: float,
             info_url: str | None) -> Point:
     import requests
 
     before = requests.get(info_url, timeout=10).json()["counters"] if info_url else None
+    snapshots: dict[str, dict] = {}
     count, errors, latencies, seconds = asyncio.run(load(url, request_body(rows), clients,
-                                                         duration))
+                                                         duration, cpu=snapshots))
+    cpu = (cpu_per_request(snapshots["before"], snapshots["after"], count)
+           if snapshots.get("before") else None)
     mean_batch = None
     if info_url:
         after = requests.get(info_url, timeout=10).json()["counters"]
@@ -150,10 +206,16 @@ def measure(series: str, url: str | list[str], rows: int, clients: int, duration
         mean_batch = (after["requests"] - before["requests"]) / passes if passes else 0.0
     ms = np.percentile(np.asarray(latencies) * 1e3, [50, 99]) if latencies else (np.nan, np.nan)
     point = Point(series, clients, rows, seconds, count, errors, float(ms[0]), float(ms[1]),
-                  mean_batch)
+                  mean_batch, cpu)
     print(f"{series:<22} {clients:>3} clients {point.rps:>8.0f} req/s {point.obs_per_s:>9.0f} "
           f"obs/s  p50 {point.p50_ms:6.2f} ms  p99 {point.p99_ms:7.2f} ms  errors {errors}"
           + (f"  batch {mean_batch:.2f}" if mean_batch is not None else ""), flush=True)
+    if cpu:
+        busy = cpu["total"] * 1e-6 * count / seconds
+        print(f"{'':<22} CPU us per request: "
+              + ", ".join(f"{group} {us:.0f}" for group, us in cpu.items() if group != "total")
+              + f"; total {cpu['total']:.0f} ({busy:.2f} of {os.cpu_count()} cores busy)",
+              flush=True)
     return point
 
 

@@ -48,8 +48,13 @@ defaults
     errorfile 503 {ray_page}
     errorfile 504 {ray_page}
     balance leastconn
+frontend prometheus
+    bind :{metrics}
+    mode http
+    http-request use-service prometheus-exporter if {{ path /metrics }}
+    no log
 frontend http_frontend
-    bind 127.0.0.1:{port}
+    bind {host}:{port}
     acl healthcheck path -i /-/healthz
     acl backend_http-huggy_server_up nbsrv(http-huggy) ge 1
     http-request return status 503 content-type text/plain string "Service Unavailable" if healthcheck
@@ -70,14 +75,19 @@ backend http-huggy
 backend grpc-huggy
     mode http
     server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:{fallback} proto h2 check backup
+listen stats
+  bind *:{stats}
+  stats enable
+  stats uri /stats
 """
 
 
-def ray_config(tmp_path: Path, port: int = 18000, replica: int = 30000, fallback: int = 8500
-               ) -> str:
+def ray_config(tmp_path: Path, port: int = 18000, replica: int = 30000, fallback: int = 8500,
+               host: str = "127.0.0.1") -> str:
     ray_page = tmp_path / "500.http"
     ray_page.write_bytes(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
-    return RAY_CONFIG.format(ray_page=ray_page, port=port, replica=replica, fallback=fallback)
+    return RAY_CONFIG.format(ray_page=ray_page, port=port, replica=replica, fallback=fallback,
+                             host=host, metrics=port + 1, stats=port + 2)
 
 
 @pytest.fixture
@@ -124,8 +134,11 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
     route = lines.index("    use_backend http-huggy if is_http-huggy")
     assert lines[route - 1] == (f"    use_backend http-huggy{HELD} if is_http-huggy "
                                 "!{ nbsrv(http-huggy) ge 1 }")
+    assert [line for line in lines if "bind " in line] == [
+        "    bind 127.0.0.1:18001", "    bind 127.0.0.1:18000", "  bind 127.0.0.1:18002"]
     kept = [line for line in original.splitlines()
-            if "errorfile 50" not in line and "404" not in line and ":8500 check" not in line]
+            if "errorfile 50" not in line and "404" not in line and ":8500 check" not in line
+            and "bind " not in line]
     assert [line for line in lines if line in kept] == kept  # in the same order
     assert patch_config(patched, page) == patched
     (tmp_path / "haproxy.cfg").write_text(patched)
@@ -134,8 +147,15 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def test_the_pages_beside_a_frontend_on_every_interface_stay_there(tmp_path: Path,
+                                                                   page: Path) -> None:
+    patched = patch_config(ray_config(tmp_path, host="0.0.0.0"), page)
+    assert [line.strip() for line in patched.splitlines() if "bind " in line] == [
+        "bind :18001", "bind 0.0.0.0:18000", "bind *:18002"]
+
+
 @pytest.mark.parametrize("missing", ["errorfile 503", "http-request return status 404",
-                                     "use_backend http-huggy if"])
+                                     "use_backend http-huggy if", "frontend http_frontend"])
 def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
         tmp_path: Path, page: Path, missing: str) -> None:
     config = "".join(line for line in ray_config(tmp_path).splitlines(keepends=True)
@@ -146,7 +166,8 @@ def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
     assert f"Ray {metadata.version('ray')} generated" in message
     assert f"supports Ray {SUPPORTED_RAY}.x" in message
     assert {"errorfile 503": "found 2 of 3", "http-request return status 404": "not-found answer",
-            "use_backend http-huggy if": "the rule routing to http-huggy"}[missing] in message
+            "use_backend http-huggy if": "the rule routing to http-huggy",
+            "frontend http_frontend": "the HTTP frontend's address"}[missing] in message
 
 
 class _ServeProxy(http.server.BaseHTTPRequestHandler):

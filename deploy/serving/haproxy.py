@@ -16,6 +16,9 @@ plain-text 404, or a wait of up to its own timeout:
        (JSON) pass.
     3. A path that no application serves yet (before the app exists) gets the same 503 instead
        of a plain-text 404.
+    4. HAProxy's statistics page and Prometheus exporter, which Ray binds to every interface,
+       listen on the HTTP frontend's address (127.0.0.1 unless `huggy serve --host` says
+       otherwise). Ray reads neither over the network (it asks HAProxy's admin socket).
 
 The wrapper is Ray's public hook for the HAProxy executable (`RAY_SERVE_HAPROXY_BINARY_PATH`):
 Ray writes the whole configuration, then runs the wrapper with HAProxy's arguments (`-f CONFIG
@@ -57,6 +60,10 @@ _ERROR_FILE = re.compile(r"^(?P<directive>[ \t]*errorfile 50[234]) \S+[ \t]*$", 
 _SECTION = re.compile(r"^backend (?P<name>\S+)[ \t]*$")
 _BACKUP_SERVER = re.compile(r"^[ \t]*server (?P<server>\S+ \S+) check backup[ \t]*$")
 _NOT_FOUND = re.compile(r"^(?P<indent>[ \t]*)http-request return status 404 .*$", re.MULTILINE)
+_FRONTEND_BIND = re.compile(r"^frontend http_frontend[ \t]*\n[ \t]*bind (?P<host>\S+):\d+",
+                            re.MULTILINE)
+_ANY_ADDRESS_BIND = re.compile(r"^(?P<indent>[ \t]*)bind \*?:(?P<port>\d+)[ \t]*$", re.MULTILINE)
+_ANY_ADDRESS = {"*", "0.0.0.0", "::", "[::]"}
 _UNAVAILABLE = "http-request deny deny_status 503"
 """HAProxy's 503 for every request, with the 503 error page (change 3)."""
 
@@ -75,11 +82,16 @@ def error_page(status: int, headers: dict[str, str], body: bytes) -> bytes:
 
 
 def patch_config(text: str, page: Path) -> str:
-    """Ray's HAProxy configuration `text` with the three changes of the module docstring, its
+    """Ray's HAProxy configuration `text` with the four changes of the module docstring, its
     502, 503 and 504 answered with the error page at `page`. Applying it twice changes nothing
-    more. Raises HAProxyConfigError when `text` lacks the error files or the not-found answer,
-    or routes to a backend with a backup server by no rule this module knows."""
+    more. Raises HAProxyConfigError when `text` lacks the error files, the not-found answer or
+    the HTTP frontend's address, or routes to a backend with a backup server by no rule this
+    module knows."""
     text, error_files = _ERROR_FILE.subn(lambda match: f"{match['directive']} {page}", text)
+    frontend = _FRONTEND_BIND.search(text)
+    if frontend and frontend["host"] not in _ANY_ADDRESS:
+        text = _ANY_ADDRESS_BIND.sub(
+            lambda match: f"{match['indent']}bind {frontend['host']}:{match['port']}", text)
     text = _NOT_FOUND.sub(lambda match: match["indent"] + _UNAVAILABLE, text)
     text, backups = _without_backup_servers(text)
     missing = []
@@ -87,6 +99,8 @@ def patch_config(text: str, page: Path) -> str:
         missing.append(f"'errorfile 50x' lines (found {error_files} of 3)")
     if _UNAVAILABLE not in text:
         missing.append("the not-found answer ('http-request return status 404 ...')")
+    if frontend is None:
+        missing.append("the HTTP frontend's address ('frontend http_frontend' and its 'bind')")
     for backend, server in backups.items():
         route = f"    use_backend {backend} if is_{backend}\n"
         if route not in text:
