@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+from proc_cpu import cpu_seconds
 
 AGENTS = 18
 UP_BYTES = AGENTS * 59 * 4 + 2_000  # observations, and the rest of the agents' infos
@@ -138,13 +139,13 @@ def main() -> None:
             for name, client, env in CLIENTS:
                 runs, server_cpu = [], []
                 for _ in range(args.runs):
-                    before = _cpu_seconds(server.pid)
+                    before = cpu_seconds(server.pid)
                     runs.append([float(us) for us in subprocess.run(
                         [sys.executable, __file__, "--measure", port, "--client", client,
                          "--exchanges", str(args.exchanges)],
                         capture_output=True, text=True, check=True,
                         env={**os.environ, **env}).stdout.split()])
-                    server_cpu.append((_cpu_seconds(server.pid) - before)
+                    server_cpu.append((cpu_seconds(server.pid) - before)
                                       / (args.exchanges + WARM_UP) * 1e6)
                 walls = [wall for wall, _ in runs]
                 print(f"{server_name:24s} {name:29s} us per exchange: "
@@ -156,11 +157,6 @@ def main() -> None:
             server.kill()
             server.wait()
 
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

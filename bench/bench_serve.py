@@ -46,6 +46,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
+from proc_cpu import cpu_seconds
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -155,16 +156,14 @@ def process_cpu() -> dict[int, tuple[str, float]]:
     """CPU seconds used so far (user + system) by each process on this machine, with its group:
     "replica NAME" (a Serve replica of app NAME), "haproxy", "load client" (this process) or
     "Ray and other". Empty where there is no /proc."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     found: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
         try:
-            stat = (entry / "stat").read_text()
+            seconds = cpu_seconds(pid)
             command = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         except OSError:  # the process ended meanwhile
             continue
-        fields = stat.rpartition(")")[2].split()
-        pid = int(entry.name)
         if pid == os.getpid():
             group = "load client"
         elif "ServeReplica:" in command:
@@ -173,7 +172,7 @@ def process_cpu() -> dict[int, tuple[str, float]]:
             group = "haproxy"
         else:
             group = "Ray and other"
-        found[pid] = (group, (int(fields[11]) + int(fields[12])) / ticks)
+        found[pid] = (group, seconds)
     return found
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import socket
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from proc_cpu import cpu_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -84,11 +84,6 @@ def _waiting(env: Any, totals: dict[str, float]) -> None:
         setattr(connection, name, timed)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, float]:
     """Drive `env` for `seconds` (after a warm-up) with `players` {behavior: player}, each
@@ -106,7 +101,7 @@ def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, flo
         if step == 20:  # warm-up done
             decisions = finished = 0
             totals.update(wait=0.0, players=0.0)
-            cpu_here, cpu_there = time.process_time(), _cpu_seconds(env._process.pid)
+            cpu_here, cpu_there = time.process_time(), cpu_seconds(env._process.pid)
             start = time.perf_counter()
             deadline = start + seconds
         elif step > 20 and time.perf_counter() >= deadline:
@@ -133,7 +128,7 @@ def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, flo
     return {"decisions": decisions, "finished": finished,
             "seconds": time.perf_counter() - start, **totals,
             "cpu_python": time.process_time() - cpu_here,
-            "cpu_standin": _cpu_seconds(env._process.pid) - cpu_there}
+            "cpu_standin": cpu_seconds(env._process.pid) - cpu_there}
 
 
 def network_policy(folder: Path) -> Any:
