@@ -34,6 +34,7 @@ from huggy_agent.tables import format_table  # noqa: E402
 
 FMA_LOOP = r"""
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 typedef float vec __attribute__((vector_size(64)));  /* 16 floats: one or more registers */
 enum { ACCUMULATORS = 12, LANES = 16 };
@@ -70,7 +71,7 @@ def build_fma_loop(folder: Path) -> Path:
     if compiler is None:
         raise SystemExit("bench_ceiling needs a C compiler (cc or gcc) on PATH")
     source, binary = folder / "fma_peak.c", folder / "fma_peak"
-    source.write_text("#include <stdlib.h>\n" + FMA_LOOP)
+    source.write_text(FMA_LOOP)
     subprocess.run([compiler, "-O3", "-march=native", "-ffp-contract=fast", str(source), "-o",
                     str(binary)], check=True)
     return binary
