@@ -9,9 +9,11 @@ Every loop phase runs in a fresh child process, its rounds interleaved with the 
 - "1 instance, mlagents-envs' own paths" (`fast_step.set_fast_paths(False)`);
 - "1 instance, torch's default threads": the policy on as many threads as torch takes by default
   (one per core), as in a caller's own loop that sets none. Its onnxruntime worker threads spin
-  for a while after each pass: with one instance the lockstep exchange keeps only one core busy
-  at a time, so the spinning costs the stand-in nothing and keeps the idle virtual CPU from being
-  halted between steps; with several instances the spinning takes cores the stand-ins need;
+  for a while after each pass, which keeps an idle virtual CPU from being halted between steps
+  as the exchange's own polling does (`envs.spin_wait`); with several instances the spinning
+  takes cores the stand-ins need;
+- "1 instance, blocking waits": both ends of the exchange block instead of polling first
+  (`HUGGY_SPIN_WAIT_US=0`), the baseline of the polling's gain;
 - with `--baseline DIR` (a folder holding an older copy of `envs/`, e.g. made with
   `cp -r envs /tmp/old/`), "baseline, 1 instance": that code, with this checkout's policy.
 
@@ -43,6 +45,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_THREADS = "1 instance, torch's default threads"
+BLOCKING = "1 instance, blocking waits"
 
 
 def _free_port() -> int:
@@ -238,7 +241,8 @@ def bench_mlagents_paths(repeats: int) -> dict[str, tuple[float, float]]:
 
 def run_phase(spec: dict[str, Any]) -> dict[str, Any]:
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
-                          capture_output=True, text=True, cwd=REPO)
+                          capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **spec.get("environ", {})})
     if done.returncode != 0:
         raise RuntimeError(f"phase {spec} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -274,6 +278,7 @@ def main() -> None:
         return
 
     import envs  # noqa: F401
+    from envs import spin_wait
     from huggy_agent.tables import format_table
 
     counts = [int(k) for k in args.instances.split(",")]
@@ -287,6 +292,8 @@ def main() -> None:
                                                       "fast_paths": False}
     if 1 in counts:
         phases[DEFAULT_THREADS] = {**common, "instances": 1, "torch_threads": None}
+        phases[BLOCKING] = {**common, "instances": 1,
+                            "environ": {spin_wait.ENVIRONMENT_VARIABLE: "0"}}
     if args.baseline is not None:
         if not (args.baseline / "envs" / "__init__.py").is_file():
             raise SystemExit(f"--baseline: no envs/ package in {args.baseline}")
@@ -321,7 +328,7 @@ def main() -> None:
     print()
     split = [_split_row(name, r) for name, r in best.items()
              if r["standin_ms"] is not None
-             and name not in ("1 instance, mlagents-envs' own paths", DEFAULT_THREADS)]
+             and name not in ("1 instance, mlagents-envs' own paths", DEFAULT_THREADS, BLOCKING)]
     print("Where one instance's step goes (ms; waiting = stand-in's own work + gRPC/transport):")
     print(format_table(["one instance", "step", "policy", "vector env (ours)",
                         "mlagents-envs+protobuf", "waiting", "stand-in work", "gRPC+transport"],
@@ -335,10 +342,15 @@ def main() -> None:
               f"(max {max(rss):.1f}), PSS {np.mean(pss):.1f} MB (max {max(pss):.1f}); target "
               "<= 150 MB")
     print()
+    if one:
+        print(f"1 instance: {one['rate']:,.0f} agent-decisions/s (target >= 20,000), "
+              f"{one['rate'] / best[BLOCKING]['rate']:.2f}x its rate with blocking waits")
     for name in ("2 instances", "2 instances, pinned"):
         if one and name in best:
             print(f"{name} vs 1: {best[name]['rate'] / one['rate']:.2f}x "
-                  "(target >= 1.5x on 2 cores)")
+                  f"(target >= 1.5x on 2 cores; vs 1 with blocking waits "
+                  f"{best[name]['rate'] / best[BLOCKING]['rate']:.2f}x: instances on fewer "
+                  "than 2 CPUs each block)")
     if one and base:
         print(f"1 instance vs baseline: {one['rate'] / base['rate']:.2f}x (target >= 1.2x)")
     for name in ("8 instances", "8 instances, pinned"):

@@ -11,7 +11,8 @@ literals, flow control both ways, answers to the peer's SETTINGS and PINGs. Neit
 peer's headers (no HPACK table is kept; the message is the same for every method): the client
 takes a stream that ends after exactly one message as an answer, which is how a gRPC server
 ends an OK unary call, and raises `ExchangeError` on any other ending; the server takes a stream
-that ends after exactly one uncompressed message as a call.
+that ends after exactly one uncompressed message as a call. Both poll their sockets for a while
+before they block, where a CPU is free (`envs.spin_wait`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+
+from envs.spin_wait import SpinWait
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
@@ -248,6 +251,7 @@ class UnaryClient(_Endpoint):
                     raise
                 time.sleep(0.05)
         super().__init__(sock)
+        self._spin = SpinWait()
         self._timed = timeout is not None
         self._next_stream = 1
         self._answer: bytearray | None = None
@@ -265,7 +269,8 @@ class UnaryClient(_Endpoint):
         self._send_message(stream, frame(HEADERS, END_HEADERS, stream, self._headers), request,
                            b"")
         self._answer = bytearray()
-        self._wait()
+        with self._spin.waiting(self._readable):
+            self._wait()
         if self._timed:  # the first answer came: from now on wait as long as the server takes
             self._socket.settimeout(None)
             self._timed = False
@@ -273,6 +278,10 @@ class UnaryClient(_Endpoint):
         if answer is None:
             raise ExchangeError("the call ended without an answer (the server refused it)")
         return answer
+
+    def _readable(self) -> bool:
+        """Whether the socket has something to read now (never waits)."""
+        return bool(select.select([self._socket], [], [], 0)[0])
 
     def _on_stream_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> bool:
         if kind == GOAWAY:
@@ -303,6 +312,7 @@ class UnaryServer:
         self._connections: list[_ServerConnection] = []
         self._calls: deque[tuple[_ServerConnection, int, bytes]] = deque()
         self._taken: tuple[_ServerConnection, int] | None = None
+        self._spin = SpinWait()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -312,7 +322,18 @@ class UnaryServer:
 
     def poll(self, timeout: float | None) -> bool:
         """True once a call is waiting to be received; False after `timeout` seconds without
-        one (None: wait as long as it takes)."""
+        one (None: wait as long as it takes). A wait polls first (`envs.spin_wait`)."""
+        if self._calls or timeout == 0:
+            return self._poll(timeout)
+        with self._spin.waiting(self._readable):
+            return self._poll(timeout)
+
+    def _readable(self) -> bool:
+        """Whether the listener or a connection has something to read now (never waits)."""
+        descriptors = [self._listener.fileno(), *(c.fileno() for c in self._connections)]
+        return bool(select.select(descriptors, [], [], 0)[0])
+
+    def _poll(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._calls:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)

@@ -56,6 +56,7 @@ from envs.instance import (
     StepBuffers,
     UnityInstance,
 )
+from envs.spin_wait import environment_for_instances
 
 ANSWER_MARGIN_S = 30.0
 """Seconds beyond `timeout_wait` (a worker's own limit per Unity exchange) that the caller waits
@@ -102,6 +103,7 @@ class InstanceWorkers:
         self._pose_size = configs[0].pose_size
         self._workers: list[_Worker] = []
         self._memory_fd = _shared_memory_fd()
+        self._environment = environment_for_instances(len(configs))
         self.closed = False
         try:
             for index in range(len(configs)):
@@ -134,7 +136,8 @@ class InstanceWorkers:
             process = subprocess.Popen(
                 [*command, "--instance", str(index), "--channel", str(theirs.fileno()),
                  "--memory", str(self._memory_fd)],
-                pass_fds=(theirs.fileno(), self._memory_fd), stdin=subprocess.DEVNULL)
+                pass_fds=(theirs.fileno(), self._memory_fd), stdin=subprocess.DEVNULL,
+                env=self._environment)
         finally:
             theirs.close()
         poller = select.poll()

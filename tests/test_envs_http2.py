@@ -20,10 +20,22 @@ import numpy as np
 import pytest
 
 from envs.http2 import MAX_STREAM, PREFACE, ExchangeError, UnaryClient, UnaryServer, frame
+from envs.spin_wait import DEFAULT_BUDGET_US, ENVIRONMENT_VARIABLE
 from tests.support.http2 import frames_of, read_frames_until
 from tests.support.processes import free_port
 
 METHOD = "/test.Echo/Exchange"
+
+
+@pytest.fixture(params=["polling", "blocking"])
+def waits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways of waiting (`envs.spin_wait`), for the ends made after it: polling first where
+    this machine allows it, or blocking only (`HUGGY_SPIN_WAIT_US=0`)."""
+    if request.param == "blocking":
+        monkeypatch.setenv(ENVIRONMENT_VARIABLE, "0")
+    else:
+        monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
+    return request.param
 
 
 def _answer(request: bytes) -> bytes:
@@ -70,11 +82,13 @@ def _request(size: int) -> bytes:
     return bytes(range(256)) * (size // 256) + bytes(size % 256)
 
 
-def test_answers_are_the_servers_byte_for_byte_at_every_size(connected: tuple) -> None:
+def test_answers_are_the_servers_byte_for_byte_at_every_size(waits: str, connected: tuple
+                                                             ) -> None:
     """Sizes around HTTP/2's defaults: a 16,384-byte frame, a 65,535-byte window (both ways:
     the request and the reversed answer), and a megabyte; then 300 Huggy-sized calls in a row
     on the same connection (1.8 MB, 28 initial connection windows)."""
     _, client = connected
+    assert client._spin.budget_s == (0.0 if waits == "blocking" else DEFAULT_BUDGET_US / 1e6)
     for size in SIZES:
         assert client.call(_request(size)) == _answer(_request(size)), size
     for k in range(300):
@@ -197,9 +211,12 @@ def served() -> Iterator[_Served]:
         serving.stop()
 
 
-def test_the_server_answers_grpc_byte_for_byte_at_every_size(served: _Served) -> None:
+def test_the_server_answers_grpc_byte_for_byte_at_every_size(waits: str, served: _Served
+                                                             ) -> None:
     """grpc's client gets each answer whole, at the client's sizes both ways, then 300
     Huggy-sized calls on one channel; a second channel (a new connection) is served too."""
+    assert served.server._spin.budget_s == (0.0 if waits == "blocking"
+                                            else DEFAULT_BUDGET_US / 1e6)
     with served.channel() as channel:
         call = channel.unary_unary(METHOD)
         for size in SIZES:

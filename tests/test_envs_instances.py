@@ -20,6 +20,7 @@ import pytest
 import envs
 from envs import HuggyVectorEnv, InstanceError, RolloutInterrupted, rollout, rollout_per_instance
 from envs.instance import instance_seed
+from envs.spin_wait import ENVIRONMENT_VARIABLE
 from envs.standin.sim import ACT_SIZE, OBS_SIZE
 from envs.vector_env import EnvironmentStartError
 from huggy_agent import HuggyAgent
@@ -236,6 +237,14 @@ def test_make_vec_with_instances_and_closing_twice(tmp_path: Path) -> None:
         env.step(env.action_space.sample())
         for pid in pids:  # workers and stand-ins never load torch
             assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text()
+        # 2 instances poll only with 4 CPUs to use, unless the budget is set (envs.spin_wait)
+        expected = os.environ.get(ENVIRONMENT_VARIABLE,
+                                  "0" if len(os.sched_getaffinity(0)) < 4 else None)
+        for pid in pids:
+            variables = dict(entry.partition(b"=")[::2] for entry in
+                             Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if entry)
+            value = variables.get(ENVIRONMENT_VARIABLE.encode())
+            assert (None if value is None else value.decode()) == expected, pid
     finally:
         env.close()
         env.close()
