@@ -44,7 +44,7 @@ def budget_from_environment(environ: Mapping[str, str] = os.environ) -> float:
     text = environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_BUDGET_US / 1e6
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ValueError(f"{ENVIRONMENT_VARIABLE} must be a whole number of microseconds "
                          f"(0 for no polling), got {text!r}")
     return int(text) / 1e6
@@ -57,10 +57,17 @@ def environment_for_instances(instances: int, environ: Mapping[str, str] = os.en
     this process may use fewer than 2 CPUs per instance (`allowed_cpus`, its affinity by
     default) and `environ` does not set the budget itself."""
     if allowed_cpus is None:
-        allowed_cpus = len(os.sched_getaffinity(0))
+        allowed_cpus = _allowed_cpus()
     if ENVIRONMENT_VARIABLE in environ or 2 * instances <= allowed_cpus:
         return dict(environ)
     return {**environ, ENVIRONMENT_VARIABLE: "0"}
+
+
+def _allowed_cpus() -> int:
+    """How many CPUs this process may run on (all of them where affinity is unknown: macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def runnable_tasks_reader() -> Callable[[], int] | None:
@@ -68,8 +75,8 @@ def runnable_tasks_reader() -> Callable[[], int] | None:
     `/proc/loadavg`, this one included); None where that file cannot be read."""
     try:
         descriptor = os.open(_LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
-        os.pread(descriptor, 128, 0).split()[3].partition(b"/")[0].decode()
-    except (OSError, IndexError):
+        int(os.pread(descriptor, 128, 0).split()[3].partition(b"/")[0])
+    except (OSError, IndexError, ValueError):
         return None
 
     def runnable() -> int:
@@ -94,7 +101,7 @@ class SpinWait:
         self._cpus = cpus if cpus is not None else os.cpu_count() or 1
         self._clock = clock
         if allowed_cpus is None:
-            allowed_cpus = len(os.sched_getaffinity(0))
+            allowed_cpus = _allowed_cpus()
         self.enabled = self.budget_s > 0 and self._runnable is not None and allowed_cpus >= 2
         self._last_wait_s = 0.0
         self.polled = self.caught = 0  # waits that polled; of them, those whose poll succeeded

@@ -4,11 +4,13 @@ count, and each rule of `SpinWait` on a clock the test moves (no wall-clock boun
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from envs import spin_wait
+from envs.http2 import UnaryServer
 from envs.spin_wait import (
     DEFAULT_BUDGET_US,
     ENVIRONMENT_VARIABLE,
@@ -61,7 +63,7 @@ def test_the_budget_is_read_in_microseconds(value: str | None, seconds: float) -
     assert budget_from_environment(environ) == seconds
 
 
-@pytest.mark.parametrize("value", ["-5", "1.5", "2ms", "off"])
+@pytest.mark.parametrize("value", ["-5", "1.5", "2ms", "off", "\u00b2"])
 def test_a_budget_that_is_not_whole_microseconds_is_refused_by_name(value: str) -> None:
     with pytest.raises(ValueError, match=rf"{ENVIRONMENT_VARIABLE} must be a whole number of "
                        rf"microseconds \(0 for no polling\), got '{value}'"):
@@ -149,3 +151,18 @@ def test_instances_poll_only_with_two_cpus_each_unless_told(
     result = environment_for_instances(instances, environ, allowed_cpus)
     assert result.get(ENVIRONMENT_VARIABLE) == expected
     assert result["PATH"] == "/bin"
+
+
+def test_without_affinity_or_a_load_count_the_ends_are_made_and_block(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on macOS: no `os.sched_getaffinity`, no `/proc/loadavg`."""
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(spin_wait, "_RUNNABLE", None)
+    assert environment_for_instances(4, {}) == (
+        {} if (os.cpu_count() or 1) >= 8 else {ENVIRONMENT_VARIABLE: "0"})
+    server = UnaryServer("127.0.0.1", 0)
+    try:
+        assert not server._spin.enabled
+        assert not server.poll(0.01)
+    finally:
+        server.close(linger=0.0)
