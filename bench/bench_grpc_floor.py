@@ -158,6 +158,5 @@ def main() -> None:
             server.wait()
 
 
-
 if __name__ == "__main__":
     main()

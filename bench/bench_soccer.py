@@ -84,7 +84,6 @@ def _waiting(env: Any, totals: dict[str, float]) -> None:
         setattr(connection, name, timed)
 
 
-
 def run_loop(env: Any, players: dict[str, Any], seconds: float) -> dict[str, float]:
     """Drive `env` for `seconds` (after a warm-up) with `players` {behavior: player}, each
     given its deciding agents' observations: decisions, finished agents, seconds, and the

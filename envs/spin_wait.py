@@ -75,12 +75,16 @@ def runnable_tasks_reader() -> Callable[[], int] | None:
     `/proc/loadavg`, this one included); None where that file cannot be read."""
     try:
         descriptor = os.open(_LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
-        int(os.pread(descriptor, 128, 0).split()[3].partition(b"/")[0])
-    except (OSError, IndexError, ValueError):
+    except OSError:
         return None
 
     def runnable() -> int:
         return int(os.pread(descriptor, 128, 0).split()[3].partition(b"/")[0])
+    try:
+        runnable()  # a file of another layout is no count
+    except (OSError, IndexError, ValueError):
+        os.close(descriptor)
+        return None
     return runnable
 
 
