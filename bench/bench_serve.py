@@ -2,13 +2,15 @@
 
     .venv/bin/python bench/bench_serve.py                 # 20 s per point, ~12 minutes
     .venv/bin/python bench/bench_serve.py --duration 5    # quicker, noisier
-    .venv/bin/python bench/bench_serve.py --quick         # 1 client, HAProxy: echo vs ours only
+    .venv/bin/python bench/bench_serve.py --quick         # 1 client, HAProxy: echos vs ours only
 
 Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client):
     fastapi        plain FastAPI + uvicorn around the same HuggyAgent, no batching: the ceiling
     echo@proxy     a Serve echo deployment behind Serve's default HTTP proxy
     ours@proxy     our deployment behind the default proxy          (the baseline of "3x")
     echo@haproxy   the echo behind HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)
+    echo+pass@X    the echo plus the policy's forward pass, batched as ours, behind proxy X:
+                   the floor of ours@X (no body read, no actions written)
     ours@haproxy   our deployment behind HAProxy                    (the default of `huggy serve`)
     ours@direct    our replica's own port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1), no proxy
     ours@X-grpc    Serve's gRPC ingress (deploy/serving/grpc_ingress.py) next to proxy X, one
@@ -257,14 +259,55 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
     from starlette.requests import Request
     from starlette.responses import Response
 
+    from deploy.serving.batching import BatchQueue
+    from deploy.serving.replica import warmup_sizes
     from deploy.serving.server import deploy, start_serve, stop_serve
-    from deploy.serving.settings import AppArgs
+    from deploy.serving.settings import AppArgs, BatchSettings
+    from huggy_agent import HuggyAgent
+
+    quiet = {"enable_access_log": False, "log_level": "WARNING"}
 
     @serve.deployment(max_ongoing_requests=512, ray_actor_options={"num_cpus": 1},
-                      logging_config={"enable_access_log": False, "log_level": "WARNING"})
+                      logging_config=quiet)
     class Echo:
         async def __call__(self, request: Request) -> Response:
             return Response(await request.body(), media_type="application/json")
+
+    # no CPU of its own to reserve beside ours and the echo (2 cores): one thread, as theirs
+    @serve.deployment(max_ongoing_requests=512, logging_config=quiet, ray_actor_options={
+        "num_cpus": 0, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}})
+    class EchoPass:
+        """The echo plus the bundled policy's forward pass over fixed observations, one row
+        per request, gathered as our replicas gather them (their batch queue; a request that
+        finds the replica idle runs alone, `compute_action`), without reading the body or
+        writing actions: the least that a deployment running this policy costs."""
+
+        def __init__(self) -> None:
+            settings = BatchSettings()
+            self.agent = HuggyAgent.from_checkpoint(None, device="cpu", engine="auto")
+            self.agent.warmup(warmup_sizes(settings.max_batch_size))
+            self.rows = np.random.default_rng(0).standard_normal(
+                (settings.max_batch_size, *self.agent.spec.inputs[0].shape)).astype(np.float32)
+            self.queue: BatchQueue[bytes, bytes] = BatchQueue(self._run, lambda _: 1,
+                                                              settings.max_batch_size)
+            self.in_flight = 0
+
+        async def _run(self, bodies: list[bytes]) -> list[bytes]:
+            self.agent.distribution(self.rows[:len(bodies)])
+            return bodies
+
+        async def __call__(self, request: Request) -> Response:
+            self.in_flight += 1
+            try:
+                body = await request.body()
+                if self.in_flight == 1:
+                    await asyncio.sleep(0)  # as our replica: requests arriving with it join
+                    if self.in_flight == 1:
+                        self.agent.compute_action(self.rows[0], True)
+                        return Response(body, media_type="application/json")
+                return Response(await self.queue.submit(body), media_type="application/json")
+            finally:
+                self.in_flight -= 1
 
     direct_port = port + 1
     extra = dict(args.env)
@@ -279,15 +322,19 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
                timeout_s=120)
         base = f"http://127.0.0.1:{direct_port if ingress == 'direct' else port}"
         wait_http(f"{base}/v1/act")
-        echo = f"http://127.0.0.1:{port}/echo"
+        echo, echo_pass = f"http://127.0.0.1:{port}/echo", f"http://127.0.0.1:{port}/echo-pass"
         if ingress != "direct":
             serve.run(Echo.bind(), name="echo", route_prefix="/echo")
+            serve.run(EchoPass.bind(), name="echo-pass", route_prefix="/echo-pass")
             wait_http(echo)
+            wait_http(echo_pass)
         for _ in range(args.rounds):
             for rows in args.rows:
                 for clients in args.clients:
                     if rows == 1 and ingress != "direct":  # back to back with ours: same load
                         points.append(measure(f"echo@{ingress}", echo, 1, clients,
+                                              args.duration, None))
+                        points.append(measure(f"echo+pass@{ingress}", echo_pass, 1, clients,
                                               args.duration, None))
                     points.append(measure(series_name(f"ours@{ingress}", rows),
                                           f"{base}/v1/act", rows, clients, args.duration,
@@ -508,7 +555,11 @@ def summary(points: list[Point]) -> list[str]:
 
         ratios = [("ours@haproxy / ours@proxy", "ours@haproxy", "ours@proxy"),
                   ("ours@haproxy / echo@haproxy", "ours@haproxy", "echo@haproxy"),
+                  ("echo+pass@haproxy / echo@haproxy", "echo+pass@haproxy", "echo@haproxy"),
+                  ("ours@haproxy / echo+pass@haproxy", "ours@haproxy", "echo+pass@haproxy"),
                   ("ours@proxy / echo@proxy", "ours@proxy", "echo@proxy"),
+                  ("echo+pass@proxy / echo@proxy", "echo+pass@proxy", "echo@proxy"),
+                  ("ours@proxy / echo+pass@proxy", "ours@proxy", "echo+pass@proxy"),
                   ("ours@haproxy / fastapi", "ours@haproxy", "fastapi"),
                   ("ours@direct / ours@haproxy", "ours@direct", "ours@haproxy"),
                   ("ours@haproxy-grpc / ours@haproxy", "ours@haproxy-grpc", "ours@haproxy"),
@@ -516,7 +567,7 @@ def summary(points: list[Point]) -> list[str]:
         for label, top, bottom in ratios:
             a, b = rps(top), rps(bottom)
             if a and b:
-                lines.append(f"{clients:>3} clients  {label:<30} {a / b:6.2f}x")
+                lines.append(f"{clients:>3} clients  {label:<34} {a / b:6.2f}x")
         for series in ("proxy", "haproxy"):
             ours_points = [p for p in points if (p.series, p.clients) == (f"ours@{series}", clients)]
             echo_points = [p for p in points if (p.series, p.clients) == (f"echo@{series}", clients)]
@@ -552,7 +603,7 @@ def main() -> int:
                              "RAY_SERVE_HAPROXY_NBTHREAD=1")
     parser.add_argument("--out", type=Path, default=None, help="write the points as JSON here")
     parser.add_argument("--quick", action="store_true",
-                        help="only echo vs ours behind HAProxy, 1 client, 1 observation per "
+                        help="only the echos vs ours behind HAProxy, 1 client, 1 observation per "
                              "request (the latency target), alternating --rounds times")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --quick: echo/ours measurement pairs; with models: "
