@@ -36,8 +36,15 @@ FMA_LOOP = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-typedef float vec __attribute__((vector_size(64)));  /* 16 floats: one or more registers */
-enum { ACCUMULATORS = 12, LANES = 16 };
+#if defined(__AVX512F__)
+#define VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define VECTOR_BYTES 32
+#else
+#define VECTOR_BYTES 16
+#endif
+typedef float vec __attribute__((vector_size(VECTOR_BYTES)));  /* one register */
+enum { ACCUMULATORS = 12, LANES = VECTOR_BYTES / 4 };
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -60,9 +67,12 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-"""Twelve independent accumulator chains: enough to cover the multiply-add latency of every
-current core (4 cycles x 2 pipes on Zen 4 and Golden Cove, fewer on Arm's); the sum is printed
-so that the loop cannot be optimized away."""
+"""Twelve independent accumulator chains, each one register of the widest vectors the target
+has (AVX-512, AVX or 128-bit): enough to cover the multiply-add latency of every current core (4
+to 5 cycles x 2 pipes on Zen 2 to Zen 4 and Golden Cove, fewer on Arm's), and with `x` and `y`
+within the 16 registers of AVX2 (a 64-byte vector there takes two registers a chain, and the
+chains spill to memory: a tenth of the peak). The sum is printed so that the loop cannot be
+optimized away."""
 
 
 def build_fma_loop(folder: Path) -> Path:
