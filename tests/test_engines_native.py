@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from huggy_agent import HuggyAgent
+from huggy_agent import HuggyAgent, noise
 from huggy_agent.engines import native_fits
 from huggy_agent.engines.native import NativeEngine
 from huggy_agent.native import KERNELS, mlp_kernels
@@ -200,14 +200,19 @@ def test_a_kernel_this_cpu_lacks_is_refused() -> None:
 # --- the compiled noise -------------------------------------------------------------------------
 
 def test_compiled_noise_is_numpys_bit_for_bit() -> None:
-    """Random seeds, offsets near 2**64 (rows wrap around), shapes from one value to thousands."""
+    """Random seeds, offsets near 2**64 (rows wrap around), shapes from one value to thousands
+    (the kernel works in blocks of 256 values: whole blocks and a last partial one), the kernel
+    itself called (`gaussian_noise` would fall back to numpy if the probe at import failed)."""
+    assert noise._COMPILED is KERNELS  # the probe at import found the kernel exact
     rng = np.random.default_rng(21)
-    shapes = [(1, 1), (1, 21), (3, 7), (17, 5), (200, 21), (1, 4096)]
-    for index in range(60):
+    shapes = [(1, 1), (1, 21), (3, 7), (17, 5), (200, 21), (1, 4096), (1, 256), (257, 1)]
+    for index in range(64):
         seed = int(rng.integers(2**64, dtype=np.uint64))
         row_offset = int(rng.integers(2**64, dtype=np.uint64)) if index % 2 else index
         rows, cols = shapes[index % len(shapes)]
-        np.testing.assert_array_equal(gaussian_noise(seed, rows, cols, row_offset).view(np.uint32),
+        compiled = np.empty((rows, cols), dtype=np.float32)
+        KERNELS.gaussian_noise(seed, row_offset, rows, cols, noise._CONSTANTS, compiled)
+        np.testing.assert_array_equal(compiled.view(np.uint32),
                                       _numpy_gaussian_noise(seed, rows, cols, row_offset)
                                       .view(np.uint32))
         np.testing.assert_array_equal(uniform_noise(seed, rows, cols, row_offset).view(np.uint64),
