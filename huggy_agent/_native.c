@@ -124,15 +124,24 @@ __attribute__((target("avx2"))) static void box_muller_block_avx2(
 }
 #endif
 
-static void box_muller_block(const double *a, const double *b, float *out, int count,
-                             const double *k) {
+typedef void (*BoxMullerBlock)(const double *, const double *, float *, int, const double *);
+
+/* The block function of the noise kernel named `kernel` ("avx2" or "generic"; NULL: the fastest
+ * this CPU runs); NULL with ValueError for a kernel this CPU cannot run. */
+static BoxMullerBlock box_muller_kernel(const char *kernel) {
 #ifdef HUGGY_X86
-    if (__builtin_cpu_supports("avx2")) {
-        box_muller_block_avx2(a, b, out, count, k);
-        return;
-    }
+    int avx2 = __builtin_cpu_supports("avx2");
+#else
+    int avx2 = 0;
 #endif
-    box_muller_block_generic(a, b, out, count, k);
+    if (kernel == NULL) kernel = avx2 ? "avx2" : "generic";
+    if (strcmp(kernel, "generic") == 0) return box_muller_block_generic;
+#ifdef HUGGY_X86
+    if (strcmp(kernel, "avx2") == 0 && avx2) return box_muller_block_avx2;
+#endif
+    PyErr_Format(PyExc_ValueError, "noise kernel '%s' does not run on this CPU; expected "
+                 "'generic'%s", kernel, avx2 ? " or 'avx2'" : "");
+    return NULL;
 }
 
 static int get_buffer(PyObject *object, Py_buffer *view, int writable, const char *format,
@@ -185,11 +194,20 @@ static int parse_stream(const char *name, PyObject *const *args, Py_ssize_t narg
     return 0;
 }
 
-/* gaussian_noise(seed, row_offset, rows, cols, constants, out): fills out, float32 (rows, cols). */
+/* gaussian_noise(seed, row_offset, rows, cols, constants, out[, kernel]): fills out, float32
+ * (rows, cols); kernel: "avx2" or "generic" (default: the fastest this CPU runs), the same bits. */
 static PyObject *gaussian_noise(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     uint64_t seed, row_offset;
     Py_ssize_t rows, cols;
+    const char *kernel = NULL;
+    if (nargs == 7) {
+        kernel = PyUnicode_AsUTF8(args[6]);
+        if (kernel == NULL) return NULL;
+        nargs = 6;
+    }
+    BoxMullerBlock box_muller_block = box_muller_kernel(kernel);
+    if (box_muller_block == NULL) return NULL;
     if (parse_stream("gaussian_noise", args, nargs, 6, &seed, &row_offset, &rows, &cols) < 0)
         return NULL;
     Py_buffer constants, out;

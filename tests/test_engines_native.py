@@ -199,10 +199,12 @@ def test_a_kernel_this_cpu_lacks_is_refused() -> None:
 
 # --- the compiled noise -------------------------------------------------------------------------
 
-def test_compiled_noise_is_numpys_bit_for_bit() -> None:
+@pytest.mark.parametrize("kernel", mlp_kernels())
+def test_compiled_noise_is_numpys_bit_for_bit(kernel: str) -> None:
     """Random seeds, offsets near 2**64 (rows wrap around), shapes from one value to thousands
-    (the kernel works in blocks of 256 values: whole blocks and a last partial one), the kernel
-    itself called (`gaussian_noise` would fall back to numpy if the probe at import failed)."""
+    (the kernel works in blocks of 256 values: whole blocks and a last partial one), each noise
+    kernel this CPU runs called itself (`gaussian_noise` would fall back to numpy if the probe
+    at import failed)."""
     assert noise._COMPILED is KERNELS  # the probe at import found the kernel exact
     rng = np.random.default_rng(21)
     shapes = [(1, 1), (1, 21), (3, 7), (17, 5), (200, 21), (1, 4096), (1, 256), (257, 1)]
@@ -211,7 +213,7 @@ def test_compiled_noise_is_numpys_bit_for_bit() -> None:
         row_offset = int(rng.integers(2**64, dtype=np.uint64)) if index % 2 else index
         rows, cols = shapes[index % len(shapes)]
         compiled = np.empty((rows, cols), dtype=np.float32)
-        KERNELS.gaussian_noise(seed, row_offset, rows, cols, noise._CONSTANTS, compiled)
+        KERNELS.gaussian_noise(seed, row_offset, rows, cols, noise._CONSTANTS, compiled, kernel)
         np.testing.assert_array_equal(compiled.view(np.uint32),
                                       _numpy_gaussian_noise(seed, rows, cols, row_offset)
                                       .view(np.uint32))
@@ -226,6 +228,13 @@ def test_numpy_noise_keeps_the_recorded_bits() -> None:
 
     for (seed, row), bits in RECORDED_NOISE_BITS.items():
         assert _numpy_gaussian_noise(seed, 1, 4, row).view(np.uint32)[0].tolist() == bits
+
+
+def test_a_noise_kernel_this_cpu_lacks_is_refused() -> None:
+    out = np.empty((1, 4), dtype=np.float32)
+    with pytest.raises(ValueError, match="noise kernel 'avx512' does not run on this CPU; "
+                       "expected 'generic'"):
+        KERNELS.gaussian_noise(1, 0, 1, 4, noise._CONSTANTS, out, "avx512")
 
 
 def test_compiled_noise_takes_numpy_integers_and_refuses_negative_offsets() -> None:
