@@ -273,14 +273,15 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
         async def __call__(self, request: Request) -> Response:
             return Response(await request.body(), media_type="application/json")
 
-    # no CPU of its own to reserve beside ours and the echo (2 cores): one thread, as theirs
+    # num_cpus 0: ours and the echo reserve both CPUs of a 2-core machine; one thread, as theirs
     @serve.deployment(max_ongoing_requests=512, logging_config=quiet, ray_actor_options={
         "num_cpus": 0, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}})
     class EchoPass:
         """The echo plus the bundled policy's forward pass over fixed observations, one row
         per request, gathered as our replicas gather them (their batch queue; a request that
-        finds the replica idle runs alone, `compute_action`), without reading the body or
-        writing actions: the least that a deployment running this policy costs."""
+        finds the replica idle runs alone, `compute_action` on one row without a batch axis, the
+        agent's cheapest path), without reading the body or writing actions: the least that a
+        deployment running this policy costs."""
 
         def __init__(self) -> None:
             settings = BatchSettings()
