@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -522,6 +523,22 @@ def test_app_arguments_are_refused_in_plain_words() -> None:
 @pytest.mark.parametrize("raw", [case[1] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
 def test_the_one_pass_reader_leaves_every_refused_body_to_the_full_checks(raw: bytes) -> None:
     assert plain_one_row(raw, SPEC) is None
+
+
+def test_the_one_pass_reader_leaves_a_value_beyond_float32_anywhere_in_the_row() -> None:
+    # 2**128 - 2**103 is the least magnitude that rounds to infinity in float32 (halfway past
+    # its largest); the largest float32 beside it keeps the other values as big as they come.
+    largest = repr(float(np.finfo(np.float32).max))
+    for column in range(OBS):
+        for overflow in (2.0**128 - 2.0**103, -(2.0**128 - 2.0**103)):
+            numbers = [largest] * OBS
+            numbers[column] = repr(overflow)
+            text = f'{{"obs": [{", ".join(numbers)}]}}'.encode()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # numpy's overflow in the cast
+                assert plain_one_row(text, SPEC) is None, column
+    accepted = plain_one_row(f'{{"obs": [{", ".join([largest] * OBS)}]}}'.encode(), SPEC)
+    assert accepted is not None and (accepted.obs == np.finfo(np.float32).max).all()
 
 
 def test_the_one_pass_reader_reads_the_common_body_as_the_full_checks_do() -> None:

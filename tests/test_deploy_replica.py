@@ -117,3 +117,39 @@ def test_a_request_whose_heads_fail_is_answered_alone(replica: Any,
         assert status == 200
         got = np.asarray(answer["continuous"], np.float32)
         assert np.abs(got - expected(agent, document)).max() <= FP32_ACTION_ATOL
+
+
+def chunked_request(chunks: list[bytes], declared: int | None = None) -> Request:
+    """A POST /v1/act whose body arrives in `chunks` (one ASGI message each), with a
+    Content-Length of `declared` or none (as a chunked transfer)."""
+    messages = [{"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
+                for index, chunk in enumerate(chunks)]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    headers = [(b"content-type", b"application/json")]
+    if declared is not None:
+        headers.append((b"content-length", str(declared).encode()))
+    return Request({"type": "http", "method": "POST", "path": "/v1/act", "root_path": "",
+                    "query_string": b"", "headers": headers}, receive)
+
+
+def test_a_body_in_several_messages_is_read_whole_and_bounded_as_it_arrives(
+        replica: Any) -> None:
+    agent = HuggyAgent(device="cpu")
+    body = json.dumps(DOCUMENTS[1]).encode()
+    pieces = [body[:1], body[1:100], b"", body[100:]]
+    response = asyncio.run(replica(chunked_request(pieces)))
+    assert response.status_code == 200
+    got = np.asarray(json.loads(response.body)["continuous"], np.float32)
+    assert np.abs(got - expected(agent, DOCUMENTS[1])).max() <= FP32_ACTION_ATOL
+    # No Content-Length: the limit is checked on what arrives, one byte past it refused.
+    limit = replica.settings.max_body_bytes
+    for declared in (None, limit):
+        response = asyncio.run(replica(chunked_request([b" " * limit, b" "], declared)))
+        assert response.status_code == 413, declared
+        assert json.loads(response.body)["error"] == "body_too_large"
+    # A declared length over the limit is refused before the body is read.
+    response = asyncio.run(replica(chunked_request([], limit + 1)))
+    assert (response.status_code, json.loads(response.body)["error"]) == (413, "body_too_large")

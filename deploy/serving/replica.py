@@ -50,7 +50,7 @@ import ray
 from ray import serve
 from ray.serve.grpc_util import RayServegRPCContext
 from ray.serve.metrics import Counter, Histogram
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from deploy.serving.batching import BatchQueue
@@ -428,8 +428,13 @@ class HuggyPolicyDeployment:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, "body_too_large", f"request body is {declared} bytes, the limit "
                            f"is {limit} bytes; send fewer rows per request")
-        chunks, size = [], 0
-        async for chunk in request.stream():
+        chunks, size, more = [], 0, True
+        while more:  # the ASGI messages themselves: starlette's `stream` without its generator
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
             size += len(chunk)
             if size > limit:
                 raise ApiError(413, "body_too_large", f"request body exceeds the limit of {limit} "
