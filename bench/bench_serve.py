@@ -255,15 +255,13 @@ def series_name(base: str, rows: int) -> str:
 
 
 def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port: int) -> None:
+    from echo_pass import EchoPass
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from deploy.serving.batching import BatchQueue
-    from deploy.serving.replica import warmup_sizes
     from deploy.serving.server import deploy, start_serve, stop_serve
-    from deploy.serving.settings import AppArgs, BatchSettings
-    from huggy_agent import HuggyAgent
+    from deploy.serving.settings import AppArgs
 
     quiet = {"enable_access_log": False, "log_level": "WARNING"}
 
@@ -274,41 +272,9 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
             return Response(await request.body(), media_type="application/json")
 
     # num_cpus 0: ours and the echo reserve both CPUs of a 2-core machine; one thread, as theirs
-    @serve.deployment(max_ongoing_requests=512, logging_config=quiet, ray_actor_options={
-        "num_cpus": 0, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}})
-    class EchoPass:
-        """The echo plus the bundled policy's forward pass over fixed observations, one row
-        per request, gathered as our replicas gather them (their batch queue; a request that
-        finds the replica idle runs alone, `compute_action` on one row without a batch axis, the
-        agent's cheapest path), without reading the body or writing actions: the least that a
-        deployment running this policy costs."""
-
-        def __init__(self) -> None:
-            settings = BatchSettings()
-            self.agent = HuggyAgent.from_checkpoint(None, device="cpu", engine="auto")
-            self.agent.warmup(warmup_sizes(settings.max_batch_size))
-            self.rows = np.random.default_rng(0).standard_normal(
-                (settings.max_batch_size, *self.agent.spec.inputs[0].shape)).astype(np.float32)
-            self.queue: BatchQueue[bytes, bytes] = BatchQueue(self._run, lambda _: 1,
-                                                              settings.max_batch_size)
-            self.in_flight = 0
-
-        async def _run(self, bodies: list[bytes]) -> list[bytes]:
-            self.agent.distribution(self.rows[:len(bodies)])
-            return bodies
-
-        async def __call__(self, request: Request) -> Response:
-            self.in_flight += 1
-            try:
-                body = await request.body()
-                if self.in_flight == 1:
-                    await asyncio.sleep(0)  # as our replica: requests arriving with it join
-                    if self.in_flight == 1:
-                        self.agent.compute_action(self.rows[0], True)
-                        return Response(body, media_type="application/json")
-                return Response(await self.queue.submit(body), media_type="application/json")
-            finally:
-                self.in_flight -= 1
+    echo_pass_deployment = serve.deployment(
+        EchoPass, max_ongoing_requests=512, logging_config=quiet,
+        ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}})
 
     direct_port = port + 1
     extra = dict(args.env)
@@ -326,7 +292,7 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
         echo, echo_pass = f"http://127.0.0.1:{port}/echo", f"http://127.0.0.1:{port}/echo-pass"
         if ingress != "direct":
             serve.run(Echo.bind(), name="echo", route_prefix="/echo")
-            serve.run(EchoPass.bind(), name="echo-pass", route_prefix="/echo-pass")
+            serve.run(echo_pass_deployment.bind(), name="echo-pass", route_prefix="/echo-pass")
             wait_http(echo)
             wait_http(echo_pass)
         for _ in range(args.rounds):
