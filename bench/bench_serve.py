@@ -271,7 +271,9 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
         async def __call__(self, request: Request) -> Response:
             return Response(await request.body(), media_type="application/json")
 
-    # num_cpus 0: ours and the echo reserve both CPUs of a 2-core machine; one thread, as theirs
+    # num_cpus 0: ours and the echo reserve both CPUs of a 2-core machine; one thread, as theirs.
+    # Its replicas import echo_pass from bench/: Ray puts the driver's script directory on its
+    # workers' paths.
     echo_pass_deployment = serve.deployment(
         EchoPass, max_ongoing_requests=512, logging_config=quiet,
         ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}})
