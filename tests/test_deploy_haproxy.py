@@ -83,11 +83,11 @@ listen stats
 
 
 def ray_config(tmp_path: Path, port: int = 18000, replica: int = 30000, fallback: int = 8500,
-               host: str = "127.0.0.1") -> str:
+               host: str = "127.0.0.1", metrics: int = 18001, stats: int = 18002) -> str:
     ray_page = tmp_path / "500.http"
     ray_page.write_bytes(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
     return RAY_CONFIG.format(ray_page=ray_page, port=port, replica=replica, fallback=fallback,
-                             host=host, metrics=port + 1, stats=port + 2)
+                             host=host, metrics=metrics, stats=stats)
 
 
 @pytest.fixture
@@ -200,8 +200,8 @@ def haproxy_without_replica(tmp_path: Path, page: Path) -> Iterator[str]:
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     port = free_port()
     config = tmp_path / "haproxy.cfg"
-    config.write_text(patch_config(ray_config(tmp_path, port, free_port(),
-                                              proxy.server_address[1]), page))
+    config.write_text(patch_config(ray_config(tmp_path, port, free_port(), proxy.server_address[1],
+                                              metrics=free_port(), stats=free_port()), page))
     haproxy = subprocess.Popen([real_binary(), "-db", "-f", str(config)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -32,7 +32,7 @@ from tests.support.envs import (
     wait_until_gone,
 )
 from tests.support.fixtures import REPO_ROOT
-from tests.support.processes import free_port
+from tests.support.processes import free_port, free_port_with_the_next_held
 
 pytestmark = pytest.mark.standin  # every test here starts the stand-in
 
@@ -56,14 +56,20 @@ def test_slots_are_stable_and_actions_reach_their_agent(tmp_path: Path, instance
     before and after episodes end (Unity's agent order changes then)."""
     n, cap = 4, 7
     rng = np.random.default_rng(instances)
-    with HuggyVectorEnv(**env_kwargs(tmp_path, num_agents=n, max_steps=cap,
-                                     env_parameters=ECHO, instances=instances)) as env:
+    # Instance i of K tries worker ids i, i + K, i + 2K, ...: the first whose port is free.
+    # The test holds instance 1's first port, so that one moves on (a port another program
+    # holds may move any instance too).
+    with free_port_with_the_next_held() as base, HuggyVectorEnv(**env_kwargs(
+            tmp_path, base_port=base, num_agents=n, max_steps=cap, env_parameters=ECHO,
+            instances=instances)) as env:
         assert env.num_envs == n * instances and env.instances == instances
         assert env.instance_slices == tuple(slice(i * n, (i + 1) * n) for i in range(instances))
         assert env.observation_space.shape == (n * instances, OBS_SIZE)
         assert env.action_space.shape == (n * instances, ACT_SIZE)
         assert len(set(env.ports)) == len(set(env.worker_ids)) == instances
-        assert env.ports == tuple(env.port + i for i in range(instances))
+        assert env.ports == tuple(base + w for w in env.worker_ids)
+        assert [w % instances for w in env.worker_ids] == list(range(instances))
+        assert env.worker_ids[1] >= 1 + instances
         assert len(set(_all_pids(env))) == 2 * instances
         instance_of = np.repeat(np.arange(instances), n)
         port_of = np.array(env.ports, dtype=np.float32)[instance_of]

@@ -74,6 +74,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def free_port_with_the_next_held() -> Iterator[int]:
+    """A port P on 127.0.0.1 that nothing listens on, while this context listens on P + 1."""
+    while True:
+        port = free_port()
+        with socket.socket() as held:
+            try:
+                held.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            held.listen()
+            yield port
+            return
+
+
 def port_open(port: int) -> bool:
     """Whether something accepts connections on 127.0.0.1:`port`."""
     with socket.socket() as sock:
