@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import asdict
 from typing import Any
 
@@ -119,10 +120,13 @@ def test_a_request_whose_heads_fail_is_answered_alone(replica: Any,
         assert np.abs(got - expected(agent, document)).max() <= FP32_ACTION_ATOL
 
 
-def chunked_request(chunks: list[bytes], declared: int | None = None) -> Request:
+def chunked_request(chunks: list[bytes], declared: int | None = None,
+                    then_leave: bool = False) -> Request:
     """A POST /v1/act whose body arrives in `chunks` (one ASGI message each), with a
-    Content-Length of `declared` or none (as a chunked transfer)."""
-    messages = [{"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
+    Content-Length of `declared` or none (as a chunked transfer); `then_leave`: the client
+    disconnects after them, more of the body still announced."""
+    messages = [{"type": "http.request", "body": chunk,
+                 "more_body": then_leave or index < len(chunks) - 1}
                 for index, chunk in enumerate(chunks)]
 
     async def receive() -> dict[str, Any]:
@@ -153,3 +157,17 @@ def test_a_body_in_several_messages_is_read_whole_and_bounded_as_it_arrives(
     # A declared length over the limit is refused before the body is read.
     response = asyncio.run(replica(chunked_request([], limit + 1)))
     assert (response.status_code, json.loads(response.body)["error"]) == (413, "body_too_large")
+
+
+def test_a_client_that_leaves_before_its_body_arrives_is_counted_not_logged_as_a_failure(
+        replica: Any, caplog: pytest.LogCaptureFixture) -> None:
+    body = json.dumps(DOCUMENTS[0]).encode()
+    with caplog.at_level(logging.WARNING):
+        response = asyncio.run(replica(chunked_request([body[:40]], len(body), then_leave=True)))
+    assert response.status_code == 499
+    assert replica.counters["disconnected"] == 1
+    assert not caplog.records
+    # It served on: the next request is answered as compute_action answers it.
+    response = asyncio.run(replica(request(DOCUMENTS[0])))
+    got = np.asarray(json.loads(response.body)["continuous"], np.float32)
+    assert np.abs(got - expected(HuggyAgent(device="cpu"), DOCUMENTS[0])).max() <= FP32_ACTION_ATOL

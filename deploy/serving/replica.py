@@ -94,6 +94,9 @@ GRPC_GRACE_S = 4.0
 the deployment's `graceful_shutdown_timeout_s`)."""
 METRICS_REPORT_PASSES = 256
 """Forward passes whose metrics are handed to Ray together (see `_report_metrics`)."""
+CLIENT_CLOSED_REQUEST = 499
+"""The status of a request whose client left before sending its body (nginx's name for it): it
+is counted, not logged as a failure."""
 logger = logging.getLogger("ray.serve")
 
 
@@ -189,7 +192,7 @@ class HuggyPolicyDeployment:
         self.started = time.time()
         self.counters = {"requests": 0, "requests_alone": 0, "rejected": 0, "forward_passes": 0,
                          "rows": 0, "largest_batch_requests": 0, "largest_batch_rows": 0,
-                         "policy_loads": 0}
+                         "policy_loads": 0, "disconnected": 0}
         self.policy_requests: dict[str, int] = {}
         self._batch_requests = Histogram(
             "huggy_batch_requests", description="Requests served per forward pass",
@@ -311,6 +314,9 @@ class HuggyPolicyDeployment:
             self.counters["rejected"] += 1
             return Response(error.body(), status_code=error.status, media_type=JSON,
                             headers=error.headers)
+        except ClientDisconnect:  # the client left before its body arrived: no one to answer
+            self.counters["disconnected"] += 1
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as error:  # answered as JSON; the replica serves on
             logger.exception("request %s %s failed", request.method, path)
             return Response(internal_error(error).body(), status_code=500, media_type=JSON)
