@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -481,6 +483,38 @@ def test_hostile_bodies_over_http_get_their_4xx_and_the_server_stays_healthy(
         np.testing.assert_allclose(np.asarray(good.json()["actions"], dtype=np.float32),
                                    HuggyAgent(device="cpu").compute_action(obs), rtol=0,
                                    atol=FP32_ACTION_ATOL)
+
+
+def test_clients_that_leave_mid_body_over_http_are_counted_and_the_server_serves_on(
+        served_url: str) -> None:
+    """Each client sends half its declared body and closes: the replica counts each one as
+    disconnected (none as a request or a rejection) and answers the next request. The client
+    waits for `100 Continue`, which uvicorn sends when the replica first reads the body, so
+    that the replica has its request before the client leaves."""
+    host, port = served_url.removeprefix("http://").split(":")
+    info = f"{served_url}/v1/info"
+    before = requests.get(info, timeout=30).json()["counters"]
+    half = body({"obs": [0.5] * OBS})[:200]
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=30) as client:
+            client.sendall(b"POST /v1/act HTTP/1.1\r\nHost: test\r\nContent-Type: application/json"
+                           b"\r\nContent-Length: 2000\r\nExpect: 100-continue\r\n\r\n")
+            assert client.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n")
+            client.sendall(half)
+            client.shutdown(socket.SHUT_WR)
+            while client.recv(4096):  # until the server side closes too
+                pass
+    deadline = time.monotonic() + 60
+    while (after := requests.get(info, timeout=30).json()["counters"])["disconnected"] < (
+            before["disconnected"] + 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert after["disconnected"] - before["disconnected"] == 3
+    assert (after["requests"], after["rejected"]) == (before["requests"], before["rejected"])
+    obs = np.zeros(OBS, np.float32)
+    good = requests.post(f"{served_url}/v1/act", data=body({"obs": obs.tolist()}), timeout=30)
+    np.testing.assert_allclose(np.asarray(good.json()["actions"], np.float32),
+                               HuggyAgent(device="cpu").compute_action(obs), rtol=0,
+                               atol=FP32_ACTION_ATOL)
 
 
 def test_banner_names_who_answers_v1_act() -> None:
