@@ -695,6 +695,17 @@ static PyObject *kernels(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(s)", "generic");
 }
 
+/* noise_kernels() -> tuple[str, ...]: the noise kernels this CPU runs, fastest first (the
+ * noise's avx2 kernel needs AVX2 only: it never fuses a multiply-add). */
+static PyObject *noise_kernels(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+#ifdef HUGGY_X86
+    if (__builtin_cpu_supports("avx2")) return Py_BuildValue("(ss)", "avx2", "generic");
+#endif
+    return Py_BuildValue("(s)", "generic");
+}
+
 static PyMethodDef methods[] = {
     {"gaussian_noise", (PyCFunction)(void (*)(void))gaussian_noise, METH_FASTCALL, NULL},
     {"uniform_noise", (PyCFunction)(void (*)(void))uniform_noise, METH_FASTCALL, NULL},
@@ -703,6 +714,7 @@ static PyMethodDef methods[] = {
     {"mlp_forward", (PyCFunction)(void (*)(void))mlp_forward, METH_FASTCALL, NULL},
     {"mlp_kernel", mlp_kernel, METH_O, NULL},
     {"kernels", kernels, METH_NOARGS, NULL},
+    {"noise_kernels", noise_kernels, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

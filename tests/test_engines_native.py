@@ -17,7 +17,7 @@ import torch
 from huggy_agent import HuggyAgent, noise
 from huggy_agent.engines import native_fits
 from huggy_agent.engines.native import NativeEngine
-from huggy_agent.native import KERNELS, mlp_kernels
+from huggy_agent.native import KERNELS, mlp_kernels, noise_kernels
 from huggy_agent.noise import (
     _numpy_gaussian_noise,
     _numpy_uniform_noise,
@@ -199,7 +199,7 @@ def test_a_kernel_this_cpu_lacks_is_refused() -> None:
 
 # --- the compiled noise -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kernel", mlp_kernels())
+@pytest.mark.parametrize("kernel", noise_kernels())
 def test_compiled_noise_is_numpys_bit_for_bit(kernel: str) -> None:
     """Random seeds, offsets near 2**64 (rows wrap around), shapes from one value to thousands
     (the kernel works in blocks of 256 values: whole blocks and a last partial one), each noise
@@ -228,6 +228,24 @@ def test_numpy_noise_keeps_the_recorded_bits() -> None:
 
     for (seed, row), bits in RECORDED_NOISE_BITS.items():
         assert _numpy_gaussian_noise(seed, 1, 4, row).view(np.uint32)[0].tolist() == bits
+
+
+def _linux_cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them on x86 ("flags"); on Arm the "Features"
+    line names none of the x86 kernels' features."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from (not Linux)")
+    lines = [line for line in text.splitlines() if line.startswith(("flags", "Features"))]
+    return set(lines[0].split(":", 1)[1].split()) if lines else set()
+
+
+def test_the_kernel_lists_follow_the_cpus_flags() -> None:
+    """The noise's avx2 kernel needs AVX2 only; the MLP's needs AVX2 and FMA."""
+    flags = _linux_cpu_flags()
+    assert noise_kernels() == (("avx2", "generic") if "avx2" in flags else ("generic",))
+    assert mlp_kernels() == (("avx2", "generic") if {"avx2", "fma"} <= flags else ("generic",))
 
 
 def test_a_noise_kernel_this_cpu_lacks_is_refused() -> None:
