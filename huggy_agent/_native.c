@@ -35,6 +35,24 @@
 #include <immintrin.h>
 #endif
 
+/* Whether this CPU runs the avx2 kernels: the noise's needs AVX2 only (it never fuses a
+ * multiply-add), the MLP's AVX2 and FMA. */
+static int runs_avx2_noise(void) {
+#ifdef HUGGY_X86
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+static int runs_avx2_mlp(void) {
+#ifdef HUGGY_X86
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Noise
  * ------------------------------------------------------------------------------------------- */
@@ -129,11 +147,7 @@ typedef void (*BoxMullerBlock)(const double *, const double *, float *, int, con
 /* The block function of the noise kernel named `kernel` ("avx2" or "generic"; NULL: the fastest
  * this CPU runs); NULL with ValueError for a kernel this CPU cannot run. */
 static BoxMullerBlock box_muller_kernel(const char *kernel) {
-#ifdef HUGGY_X86
-    int avx2 = __builtin_cpu_supports("avx2");
-#else
-    int avx2 = 0;
-#endif
+    int avx2 = runs_avx2_noise();
     if (kernel == NULL) kernel = avx2 ? "avx2" : "generic";
     if (strcmp(kernel, "generic") == 0) return box_muller_block_generic;
 #ifdef HUGGY_X86
@@ -483,8 +497,7 @@ static PyObject *mlp_plan(PyObject *self, PyObject *const *args, Py_ssize_t narg
         plan->silu = silu_generic;
         plan->kernel = "generic";
 #ifdef HUGGY_X86
-    } else if (strcmp(kernel, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma")) {
+    } else if (strcmp(kernel, "avx2") == 0 && runs_avx2_mlp()) {
         plan->gemv = gemv_avx2;
         plan->silu = silu_avx2;
         plan->kernel = "avx2";
@@ -688,21 +701,15 @@ static PyObject *mlp_kernel(PyObject *self, PyObject *capsule) {
 static PyObject *kernels(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-#ifdef HUGGY_X86
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return Py_BuildValue("(ss)", "avx2", "generic");
-#endif
+    if (runs_avx2_mlp()) return Py_BuildValue("(ss)", "avx2", "generic");
     return Py_BuildValue("(s)", "generic");
 }
 
-/* noise_kernels() -> tuple[str, ...]: the noise kernels this CPU runs, fastest first (the
- * noise's avx2 kernel needs AVX2 only: it never fuses a multiply-add). */
+/* noise_kernels() -> tuple[str, ...]: the noise kernels this CPU runs, fastest first. */
 static PyObject *noise_kernels(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-#ifdef HUGGY_X86
-    if (__builtin_cpu_supports("avx2")) return Py_BuildValue("(ss)", "avx2", "generic");
-#endif
+    if (runs_avx2_noise()) return Py_BuildValue("(ss)", "avx2", "generic");
     return Py_BuildValue("(s)", "generic");
 }
 
