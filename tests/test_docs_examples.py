@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.support.fixtures import REPO_ROOT
-from tests.support.processes import free_port
+from tests.support.processes import free_ports
 from tests.support.ray_cluster import RayCluster
 
 sys.path.insert(0, str(REPO_ROOT / "docs" / "tooling"))
@@ -245,7 +245,8 @@ def test_documented_ports_are_rewritten_to_the_test_servers() -> None:
 
 @pytest.fixture
 def http_ports() -> tuple[int, int]:
-    return free_port(), free_port()
+    http, grpc = free_ports(2)
+    return http, grpc
 
 
 @pytest.mark.parametrize("start", SERVER_STARTS, ids=ids(SERVER_STARTS))

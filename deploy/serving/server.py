@@ -76,10 +76,17 @@ _haproxy_url: str | None = None
 HTTP: `deploy` waits there until HAProxy routes to a new app (see `deploy`)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports_other_than(taken: int, count: int) -> list[int]:
+    """`count` different TCP ports on 127.0.0.1 that nothing listens on now, none of them
+    `taken`: each is held until all are chosen, so the system cannot hand one out twice."""
+    ports: list[int] = []
+    with contextlib.ExitStack() as held:
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            if sock.getsockname()[1] != taken:
+                ports.append(sock.getsockname()[1])
+    return ports
 
 
 def refuse_busy_port(host: str, port: int, what: str) -> None:
@@ -127,11 +134,11 @@ def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
             "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
             "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
             "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
-            "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
-            "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
-            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
         })
+        side_ports = ("RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_STATS_PORT",
+                      "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+        env.update(zip(side_ports, map(str, free_ports_other_than(port, len(side_ports))),
+                       strict=True))
     return env
 
 

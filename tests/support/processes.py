@@ -67,11 +67,19 @@ def group_killed_on_exit(process: subprocess.Popen) -> Iterator[subprocess.Popen
             process.wait()
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports on 127.0.0.1 that nothing listens on right now (all are held
+    until all are chosen: one at a time, the system may hand a port out twice)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @contextlib.contextmanager

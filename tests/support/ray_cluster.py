@@ -17,7 +17,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import free_port, kill_processes_mentioning
+from tests.support.processes import free_ports, kill_processes_mentioning
 
 
 @dataclass(frozen=True)
@@ -61,14 +61,14 @@ def two_node_cluster() -> Iterator[RayCluster]:
 
     temp_dir = Path(f"/tmp/rt{uuid.uuid4().hex[:8]}")
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    port = free_port()
+    port, client_server_port = free_ports(2)
     address = f"127.0.0.1:{port}"
     common = ["--temp-dir", str(temp_dir), "--disable-usage-stats"]
     try:
         subprocess.run(
             [ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
              "--num-cpus=2", "--resources", json.dumps({"NPU": 1}), "--include-dashboard=false",
-             f"--ray-client-server-port={free_port()}",
+             f"--ray-client-server-port={client_server_port}",
              *common],
             check=True, env=dict(os.environ), capture_output=True, timeout=120,
         )
