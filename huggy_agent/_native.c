@@ -215,6 +215,10 @@ static PyObject *gaussian_noise(PyObject *self, PyObject *const *args, Py_ssize_
     uint64_t seed, row_offset;
     Py_ssize_t rows, cols;
     const char *kernel = NULL;
+    if (nargs != 6 && nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "gaussian_noise takes 6 or 7 arguments, got %zd", nargs);
+        return NULL;
+    }
     if (nargs == 7) {
         kernel = PyUnicode_AsUTF8(args[6]);
         if (kernel == NULL) return NULL;

@@ -260,3 +260,13 @@ def test_compiled_noise_takes_numpy_integers_and_refuses_negative_offsets() -> N
                                   _numpy_gaussian_noise(5, 2, 3, 9))
     with pytest.raises(OverflowError):
         gaussian_noise(5, 1, 3, row_offset=-1)
+
+
+def test_compiled_noise_names_the_arguments_it_takes() -> None:
+    out = np.empty((1, 4), dtype=np.float32)
+    for args in [(1, 0, 1, 4, noise._CONSTANTS), (1, 0, 1, 4, noise._CONSTANTS, out, "generic", 0)]:
+        with pytest.raises(TypeError, match=re.escape(
+                f"gaussian_noise takes 6 or 7 arguments, got {len(args)}")):
+            KERNELS.gaussian_noise(*args)
+    with pytest.raises(TypeError, match=re.escape("uniform_noise takes 5 arguments, got 6")):
+        KERNELS.uniform_noise(1, 0, 1, 4, out.astype(np.float64), 0)
