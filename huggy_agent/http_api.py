@@ -85,8 +85,9 @@ def load_api_key(path: str | os.PathLike[str] | None = None) -> str | None:
 
 
 def check_session_key(session: Any) -> str | None:
-    """A request's `"session"` value: None or a string of 1 to `SESSION_KEY_LIMIT` characters;
-    ValueError naming what came otherwise."""
+    """A request's `"session"` value: None or a string of 1 to `SESSION_KEY_LIMIT` Unicode
+    characters (no lone UTF-16 surrogate, which JSON's escapes can write: it has no UTF-8 form
+    to hash); ValueError naming what came otherwise."""
     if session is None:
         return None
     if not isinstance(session, str) or not 1 <= len(session) <= SESSION_KEY_LIMIT:
@@ -95,6 +96,12 @@ def check_session_key(session: Any) -> str | None:
         raise ValueError(f"'session' must be a string of 1 to {SESSION_KEY_LIMIT} characters "
                          f"(the key that keeps a user on one policy of the split), received "
                          f"{shown}")
+    try:
+        session.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"'session' must be a string of Unicode characters, received a lone "
+                         f"UTF-16 surrogate {session[error.start]!r} at character "
+                         f"{error.start}") from None
     return session
 
 

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -201,6 +202,10 @@ def test_session_keys_are_short_strings() -> None:
         with pytest.raises(ValueError, match=f"'session' must be a string of 1 to 256 "
                                              f"characters .* received {shown}"):
             check_session_key(bad)
+    with pytest.raises(ValueError, match=re.escape(
+            "'session' must be a string of Unicode characters, received a lone UTF-16 surrogate "
+            "'\\udc00' at character 2")):
+        check_session_key("ab\udc00")  # JSON can write it: "ab\\udc00"
 
 
 def test_huggy_serve_refuses_bad_policy_arguments_before_starting_ray(
@@ -489,6 +494,11 @@ def test_split_is_sticky_by_session_and_changes_live(served: Served) -> None:
     assert anonymous <= {first, second}
     bad = post(f"{base}/v1/act", {"obs": obs, "session": 12})
     assert bad.status_code == 422 and "'session' must be a string" in bad.json()["message"]
+    lone = requests.post(f"{base}/v1/act", timeout=60, data=orjson.dumps(
+        {"obs": obs}, option=orjson.OPT_SERIALIZE_NUMPY)[:-1] + rb', "session": "u\ud800"}')
+    assert (lone.status_code, lone.json()["message"]) == (422, (
+        "'session' must be a string of Unicode characters, received a lone UTF-16 surrogate "
+        "'\\ud800' at character 1"))
     # a new split, applied by the running replica (no restart)
     deploy(app_args([str(served.run / "Huggy" / f"Huggy-{STEPS[0]}.pt"),
                      str(served.run / "Huggy" / f"Huggy-{STEPS[1]}.pt")],
