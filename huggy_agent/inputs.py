@@ -79,6 +79,14 @@ def as_input_batches(obs: Any, spec: ActorSpec) -> tuple[list[np.ndarray], bool]
     return [batch for batch, _ in batches], singles.pop()
 
 
+def _shape_of(value: Any) -> str:
+    """What came, for an error: an array's shape, or the type of what has none."""
+    try:
+        return f"an array of shape {tuple(np.shape(value))}"
+    except ValueError:  # ragged nested lists
+        return f"a ragged {type(value).__name__}"
+
+
 def as_mask_batch(mask: Any, spec: ActorSpec, rows: int) -> np.ndarray | None:
     """An action mask as a (rows, sum of branches) bool array, True = allowed, or None for
     "all allowed". Accepts bools or 0/1, one row (broadcast) or `rows` rows. Raises ValueError
@@ -87,7 +95,8 @@ def as_mask_batch(mask: Any, spec: ActorSpec, rows: int) -> np.ndarray | None:
         return None
     size = spec.mask_size
     if not spec.discrete_branches:
-        raise ValueError("this policy has no discrete actions: action_mask must be None")
+        raise ValueError("this policy has no discrete actions, so action_mask must be None (in "
+                         f"a request body null or absent), received {_shape_of(mask)}")
     if hasattr(mask, "detach") and hasattr(mask, "cpu"):
         mask = mask.detach().cpu().numpy()
     array = np.asarray(mask)
@@ -95,8 +104,15 @@ def as_mask_batch(mask: Any, spec: ActorSpec, rows: int) -> np.ndarray | None:
         raise ValueError(f"action_mask must have shape ({size},) or (N, {size}) (one column per "
                          f"action of branches {spec.discrete_branches}), received {array.shape}")
     if array.dtype != bool:
-        if array.dtype.kind not in "iuf" or not np.isin(array, (0, 1)).all():
-            raise ValueError("action_mask must hold booleans or 0/1 (1 = allowed)")
+        if array.dtype.kind not in "iuf":
+            raise ValueError("action_mask must hold booleans or 0/1 (1 = allowed), received "
+                             f"values of type {array.dtype}")
+        other = ~np.isin(array, (0, 1))
+        if other.any():
+            place = np.unravel_index(int(np.argmax(other)), array.shape)
+            where = f"row {place[0]}, column {place[1]}" if array.ndim == 2 else f"column {place[0]}"
+            raise ValueError("action_mask must hold booleans or 0/1 (1 = allowed), received "
+                             f"{array[place].item()} at {where}")
         array = array.astype(bool)
     if array.ndim == 1:
         array = np.broadcast_to(array, (rows, size))
@@ -118,7 +134,8 @@ def as_memory_batch(memory: Any, spec: ActorSpec, rows: int) -> np.ndarray:
     shape or a non-finite value."""
     size = spec.memory_size
     if not size:
-        raise ValueError("this policy has no recurrent memory: pass memory=None")
+        raise ValueError("this policy has no recurrent memory, so memory must be None (in a "
+                         f"request body null or absent), received {_shape_of(memory)}")
     if memory is None:
         return np.zeros((rows, size), dtype=np.float32)
     array = _as_float32(memory, "memory", f"({size},) or (N, {size})")

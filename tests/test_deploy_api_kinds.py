@@ -87,7 +87,11 @@ REFUSALS = [
     ("input-wrong-size", TARGET, {"inputs": {"obs_0": [0] * 27, "obs_1": [0] * 11}}, 422,
      "'inputs.obs_1': obs_1: observation shape mismatch: expected (12,) or (N, 12)"),
     ("input-rows-differ", TARGET, {"inputs": {"obs_0": [[0] * 27] * 2, "obs_1": [[0] * 12] * 3}},
-     422, "every input must have the same number of rows, received [(2, 27), (3, 12)]"),
+     422, "every input must be a single row, or every input a batch of the same number of rows; "
+     "received obs_0 a batch of 2, obs_1 a batch of 3"),
+    ("input-batch-and-row", TARGET, {"inputs": {"obs_0": [[0] * 27], "obs_1": [0] * 12}}, 422,
+     "every input must be a single row, or every input a batch of the same number of rows; "
+     "received obs_0 a batch of 1, obs_1 a single row"),
     ("boolean-in-input", TARGET, {"inputs": {"obs_0": [0] * 26 + [True], "obs_1": [0] * 12}},
      422, "'inputs.obs_0' must hold only numbers; received true"),
     ("string-in-input", TARGET, {"inputs": {"obs_0": [0] * 26 + ["1"], "obs_1": [0] * 12}},
@@ -104,17 +108,22 @@ REFUSALS = [
      "branch 1 (actions 3-5) allows no action in row 0"),
     ("mask-values", TARGET, {"inputs": {"obs_0": [0] * 27, "obs_1": [0] * 12},
                              "action_mask": [1, 1, 2, 1, 1, 1, 1, 1]}, 422,
-     "action_mask must hold booleans or 0/1 (1 = allowed)"),
+     "action_mask must hold booleans or 0/1 (1 = allowed), received 2 at column 2"),
+    ("mask-fraction-in-rows", TARGET, {"inputs": {"obs_0": [[0] * 27] * 2, "obs_1": [[0] * 12] * 2},
+                                       "action_mask": [[1] * 8, [1] * 5 + [0.5, 1, 1]]}, 422,
+     "action_mask must hold booleans or 0/1 (1 = allowed), received 0.5 at row 1, column 5"),
     ("mask-string", TARGET, {"inputs": {"obs_0": [0] * 27, "obs_1": [0] * 12},
                              "action_mask": [1, 1, "yes", 1, 1, 1, 1, 1]}, 422,
      "'action_mask' must hold only numbers or booleans; received the string 'yes'"),
     ("mask-on-continuous", RECURRENT, {"obs": [0] * 8, "action_mask": [1, 1]}, 422,
-     "this policy has no discrete actions: action_mask must be None"),
+     "this policy has no discrete actions, so action_mask must be None (in a request body null "
+     "or absent), received an array of shape (2,)"),
     ("memory-wrong-size", RECURRENT, {"obs": [0] * 8, "memory": [0] * 31}, 422,
      "memory must have shape (32,) or (N, 32) with N = 1 rows, received (31,)"),
     ("memory-without-lstm", TARGET, {"inputs": {"obs_0": [0] * 27, "obs_1": [0] * 12},
                                      "memory": [0] * 4}, 422,
-     "this policy has no recurrent memory: pass memory=None"),
+     "this policy has no recurrent memory, so memory must be None (in a request body null or "
+     "absent), received an array of shape (4,)"),
     ("memory-boolean", RECURRENT, {"obs": [0] * 8, "memory": [0] * 31 + [False]}, 422,
      "'memory' must hold only numbers; received false"),
 ]

@@ -239,7 +239,11 @@ def test_shapes_and_types_of_each_kind() -> None:
     (np.ones(7, bool), "action_mask must have shape (8,) or (N, 8)"),
     (np.ones((3, 8), bool), "action_mask has 3 rows, the observations 2"),
     (np.array([1, 1, 1, 0, 0, 0, 1, 1]), "branch 1 (actions 3-5) allows no action in row 0"),
-    (np.full(8, 2), "action_mask must hold booleans or 0/1"),
+    (np.full(8, 2), "action_mask must hold booleans or 0/1 (1 = allowed), received 2 at column 0"),
+    (np.array([[1] * 8, [1] * 7 + [np.nan]]),
+     "action_mask must hold booleans or 0/1 (1 = allowed), received nan at row 1, column 7"),
+    (np.array(["1"] * 8), "action_mask must hold booleans or 0/1 (1 = allowed), received values "
+                          "of type <U1"),
 ])
 def test_bad_masks_are_refused(mask: np.ndarray, message: str) -> None:
     agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / "discrete_multibranch",
@@ -252,7 +256,12 @@ def test_bad_masks_are_refused(mask: np.ndarray, message: str) -> None:
     ("hybrid", {"memory": np.zeros(32)}, "has no recurrent memory"),
     ("lstm", {"memory": np.zeros(31)}, "memory must have shape (32,) or (N, 32)"),
     ("lstm", {"memory": np.full(32, np.nan)}, "memory must be finite"),
-    ("lstm", {"action_mask": np.ones(2)}, "has no discrete actions: action_mask must be None"),
+    ("lstm", {"action_mask": np.ones(2)}, "this policy has no discrete actions, so action_mask "
+                                          "must be None (in a request body null or absent), "
+                                          "received an array of shape (2,)"),
+    ("hybrid", {"memory": [[0.0], [0.0, 0.0]]}, "this policy has no recurrent memory, so memory "
+                                                "must be None (in a request body null or absent), "
+                                                "received a ragged list"),
 ])
 def test_bad_memory_and_masks_are_refused(path: str, kwargs: dict, message: str) -> None:
     agent = HuggyAgent.from_checkpoint(mlagents_fixtures_dir() / path, device="cpu")

@@ -263,8 +263,11 @@ def _parse_inputs(document: dict, spec: ActorSpec, max_rows: int, exact: bool,
             raise ApiError(422, kind, f"'{field}': {error}") from None
     batches = [batch for batch, _ in parsed]
     if len({len(b) for b in batches}) != 1 or len({single for _, single in parsed}) != 1:
-        raise ApiError(422, "invalid_shape", "every input must have the same number of rows, "
-                       f"received {[tuple(b.shape) for b in batches]}")
+        received = ", ".join(
+            f"{observation.name} {'a single row' if single else f'a batch of {len(batch)}'}"
+            for observation, (batch, single) in zip(spec.inputs, parsed, strict=True))
+        raise ApiError(422, "invalid_shape", "every input must be a single row, or every input "
+                       f"a batch of the same number of rows; received {received}")
     return batches, parsed[0][1]
 
 
