@@ -173,6 +173,10 @@ PT_CASES = {
                      "['network_body.critic_trunk.0.weight']"),
     "two-layer-lstm": (_set("network_body.lstm.lstm.weight_ih_l1", torch.zeros(3)),
                        "an LSTM of more than one layer is not supported"),
+    "nan-in-normalizer": (_set(f"{NORMALIZER}running_mean",
+                               torch.zeros(59).index_fill(0, torch.tensor([3, 40]), torch.nan)),
+                          f"{NORMALIZER}running_mean holds 2 NaN or infinite value(s) of 59: the "
+                          "run diverged or the file is damaged"),
 }
 
 
@@ -277,6 +281,9 @@ ONNX_CASES = {
                  "shape mismatch: continuous_act_size_vector says [20.0], the weights have [21.0]"),
     "normalizer-58": (_set_initializer(f"{NORMALIZER}running_mean", np.zeros(58)),
                       f"shape mismatch for {NORMALIZER}running_mean: expected (59,), got (58,)"),
+    "infinite-weight": (_set_initializer(f"{DIST}mu.bias", np.full(21, np.inf)),
+                        f"{DIST}mu.bias holds 21 NaN or infinite value(s) of 21: the run diverged "
+                        "or the file is damaged"),
     "normalizer-without-division": (_drop_normalizer_division,
                                     f"normalizer {NORMALIZER}running_mean without its "
                                     "(x - mean) / std"),

@@ -27,6 +27,16 @@ class LoadedPolicy:
     step: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """PolicyLoadError for weights with a NaN or an infinity (a run that diverged, or a
+        damaged file): every action would be NaN, or an observation blamed for it."""
+        for name, tensor in self.tensors.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                bad = int((~torch.isfinite(tensor)).sum())
+                raise PolicyLoadError(f"{self.origin}: {name} holds {bad} NaN or infinite "
+                                      f"value(s) of {tensor.numel()}: the run diverged or the "
+                                      "file is damaged")
+
     @property
     def spec(self) -> ActorSpec:
         return self.arch.spec
