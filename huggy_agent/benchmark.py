@@ -157,13 +157,19 @@ def _engine_setups(engines: Sequence[str]) -> list[tuple[str, str]]:
     on each device kind here where it can run."""
     wanted = list(ENGINES) if "all" in engines else [e for e in engines if e != "auto"]
     setups = []
+    refusals: dict[str, str] = {}
     for device in reversed(available_devices()):  # cpu first
         for engine in wanted:
             try:
                 resolve_engine(engine, torch.device(device), "fp32")
-            except ValueError:
+            except ValueError as error:
+                refusals.setdefault(engine, str(error))
                 continue
             setups.append((engine, device))
+    if "all" not in engines:  # an engine asked for by name runs somewhere, or is an error
+        for engine in wanted:
+            if not any(name == engine for name, _ in setups):
+                raise ValueError(f"engine {engine} runs on no device here: {refusals[engine]}")
     return setups
 
 
@@ -190,6 +196,12 @@ def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     agent = HuggyAgent(policy, device="cpu")
+    try:
+        mlp_parts(agent)
+    except ValueError:
+        raise ValueError(f"benchmark measures MLP policies (one vector input, continuous actions "
+                         f"only: what its eager torch baseline runs); this policy is "
+                         f"{agent.spec.describe()}") from None
     setups = [setup for setup in _engine_setups(engines) if setup != (agent.engine, "cpu")]
     starts = {"auto (cpu)": _start_ms(policy, "cpu", "auto")}
     starts.update({f"{engine} ({device})": _start_ms(policy, device, engine)

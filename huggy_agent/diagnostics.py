@@ -189,5 +189,6 @@ def onnx_compare(agent: HuggyAgent, onnx_path: str | Path, count: int = 1000) ->
     """Our deterministic actions against onnxruntime's on the same ONNX file (see
     `onnx_reference`); discrete actions count as errors of 1 or more where they differ."""
     inputs = canonical_inputs(agent.loaded, count)
-    return compare(f"{agent.device} {agent.precision} vs onnxruntime", _ours_for_onnx(agent, inputs),
+    return compare(f"{agent.device} {agent.precision} {agent.engine} vs onnxruntime",
+                   _ours_for_onnx(agent, inputs),
                    onnx_reference(onnx_path, agent, inputs), PRECISION_TOLERANCE[agent.precision])

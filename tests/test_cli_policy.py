@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
 
 import huggy_agent
 from huggy_agent import benchmark
@@ -101,6 +102,112 @@ def test_sample_spread_follows_log_sigma(capsys) -> None:
     assert np.abs(np.array(out["mean"]) - np.array(out["deterministic"]["continuous"])).max() < 0.1
 
 
+def refusal(capsys, *argv: str) -> str:
+    """The one line `huggy` ends with for bad input, with exit status 2 (argparse's own
+    refusals exit through SystemExit)."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    return lines[-1]
+
+
+HYBRID = mlagents_fixtures_dir() / "hybrid"
+LSTM = mlagents_fixtures_dir() / "lstm"
+REFUSED = [
+    (["act", "--obs", '{"a": 1}'], "--obs: expected numbers in JSON lists, received an object"),
+    (["act", "--obs", '[0.5, "1"]'],
+     "--obs: expected numbers in JSON lists, received the string '1' at [1]"),
+    (["act", "--obs", "[[0.5], [true]]"],
+     "--obs: expected numbers in JSON lists, received true at [1][0]"),
+    (["act", "--obs", "[null]"], "--obs: expected numbers in JSON lists, received null at [0]"),
+    (["act", "--obs", ""], "--obs: expected numbers in JSON lists, received '', which is not "
+                           "JSON (Expecting value at character 0)"),
+    (["act", "--obs", "[[1, 2], [3]]"],
+     "--obs: expected lists of one length at each level, received ragged lists"),
+    (["act", "--obs", "[0, 1e39]"],
+     "--obs: expected float32 numbers, received 1e+39 at [1], beyond float32's range"),
+    (["act", "--mask", "[1]"], "--mask: this policy has no discrete actions to mask "
+                               "(obs_0 (59,) -> 21 continuous)"),
+    (["act", "--memory", "[0.5]"], "--memory: this policy has no recurrent memory "
+                                   "(obs_0 (59,) -> 21 continuous)"),
+    (["act", "--policy", str(LSTM), "--memory", '{"a": 1}'],
+     "--memory: expected numbers in JSON lists, received an object"),
+    (["act", "--policy", str(HYBRID), "--mask", "[1, 2, 1]"],
+     "action_mask must hold booleans or 0/1 (1 = allowed), received 2 at column 1"),
+    (["batch", "--count", "0"], "argument --count: expected an integer >= 1, received 0"),
+    (["precision", "--count", "-3"], "argument --count: expected an integer >= 1, received -3"),
+    (["benchmark", "--calls", "x"], "argument --calls: expected an integer >= 1, received 'x'"),
+    (["sample", "--samples", "0"], "argument --samples: expected an integer >= 1, received 0"),
+    (["sample", "--seed", "-1"], "argument --seed: expected an integer in [0, 2**64), received -1"),
+    (["act", "--obs-seed", str(2**64)],
+     f"argument --obs-seed: expected an integer in [0, 2**64), received {2**64}"),
+    (["batch", "--policy", str(HYBRID), "--count", "3", "--output", "actions.npy"],
+     "--output actions.npy: expected a path ending in .npz (this policy's actions are "
+     "continuous, discrete)"),
+    (["batch", "--count", "3", "--output", "actions"],
+     "--output actions: expected a path ending in .npy (this policy's actions are continuous)"),
+    (["onnx-compare", str(BASELINE / "Huggy" / "Huggy-2000343.pt")],
+     f"{BASELINE / 'Huggy' / 'Huggy-2000343.pt'}: expected an ML-Agents .onnx file (to compare a "
+     ".pt with it, pass the .pt as --policy)"),
+    (["onnx-compare", str(HYBRID / "Hybrid.onnx"), "--policy", str(LSTM)],
+     f"{HYBRID / 'Hybrid.onnx'} is obs_0 (10,) -> 2 continuous + discrete (3,), the policy "
+     "obs_0 (8,) -> 2 continuous, memory 32: they cannot be compared"),
+    (["onnx-compare", str(BASELINE / "Huggy.onnx"), "--engine", "onnxruntime"],
+     "--engine onnxruntime runs batches on onnxruntime here (onnxruntime): onnxruntime would be "
+     "compared with itself; use --engine torch"),
+    (["benchmark", "--policy", str(LSTM)],
+     "benchmark measures MLP policies (one vector input, continuous actions only: what its "
+     "eager torch baseline runs); this policy is obs_0 (8,) -> 2 continuous, memory 32"),
+    (["benchmark", "--engine", "cuda-graph" if not torch.cuda.is_available() else "npu-graph"],
+     "runs on no device here"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), REFUSED, ids=lambda value: " ".join(value)
+                         if isinstance(value, list) else "")
+def test_bad_input_ends_with_one_line_naming_it(capsys, tmp_path, monkeypatch, argv: list[str],
+                                                message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert message in refusal(capsys, *argv)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_files_that_cannot_be_used_end_with_one_line(capsys, tmp_path) -> None:
+    assert "Is a directory" in refusal(capsys, "export-onnx", str(tmp_path))
+    text = tmp_path / "observations.txt"
+    text.write_text("1 2 3\n")
+    assert refusal(capsys, "batch", "--input", str(text)).startswith(
+        f"huggy batch: error: --input {text}: expected a .npy or .npz file of numbers; ")
+    assert refusal(capsys, "checkpoints", str(tmp_path)) == (
+        f"huggy checkpoints: error: no checkpoints in {tmp_path}: expected an ML-Agents "
+        "results/<run_id>/ folder, with run_logs/training_status.json or "
+        "<Behavior>/<Behavior>-<step>.onnx or .pt files")
+    status = tmp_path / "run_logs" / "training_status.json"
+    status.parent.mkdir()
+    status.write_text("[1, 2]")
+    assert refusal(capsys, "checkpoints", str(tmp_path)).endswith(
+        f"{status}: expected a JSON object of behaviors, received list")
+    status.write_text(json.dumps({"Huggy": {"checkpoints": [{"steps": "abc", "file_path": "x"}]}}))
+    assert refusal(capsys, "checkpoints", str(tmp_path)).endswith(
+        f"{status}: checkpoint 0 of Huggy: expected an object with 'steps' (an integer) and "
+        "'file_path', received {'steps': 'abc', 'file_path': 'x'}")
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly() -> None:
+    """`huggy stats | head -1`: the pipe is closed before the command writes (it is still
+    importing), so its first write fails; it stops with 141 (128 + SIGPIPE), as `cat` does,
+    and prints no traceback."""
+    process = subprocess.Popen([sys.executable, "-m", "huggy_agent.cli", "stats"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    _, errors = process.communicate(timeout=120)
+    assert (process.returncode, errors.decode()) == (141, "")
+
+
 def test_batch_writes_actions(capsys, tmp_path) -> None:
     obs = np.random.default_rng(0).standard_normal((300, 59)).astype(np.float32)
     np.save(tmp_path / "obs.npy", obs)
@@ -110,6 +217,11 @@ def test_batch_writes_actions(capsys, tmp_path) -> None:
     session = ort.InferenceSession(str(BASELINE / "Huggy.onnx"), providers=["CPUExecutionProvider"])
     (reference,) = session.run(["deterministic_continuous_actions"], {"obs_0": obs})
     assert np.abs(np.load(tmp_path / "actions.npy") - reference).max() <= 1e-5
+    np.save(tmp_path / "one.npy", obs[7])  # one row, without a batch axis: one observation
+    out = run_json(capsys, "batch", "--input", str(tmp_path / "one.npy"), "--output",
+                   str(tmp_path / "one-actions.npy"), "--device", "cpu")
+    assert out["rows"] == 1
+    assert np.abs(np.load(tmp_path / "one-actions.npy") - reference[7]).max() <= 1e-5
 
 
 def test_precision_table_meets_the_tolerances(capsys) -> None:
@@ -128,6 +240,9 @@ def test_onnx_compare_pt_against_the_runs_export(capsys) -> None:
     result = run_json(capsys, "onnx-compare", str(BASELINE / "Huggy.onnx"), "--policy",
                       str(BASELINE / "Huggy" / "Huggy-2000343.pt"), "--device", "cpu")
     assert result["max_abs_error"] <= 1e-5 and result["passed"]
+    # by default our network runs on torch, not onnxruntime (which would meet itself)
+    alone = run_json(capsys, "onnx-compare", str(BASELINE / "Huggy.onnx"), "--count", "16")
+    assert alone["label"] == "cpu fp32 torch vs onnxruntime" and alone["passed"]
 
 
 def test_fingerprint_is_the_same_for_pt_and_onnx_of_one_run(capsys) -> None:
@@ -157,7 +272,7 @@ def test_stats_counts_each_layer(capsys) -> None:
 
 
 def test_export_then_fingerprint(capsys, tmp_path) -> None:
-    assert main(["export-onnx", str(tmp_path / "out.onnx"), "--device", "cpu"]) == 0
+    assert main(["export-onnx", str(tmp_path / "out.onnx")]) == 0
     capsys.readouterr()
     exported = run_json(capsys, "fingerprint", "--policy", str(tmp_path / "out.onnx"))
     bundled = run_json(capsys, "fingerprint")

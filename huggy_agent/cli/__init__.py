@@ -11,6 +11,7 @@ Only the plugin of the command being run is imported (all of them for `huggy --h
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -61,11 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a reader that left (`huggy stats | head`) shows here, not at exit
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except BrokenPipeError:  # the reader left: stop quietly, as `cat` does (128 + SIGPIPE)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
+    except (ValueError, OSError, RuntimeError) as error:  # OSError: a path that cannot be used
         print(f"huggy {args.command}: error: {error}", file=sys.stderr)
         return 2
 

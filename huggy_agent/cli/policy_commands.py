@@ -26,12 +26,89 @@ from huggy_agent.engines import ENGINE_NAMES
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.formats.results import list_checkpoints
 from huggy_agent.formats.sources import policy_path
+from huggy_agent.http_api import json_kind
 from huggy_agent.reference import canonical_inputs
 from huggy_agent.spec import ActorSpec
 from huggy_agent.tables import format_table
 
 
-def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True) -> None:
+def count_arg(text: str) -> int:
+    """An argparse type: a count, an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {value}")
+    return value
+
+
+def seed_arg(text: str) -> int:
+    """An argparse type: a seed, an integer in [0, 2**64)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), received {text!r}"
+                                         ) from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), received {value}")
+    return value
+
+
+def _json_flag(flag: str, text: str, booleans: bool = False) -> Any:
+    """The value of a JSON flag that holds numbers in (nested) lists, and booleans where
+    `booleans`; ValueError naming the flag, what it expects and what came (the first value
+    that is not a number, with its place)."""
+    expected = "numbers" + (" or booleans" if booleans else "") + " in JSON lists"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{flag}: expected {expected}, received {text[:40]!r}, which is not "
+                         f"JSON ({error.msg} at character {error.pos})") from None
+    found = _first_other_than_numbers(value, booleans)
+    if found is not None:
+        other, place = found
+        shown = (f"the string {other!r}" if isinstance(other, str)
+                 else json.dumps(other) if other is None or isinstance(other, bool)
+                 else json_kind(other))
+        raise ValueError(f"{flag}: expected {expected}, received {shown}"
+                         + (f" at {place}" if place else ""))
+    return value
+
+
+def _first_other_than_numbers(value: Any, booleans: bool, place: str = ""
+                              ) -> tuple[Any, str] | None:
+    """The first value in `value` (lists walked in order) that is not a number (or a boolean,
+    where `booleans`), and its place as `[i][j]`; None if there is none."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _first_other_than_numbers(item, booleans, f"{place}[{index}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, bool):
+        return None if booleans else (value, place)
+    return None if isinstance(value, (int, float)) else (value, place)
+
+
+def _float32_array(flag: str, value: Any) -> np.ndarray:
+    """Numbers checked by `_json_flag` as a float32 array; ValueError for ragged lists or a
+    finite number beyond float32 (which would turn into an infinity)."""
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except ValueError:
+        raise ValueError(f"{flag}: expected lists of one length at each level, received ragged "
+                         f"lists") from None
+    beyond = np.isfinite(array) & (np.abs(array) > np.finfo(np.float32).max)
+    if beyond.any():
+        place = "".join(f"[{i}]" for i in np.unravel_index(int(np.argmax(beyond)), array.shape))
+        raise ValueError(f"{flag}: expected float32 numbers, received {array[beyond][0]:g}"
+                         + (f" at {place}" if place else "") + ", beyond float32's range")
+    return array.astype(np.float32)
+
+
+def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True,
+                        engine_default: str = "auto") -> None:
     parser.add_argument("--policy", type=policy_path, default=None,
                         help="a .onnx, a .pt or a results folder, local or "
                              "hf://owner/repo[@revision][/path] (default: the bundled Huggy policy)")
@@ -40,9 +117,12 @@ def _add_policy_options(parser: argparse.ArgumentParser, device: bool = True) ->
                             help="auto (NPU, then CUDA, then CPU), cpu, cuda[:N] or npu[:N]")
         parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
                             help="precision of the layers; the normalizer stays float32")
-        parser.add_argument("--engine", default="auto", choices=ENGINE_NAMES,
+        parser.add_argument("--engine", default=engine_default, choices=ENGINE_NAMES,
                             help="how the network runs (default auto: the fastest correct "
-                                 "engine for the device, by a fixed rule)")
+                                 "engine for the device, by a fixed rule)"
+                            if engine_default == "auto" else
+                            f"how our network runs (default {engine_default}; onnxruntime, "
+                            "and native's batches, would compare onnxruntime with itself)")
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -62,13 +142,14 @@ def _observation(args: argparse.Namespace, agent: HuggyAgent) -> list[np.ndarray
     """One observation row per input: from --obs (JSON: the row of a single-input policy, or a
     list of rows, one per input), else canonical row 1 (drawn from the normalizers' statistics)."""
     if args.obs is not None:
-        value = json.loads(args.obs)
+        value = _json_flag("--obs", args.obs)
         inputs = [value] if len(agent.spec.inputs) == 1 else value
         if not isinstance(inputs, list) or len(inputs) != len(agent.spec.inputs):
             raise ValueError(f"--obs: this policy has {len(agent.spec.inputs)} inputs "
                              f"({agent.spec.describe()}); give a JSON list of one observation "
                              "per input")
-        return [np.asarray(row, dtype=np.float32) for row in inputs]
+        return [_float32_array("--obs" if len(inputs) == 1 else f"--obs[{index}]", row)
+                for index, row in enumerate(inputs)]
     return [array[1] for array in canonical_inputs(agent.loaded, 2, seed=args.obs_seed)]
 
 
@@ -77,7 +158,7 @@ def _add_observation_options(parser: argparse.ArgumentParser) -> None:
                         help="one observation as JSON: a list of numbers, or for a policy with "
                              "several inputs a list with one (nested) list per input (default: a "
                              "random one drawn from the normalizers' statistics)")
-    parser.add_argument("--obs-seed", type=int, default=0,
+    parser.add_argument("--obs-seed", type=seed_arg, default=0,
                         help="seed of the random observation when --obs is not given")
     parser.add_argument("--mask", default=None,
                         help="action mask as a JSON list of 0/1 or booleans, one per discrete "
@@ -89,7 +170,12 @@ def _policy_args(agent: HuggyAgent, observation: list[np.ndarray], args: argpars
     """compute_action's obs and action_mask, one row or `rows` copies of it."""
     inputs = observation if rows is None else [np.repeat(o[None], rows, axis=0)
                                                for o in observation]
-    mask = None if args.mask is None else np.asarray(json.loads(args.mask))
+    mask = None
+    if args.mask is not None:
+        if not agent.spec.discrete_branches:
+            raise ValueError(f"--mask: this policy has no discrete actions to mask "
+                             f"({agent.spec.describe()})")
+        mask = np.asarray(_json_flag("--mask", args.mask, booleans=True))
     return {"obs": inputs[0] if len(inputs) == 1 else inputs, "action_mask": mask}
 
 
@@ -136,8 +222,11 @@ def cmd_act(args: argparse.Namespace) -> int:
     agent = _agent(args)
     observation = _observation(args, agent)
     kwargs = _policy_args(agent, observation, args)
-    if agent.spec.memory_size and args.memory is not None:
-        kwargs["memory"] = np.asarray(json.loads(args.memory), dtype=np.float32)
+    if args.memory is not None:
+        if not agent.spec.memory_size:
+            raise ValueError(f"--memory: this policy has no recurrent memory "
+                             f"({agent.spec.describe()})")
+        kwargs["memory"] = _float32_array("--memory", _json_flag("--memory", args.memory))
     result = _as_lists(agent.compute_action(deterministic=not args.stochastic, seed=args.seed,
                                             **kwargs), agent)
     if args.json:
@@ -187,7 +276,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
 def _batch_inputs(args: argparse.Namespace, agent: HuggyAgent) -> list[np.ndarray]:
     if args.input is None:
         return canonical_inputs(agent.loaded, args.count, seed=args.obs_seed)
-    loaded = np.load(args.input)
+    try:
+        loaded = np.load(args.input)
+    except ValueError as error:  # not a .npy or .npz file of numbers (numpy says what it found)
+        raise ValueError(f"--input {args.input}: expected a .npy or .npz file of numbers; "
+                         f"{error}") from None
     if isinstance(loaded, np.ndarray):
         return [loaded]
     missing = [i.name for i in agent.spec.inputs if i.name not in loaded.files]
@@ -205,10 +298,15 @@ def cmd_batch(args: argparse.Namespace) -> int:
                                   deterministic=not args.stochastic, seed=args.seed)
     seconds = time.perf_counter() - start
     arrays = {k: np.asarray(v) for k, v in _as_lists(result, agent).items()}
-    rows = len(inputs[0])
+    first = next(iter(arrays.values()))
+    rows = len(first) if first.ndim == 2 else 1  # an --input of one row answers one row
     if args.output is not None:
+        suffix = ".npy" if len(arrays) == 1 else ".npz"
+        if args.output.suffix != suffix:  # numpy would append the suffix to the name
+            raise ValueError(f"--output {args.output}: expected a path ending in {suffix} "
+                             f"(this policy's actions are {', '.join(arrays)})")
         if len(arrays) == 1:
-            np.save(args.output, next(iter(arrays.values())))
+            np.save(args.output, first)
         else:
             np.savez(args.output, **arrays)  # type: ignore[arg-type]  # numpy stubs: allow_pickle
     summary = {"rows": rows, "seconds": seconds, "obs_per_s": rows / seconds,
@@ -218,8 +316,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
         _print_json(summary)
     else:
         means = ", ".join(f"{k} mean {float(v.mean()):+.4f}" for k, v in arrays.items())
-        print(f"{rows:,} observations in {seconds * 1e3:.1f} ms ({summary['obs_per_s']:,.0f} "
-              f"obs/s); {means}" + (f"; written to {args.output}" if args.output else ""))
+        print(f"{rows:,} observation{'s' * (rows != 1)} in {seconds * 1e3:.1f} ms "
+              f"({summary['obs_per_s']:,.0f} obs/s); {means}"
+              + (f"; written to {args.output}" if args.output else ""))
     return 0
 
 
@@ -243,9 +342,21 @@ def cmd_precision(args: argparse.Namespace) -> int:
 
 def cmd_onnx_compare(args: argparse.Namespace) -> int:
     onnx_path = args.onnx
+    if onnx_path.suffix != ".onnx":
+        raise ValueError(f"{onnx_path}: expected an ML-Agents .onnx file (to compare a .pt "
+                         "with it, pass the .pt as --policy)")
     if args.policy is None:
         args.policy = onnx_path
-    result = onnx_compare(_agent(args), onnx_path, args.count)
+    agent = _agent(args)
+    engine = agent.describe()["engine"]
+    if engine in ("onnxruntime", "native"):
+        raise ValueError(f"--engine {args.engine} runs batches on onnxruntime here ({engine}): "
+                         "onnxruntime would be compared with itself; use --engine torch")
+    reference = HuggyAgent(onnx_path, device="cpu", engine="torch").spec
+    if reference != agent.spec:
+        raise ValueError(f"{onnx_path} is {reference.describe()}, the policy "
+                         f"{agent.spec.describe()}: they cannot be compared")
+    result = onnx_compare(agent, onnx_path, args.count)
     if args.json:
         _print_json(result.as_dict())
     else:
@@ -319,7 +430,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_export_onnx(args: argparse.Namespace) -> int:
-    agent = _agent(args)
+    agent = HuggyAgent(args.policy, device="cpu", engine="torch")
     path = export_onnx(agent.loaded.build(), args.output)  # the source weights, in float32
     print(f"wrote {path} (ML-Agents interface, opset 9; weights fingerprint {agent.fingerprint})")
     return 0
@@ -327,6 +438,10 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     entries = list_checkpoints(args.folder)
+    if not entries:
+        raise ValueError(f"no checkpoints in {args.folder}: expected an ML-Agents "
+                         "results/<run_id>/ folder, with run_logs/training_status.json or "
+                         "<Behavior>/<Behavior>-<step>.onnx or .pt files")
     if args.json:
         _print_json([{"behavior": e.behavior, "step": e.step, "reward": e.reward,
                       "path": str(e.path) if e.path else None} for e in entries])
@@ -340,12 +455,13 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the policy subcommands."""
     def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str,
-                device: bool | None = True, json_flag: bool = True) -> argparse.ArgumentParser:
+                device: bool | None = True, json_flag: bool = True,
+                engine_default: str = "auto") -> argparse.ArgumentParser:
         """`device`: with --device, --precision and --engine; False: --policy only; None:
         no policy options."""
         parser = subparsers.add_parser(name, help=help_text, description=help_text)
         if device is not None:
-            _add_policy_options(parser, device)
+            _add_policy_options(parser, device, engine_default)
         if json_flag:
             _add_json(parser)
         parser.set_defaults(handler=handler)
@@ -356,15 +472,16 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     act = command("act", cmd_act, "compute the actions for one observation")
     _add_observation_options(act)
     act.add_argument("--stochastic", action="store_true", help="sample instead of the mean action")
-    act.add_argument("--seed", type=int, default=None, help="seed of the stochastic noise")
+    act.add_argument("--seed", type=seed_arg, default=None, help="seed of the stochastic noise")
     act.add_argument("--memory", default=None,
                      help="a recurrent policy's memory as a JSON list (default: zeros)")
 
     sample = command("sample", cmd_sample,
                      "draw many stochastic actions for one observation and summarise them")
     _add_observation_options(sample)
-    sample.add_argument("--samples", type=int, default=1000, help="how many samples (default 1000)")
-    sample.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    sample.add_argument("--samples", type=count_arg, default=1000,
+                        help="how many samples (default 1000)")
+    sample.add_argument("--seed", type=seed_arg, default=0, help="seed of the noise (default 0)")
 
     batch = command("batch", cmd_batch, "compute actions for many observations at once")
     batch.add_argument("--input", type=Path, default=None,
@@ -373,23 +490,27 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     batch.add_argument("--output", type=Path, default=None,
                        help="write actions to this .npy (.npz with continuous/discrete/memory "
                             "when there is more than one array)")
-    batch.add_argument("--count", type=int, default=4096, help="random observations (default 4096)")
-    batch.add_argument("--obs-seed", type=int, default=0, help="seed of the random observations")
+    batch.add_argument("--count", type=count_arg, default=4096,
+                       help="random observations (default 4096)")
+    batch.add_argument("--obs-seed", type=seed_arg, default=0,
+                       help="seed of the random observations")
     batch.add_argument("--stochastic", action="store_true", help="sample instead of the mean")
-    batch.add_argument("--seed", type=int, default=None, help="seed of the stochastic noise")
+    batch.add_argument("--seed", type=seed_arg, default=None, help="seed of the stochastic noise")
 
     precision = command("precision", cmd_precision,
                         "max abs error and cosine similarity of fp32/fp16/bf16 against float64",
                         device=False)
     precision.add_argument("--devices", nargs="+", default=None,
                            help="devices to test (default: every available kind)")
-    precision.add_argument("--count", type=int, default=1024, help="observations (default 1024)")
+    precision.add_argument("--count", type=count_arg, default=1024,
+                           help="observations (default 1024)")
 
     compare = command("onnx-compare", cmd_onnx_compare,
-                      "our network against onnxruntime on an ML-Agents ONNX file")
+                      "our network against onnxruntime on an ML-Agents ONNX file",
+                      engine_default="torch")
     compare.add_argument("onnx", type=Path, help="the ML-Agents .onnx file (also the policy by "
                          "default; pass --policy to compare a .pt against it)")
-    compare.add_argument("--count", type=int, default=1000, help="observations (default 1000)")
+    compare.add_argument("--count", type=count_arg, default=1000, help="observations (default 1000)")
 
     command("fingerprint", cmd_fingerprint,
             "the weights hash (same for a run's .pt and .onnx on any machine) and the "
@@ -401,15 +522,17 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
                     "torch", device=False)
     bench.add_argument("--engine", default="all", choices=["all", *ENGINE_NAMES],
                        help="the engine(s) to measure beside auto (default: all that run here)")
-    bench.add_argument("--threads", type=int, default=None,
+    bench.add_argument("--threads", type=count_arg, default=None,
                        help="torch and onnxruntime threads (default: torch's default)")
-    bench.add_argument("--rounds", type=int, default=10, help="interleaved rounds (default 10)")
-    bench.add_argument("--calls", type=int, default=200, help="calls per round (default 200)")
-    bench.add_argument("--batch", type=int, default=4096, help="batch size (default 4096)")
+    bench.add_argument("--rounds", type=count_arg, default=10,
+                       help="interleaved rounds (default 10)")
+    bench.add_argument("--calls", type=count_arg, default=200,
+                       help="calls per round (default 200)")
+    bench.add_argument("--batch", type=count_arg, default=4096, help="batch size (default 4096)")
 
     export = command("export-onnx", cmd_export_onnx,
                      "export the policy in ML-Agents' ONNX interface (drops back into Unity)",
-                     json_flag=False)
+                     device=False, json_flag=False)
     export.add_argument("output", type=Path, help="the .onnx file to write")
 
     checkpoints = command("checkpoints", cmd_checkpoints,

@@ -47,14 +47,23 @@ def list_checkpoints(folder: str | Path) -> list[CheckpointEntry]:
             status = json.loads(status_path.read_text())
         except json.JSONDecodeError as error:
             raise PolicyLoadError(f"{status_path}: not valid JSON ({error})") from error
+        if not isinstance(status, dict):
+            raise PolicyLoadError(f"{status_path}: expected a JSON object of behaviors, "
+                                  f"received {type(status).__name__}")
         for behavior, record in status.items():
             if behavior == "metadata" or not isinstance(record, dict):
                 continue
-            for item in record.get("checkpoints", []):
-                files = [item["file_path"], *item.get("auxillary_file_paths", [])]
-                entries[(behavior, int(item["steps"]))] = CheckpointEntry(
-                    behavior, int(item["steps"]), _local_file(folder, behavior, files),
-                    item.get("reward"))
+            for index, item in enumerate(record.get("checkpoints", [])):
+                try:
+                    files = [item["file_path"], *item.get("auxillary_file_paths", [])]
+                    steps = int(item["steps"])
+                except (TypeError, KeyError, ValueError, AttributeError):
+                    raise PolicyLoadError(
+                        f"{status_path}: checkpoint {index} of {behavior}: expected an object "
+                        f"with 'steps' (an integer) and 'file_path', received {item!r:.80}"
+                        ) from None
+                entries[(behavior, steps)] = CheckpointEntry(
+                    behavior, steps, _local_file(folder, behavior, files), item.get("reward"))
     for file in sorted(folder.glob("*/*-*.onnx")) + sorted(folder.glob("*/*-*.pt")):
         step = step_from_filename(file)
         if step is not None and (file.parent.name, step) not in entries:
