@@ -90,6 +90,11 @@ def play_matches(env: TeamsEnv, plans: Sequence[MatchPlan], agents: Mapping[str,
     behaviors = team_behaviors(env.behaviors)
     env.set_parameters({f"{ARENA_SEED}{k}": plan.seed for k, plan in enumerate(plans)})
     rows = env.reset()
+    arenas = len(np.unique(np.concatenate([arena_of(rows[b].group_id[:rows[b].deciding])
+                                           for b in behaviors])))
+    if arenas < len(plans):  # the matches beyond the scene's arenas would never end
+        raise ValueError(f"{len(plans)} matches at once need {len(plans)} arenas; the scene has "
+                         f"{arenas} (lower --arenas, or give the scene more)")
     rewards = np.full((len(plans), 2), np.nan)
     truncated = np.zeros(len(plans), bool)
     decisions = np.zeros((len(plans), 2), np.int64)

@@ -169,6 +169,11 @@ def test_a_match_depends_only_on_its_seed() -> None:
             assert (alone.reward0, alone.reward1, alone.decisions, alone.truncated) == (
                 third.reward0, third.reward1, third.decisions, third.truncated)
             assert {o.score for o in batch} <= {0.0, 0.5, 1.0}
+        # a fourth match would have no arena, and would never end: refused before it starts
+        with pytest.raises(ValueError, match=re.escape(
+                "4 matches at once need 4 arenas; the scene has 3")):
+            play_matches(env, [MatchPlan(k, 100 + k, "chaser", "random") for k in range(4)],
+                         players)
 
 
 def test_team_rollout_counts_each_team_by_quotas() -> None:

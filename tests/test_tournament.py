@@ -161,6 +161,10 @@ def test_tournament_arguments_are_checked_before_anything_runs(capsys) -> None:
         capsys.readouterr().err
     assert main(["tournament", *HEURISTICS, "--anchor", "heuristic:nope=1000", "--no-ray"]) == 2
     assert "--anchor names 'heuristic:nope'" in capsys.readouterr().err
+    assert main(["tournament", *HEURISTICS, "--arenas", "4", "--env-param", "num_arenas=1",
+                 "--no-ray"]) == 2
+    assert ("num_arenas=1 disagrees with arenas=4: the stand-in's arenas are the arenas "
+            "(--arenas)") in capsys.readouterr().err
 
 
 @pytest.mark.standin

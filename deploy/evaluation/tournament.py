@@ -94,6 +94,11 @@ class TournamentEnv:
     def __post_init__(self) -> None:
         if isinstance(self.arenas, bool) or not isinstance(self.arenas, int) or self.arenas < 1:
             raise ValueError(f"arenas must be an integer >= 1, got {self.arenas!r}")
+        stand_in = self.parameters.get("num_arenas") if self.file_name.startswith("builtin") \
+            else None
+        if stand_in is not None and stand_in != self.arenas:
+            raise ValueError(f"num_arenas={stand_in:g} disagrees with arenas={self.arenas}: the "
+                             "stand-in's arenas are the arenas (--arenas)")
 
     def open(self) -> TeamsEnv:
         """The environment, on a port that was free a moment ago."""
