@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envs.cli import add_env_parameter_option, positive_int
+from envs.cli import add_env_parameter_option, output_folder, port_number, positive_int
 
 ACCELERATOR_CHOICES = ("auto", "cpu", "gpu", "npu")
 PRECISION_CHOICES = ("fp32", "fp16", "bf16")
@@ -56,7 +56,7 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="sample actions (seeded per step) instead of the mean action")
     parser.add_argument("--seed", metavar="S", type=int, default=0,
                         help="base seed: item i of every policy uses S+i (default 0)")
-    parser.add_argument("--out", metavar="DIR", type=Path, default=Path("out/evaluate"),
+    parser.add_argument("--out", metavar="DIR", type=output_folder, default=Path("out/evaluate"),
                         help="folder for evaluation.csv, evaluation.json and the three PNGs "
                              "(default out/evaluate)")
     parser.add_argument("--policy-url", metavar="URL", default=None,
@@ -177,7 +177,7 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--accelerator", choices=ACCELERATOR_CHOICES, default="auto",
                         help="Ray resource per runner (as for huggy evaluate)")
     parser.add_argument("--precision", choices=PRECISION_CHOICES, default="fp32")
-    parser.add_argument("--out", metavar="DIR", type=Path, default=Path("out/tournament"),
+    parser.add_argument("--out", metavar="DIR", type=output_folder, default=Path("out/tournament"),
                         help="folder for the report (default out/tournament)")
     parser.add_argument("--tensorboard", metavar="DIR", type=Path, default=None,
                         help="also write Evaluation/Elo per checkpoint step to DIR/<run>/")
@@ -233,8 +233,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-replicas", type=int, default=4)
     parser.add_argument("--num-cpus", type=float, default=1.0, help="CPUs each replica holds")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default: 8000)")
-    parser.add_argument("--grpc-port", type=int, default=None,
+    parser.add_argument("--port", type=port_number, default=8000,
+                        help="HTTP port (default: 8000)")
+    parser.add_argument("--grpc-port", type=port_number, default=None,
                         help="also serve gRPC (/huggy.v1.Policy/Act) on this port")
     parser.add_argument("--grpc-ingress", choices=("replica", "serve"), default="replica",
                         help="who answers --grpc-port: replica (each replica's own gRPC server, "

@@ -29,6 +29,64 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """A TCP port, 1 to 65535, for options such as `--base-port`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port, 1 to 65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port, 1 to 65535, got {value}")
+    return value
+
+
+def worker_id(text: str) -> int:
+    """An ML-Agents worker id: a port offset, 0 to 65535 (its sum with the base port is checked
+    where both are known)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 65535, got {text!r}"
+                                         ) from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 65535, got {value}")
+    return value
+
+
+def scene_seed(text: str) -> int:
+    """A scene's seed: 0 to 2**24 - 1 (seeds travel as float32 on ML-Agents' side channel)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 2**24 - 1, got {text!r}"
+                                         ) from None
+    if not 0 <= value < 2**24:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 2**24 - 1, got {value}")
+    return value
+
+
+def output_file(text: str) -> Path:
+    """A file to write: refused at once where its folder is missing or it is a folder, instead
+    of after the work whose results it would keep."""
+    path = Path(text)
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError("expected a file to write, got "
+                                         + (f"the folder {text!r}" if text else "an empty path"))
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a file in an existing folder, got {text!r} "
+                                         f"(no folder {str(path.absolute().parent)!r})")
+    return path
+
+
+def output_folder(text: str) -> Path:
+    """A folder to write into (made if missing): refused at once where a file has its name."""
+    path = Path(text)
+    if not text or (path.exists() and not path.is_dir()):
+        raise argparse.ArgumentTypeError("expected a folder to write into, got "
+                                         + (f"the file {text!r}" if text else "an empty path"))
+    return path
+
+
 def add_env_parameter_option(parser: argparse.ArgumentParser) -> None:
     """`--env-param KEY=VALUE` (repeatable), collected into `args.env_param` as a list."""
     parser.add_argument("--env-param", metavar="KEY=VALUE", type=env_parameter, action="append",
@@ -71,9 +129,9 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
                              "docs/environments.md, 'Which episodes count')")
     parser.add_argument("--stochastic", action="store_true",
                         help="sample actions instead of taking the mean")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=scene_seed, default=0,
                         help="seed of the environment and of the stochastic noise (default 0)")
-    parser.add_argument("--record", type=Path, default=None,
+    parser.add_argument("--record", type=output_file, default=None,
                         help="write one JSON line per episode to this .jsonl file")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda[:N] or npu[:N]")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
@@ -84,12 +142,12 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="with several instances, pin instance i's worker and Unity process "
                              "to CPU core i (faster on a machine of your own; see "
                              "docs/environments.md, 'Several Unity processes')")
-    parser.add_argument("--worker-id", type=int, default=0,
+    parser.add_argument("--worker-id", type=worker_id, default=0,
                         help="port offset from the base port (busy ports move on; instance i "
                              "starts at worker id + i)")
-    parser.add_argument("--base-port", type=int, default=None,
+    parser.add_argument("--base-port", type=port_number, default=None,
                         help="first gRPC port (default ML-Agents' 5005)")
-    parser.add_argument("--timeout-wait", type=int, default=60,
+    parser.add_argument("--timeout-wait", type=positive_int, default=60,
                         help="seconds to wait for the environment to connect (default 60)")
     add_env_parameter_option(parser)
     parser.add_argument("--video", metavar="DIR", type=Path, default=None,
@@ -99,7 +157,7 @@ def add_rollout_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--video-episodes", metavar="N", type=positive_int, default=1,
                         help="how many of slot 0's episodes --video writes (default 1; an "
                              "episode still running when the rollout ends is not written)")
-    parser.add_argument("--demo", metavar="PATH.demo", type=Path, default=None,
+    parser.add_argument("--demo", metavar="PATH.demo", type=output_file, default=None,
                         help="write the counted episodes of every slot as an ML-Agents "
                              "demonstration, for mlagents-learn's behavioral_cloning or gail")
     parser.add_argument("--dataset", metavar="NAME", default=None,

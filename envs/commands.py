@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mlagents_envs.environment import UnityEnvironment
 from tqdm import tqdm
 
 from envs.agents import agent_from_source
@@ -148,6 +149,11 @@ def run_rollout(args: argparse.Namespace) -> int:
     or `--policy KEY=POLICY`), every behavior by its own policy (`run_team_rollout`)."""
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    base_port = UnityEnvironment.BASE_ENVIRONMENT_PORT if args.base_port is None \
+        else args.base_port
+    if base_port + args.worker_id > 65535:
+        raise ValueError(f"--base-port {base_port} + --worker-id {args.worker_id} is beyond the "
+                         "last port, 65535")
     options = [parse_policy_option(text) for text in args.policy or []]
     if args.env.startswith(BUILTIN + ":") or len(options) > 1 or any(k for k, _ in options):
         return run_team_rollout(args, options)

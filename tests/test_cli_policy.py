@@ -138,6 +138,8 @@ REFUSED = [
      "--memory: expected numbers in JSON lists, received an object"),
     (["act", "--policy", str(HYBRID), "--mask", "[1, 2, 1]"],
      "action_mask must hold booleans or 0/1 (1 = allowed), received 2 at column 1"),
+    (["info", "--policy", ""], "argument --policy: expected a .onnx, a .pt, a results folder "
+                               "or hf://owner/repo, got ''"),
     (["batch", "--count", "0"], "argument --count: expected an integer >= 1, received 0"),
     (["precision", "--count", "-3"], "argument --count: expected an integer >= 1, received -3"),
     (["benchmark", "--calls", "x"], "argument --calls: expected an integer >= 1, received 'x'"),

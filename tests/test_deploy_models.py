@@ -208,7 +208,7 @@ def test_session_keys_are_short_strings() -> None:
         check_session_key("ab\udc00")  # JSON can write it: "ab\\udc00"
 
 
-def test_huggy_serve_refuses_bad_policy_arguments_before_starting_ray(
+def test_huggy_serve_and_rollout_refuse_bad_arguments_before_starting_anything(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from huggy_agent.cli import main
 
@@ -221,9 +221,44 @@ def test_huggy_serve_refuses_bad_policy_arguments_before_starting_ray(
         ([run, "--split", "r@10"], "--split expects ID=WEIGHT,ID=WEIGHT,..., received 'r@10'"),
         ([run, "--policy", run], "give either POLICY... or --policy, not both"),
         ([str(tmp_path / "none.pt")], "policy not found"),
+        ([run, "--port", "28100", "--grpc-port", "28100"],
+         "--grpc-port 28100 is --port: give gRPC a port of its own"),
     ]:
         assert main(["serve", *args]) == 2
         assert message in capsys.readouterr().err
+    for args, message in [(["--port", "-1"], "argument --port: expected a port, 1 to 65535, "
+                                             "got -1"),
+                          (["--grpc-port", "65536"], "argument --grpc-port: expected a port, 1 "
+                                                     "to 65535, got 65536")]:
+        with pytest.raises(SystemExit) as refused:
+            main(["serve", run, *args])
+        assert refused.value.code == 2 and message in capsys.readouterr().err
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for args, message in [
+            (["rollout", "--base-port", "0"],
+             "argument --base-port: expected a port, 1 to 65535, got 0"),
+            (["rollout", "--worker-id", "-1"],
+             "argument --worker-id: expected a whole number, 0 to 65535, got -1"),
+            (["rollout", "--seed", str(2**24)],
+             f"argument --seed: expected a whole number, 0 to 2**24 - 1, got {2**24}"),
+            (["rollout", "--timeout-wait", "0"],
+             "argument --timeout-wait: expected a whole number >= 1, got 0"),
+            (["rollout", "--record", str(tmp_path / "none" / "x.jsonl")],
+             f"argument --record: expected a file in an existing folder, got "
+             f"'{tmp_path / 'none' / 'x.jsonl'}' (no folder '{tmp_path / 'none'}')"),
+            (["rollout", "--demo", str(tmp_path)],
+             f"argument --demo: expected a file to write, got the folder '{tmp_path}'"),
+            (["evaluate", run, "--out", str(a_file)],
+             f"argument --out: expected a folder to write into, got the file '{a_file}'"),
+            (["tournament", "heuristic:chaser", "heuristic:idle", "--out", str(a_file)],
+             f"argument --out: expected a folder to write into, got the file '{a_file}'")]:
+        with pytest.raises(SystemExit) as refused:
+            main(args)
+        assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert main(["rollout", "--base-port", "65000", "--worker-id", "536"]) == 2
+    assert ("--base-port 65000 + --worker-id 536 is beyond the last port, 65535"
+            in capsys.readouterr().err)
     assert main(["evaluate", "--policy-id", "r@10", run]) == 2
     assert "names a policy served at --policy-url, which was not given" in (
         capsys.readouterr().err)

@@ -106,8 +106,11 @@ def test_select_best_arguments_are_checked_before_anything_runs(capsys) -> None:
     assert main(["evaluate", policy, other, "--select-best", "--episodes", "20"]) == 2
     assert "--episodes 20 (the budget of all policies together) is too small for one round: " \
            "2 policies x 1 item x 18 episodes need 36" in capsys.readouterr().err
-    assert main(["evaluate", policy, "--select-best", "--confidence", "1.5"]) == 2
+    assert main(["evaluate", policy, other, "--select-best", "--confidence", "1.5"]) == 2
     assert "confidence must be in (0, 1), got 1.5" in capsys.readouterr().err
+    assert main(["evaluate", policy, "--select-best", "--no-ray"]) == 2
+    assert ("--select-best chooses among two or more policies, got 1: evaluate a single policy "
+            "without it") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["evaluate", policy, "--select-best", "--select-by", "max"])
     assert "argument --select-by: invalid choice: 'max'" in capsys.readouterr().err

@@ -45,6 +45,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
                      else dataset_ids(args.dataset, [spec.label for spec in specs]))
     selection = None
     if args.select_best:
+        if len(specs) < 2:
+            raise ValueError(f"--select-best chooses among two or more policies, got "
+                             f"{len(specs)}: evaluate a single policy without it")
         selection = SelectionConfig(statistic=args.select_by, confidence=args.confidence,
                                     round_items=args.round_items)
     config = EvalConfig(episodes=args.episodes, episodes_per_item=args.episodes_per_item,

@@ -519,6 +519,8 @@ def serve_command(args: argparse.Namespace) -> int:
                                args.api_key_file is not None or load_api_key() is not None)
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    if args.grpc_port == args.port:
+        raise ValueError(f"--grpc-port {args.grpc_port} is --port: give gRPC a port of its own")
     if args.grpc_port is not None and args.grpc_ingress == "replica":
         refuse_busy_port(args.host, args.grpc_port, "--grpc-port")
     if args.policy is not None and args.policies:

@@ -162,7 +162,11 @@ def resolve_policy_source(source: str | os.PathLike[str]) -> PolicySource:
 
 def policy_path(text: str) -> Path:
     """An argparse `type` for policy options: the local path of `text`, Hub sources resolved
-    (their provenance stays readable from the path: `hub_provenance`)."""
+    (their provenance stays readable from the path: `hub_provenance`); an empty one is
+    refused (it would name the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a .onnx, a .pt, a results folder or "
+                                         f"hf://owner/repo, got {text!r}")
     try:
         return resolve_policy_source(text).path
     except (ValueError, FileNotFoundError) as error:
