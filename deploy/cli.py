@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envs.cli import add_env_parameter_option, output_folder, port_number, positive_int
+from envs.cli import add_env_parameter_option, output_folder
+from huggy_agent.cli.arguments import port_number, positive_int
 
 ACCELERATOR_CHOICES = ("auto", "cpu", "gpu", "npu")
 PRECISION_CHOICES = ("fp32", "fp16", "bf16")

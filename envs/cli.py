@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from huggy_agent.cli.arguments import port_number, positive_int, whole_number
+
 
 def env_parameter(text: str) -> tuple[str, float]:
     """`KEY=VALUE` of `--env-param`: a float for ML-Agents' EnvironmentParameters channel."""
@@ -18,51 +20,11 @@ def env_parameter(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected KEY=NUMBER, got {text!r}") from None
 
 
-def positive_int(text: str) -> int:
-    """A whole number >= 1, for options such as `--instances`."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
-
-
-def port_number(text: str) -> int:
-    """A TCP port, 1 to 65535, for options such as `--base-port`."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port, 1 to 65535, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port, 1 to 65535, got {value}")
-    return value
-
-
-def worker_id(text: str) -> int:
-    """An ML-Agents worker id: a port offset, 0 to 65535 (its sum with the base port is checked
-    where both are known)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 65535, got {text!r}"
-                                         ) from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 65535, got {value}")
-    return value
-
-
-def scene_seed(text: str) -> int:
-    """A scene's seed: 0 to 2**24 - 1 (seeds travel as float32 on ML-Agents' side channel)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 2**24 - 1, got {text!r}"
-                                         ) from None
-    if not 0 <= value < 2**24:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 to 2**24 - 1, got {value}")
-    return value
+worker_id = whole_number(0, 65535)
+"""An ML-Agents worker id: a port offset, 0 to 65535 (its sum with the base port is checked
+where both are known)."""
+scene_seed = whole_number(0, 2**24 - 1, "0 to 2**24 - 1")
+"""A scene's seed: 0 to 2**24 - 1 (seeds travel as float32 on ML-Agents' side channel)."""
 
 
 def output_file(text: str) -> Path:

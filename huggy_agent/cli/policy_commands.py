@@ -15,6 +15,7 @@ import numpy as np
 
 from huggy_agent.agent import ActionResult, Actions, HuggyAgent, split_memory
 from huggy_agent.benchmark import EVICT_BYTES, run_benchmark
+from huggy_agent.cli.arguments import positive_int, seed64
 from huggy_agent.diagnostics import (
     Agreement,
     fingerprints,
@@ -30,29 +31,6 @@ from huggy_agent.http_api import json_kind
 from huggy_agent.reference import canonical_inputs
 from huggy_agent.spec import ActorSpec
 from huggy_agent.tables import format_table
-
-
-def count_arg(text: str) -> int:
-    """An argparse type: a count, an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {value}")
-    return value
-
-
-def seed_arg(text: str) -> int:
-    """An argparse type: a seed, an integer in [0, 2**64)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), received {text!r}"
-                                         ) from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), received {value}")
-    return value
 
 
 def _json_flag(flag: str, text: str, booleans: bool = False) -> Any:
@@ -158,7 +136,7 @@ def _add_observation_options(parser: argparse.ArgumentParser) -> None:
                         help="one observation as JSON: a list of numbers, or for a policy with "
                              "several inputs a list with one (nested) list per input (default: a "
                              "random one drawn from the normalizers' statistics)")
-    parser.add_argument("--obs-seed", type=seed_arg, default=0,
+    parser.add_argument("--obs-seed", type=seed64, default=0,
                         help="seed of the random observation when --obs is not given")
     parser.add_argument("--mask", default=None,
                         help="action mask as a JSON list of 0/1 or booleans, one per discrete "
@@ -472,16 +450,16 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     act = command("act", cmd_act, "compute the actions for one observation")
     _add_observation_options(act)
     act.add_argument("--stochastic", action="store_true", help="sample instead of the mean action")
-    act.add_argument("--seed", type=seed_arg, default=None, help="seed of the stochastic noise")
+    act.add_argument("--seed", type=seed64, default=None, help="seed of the stochastic noise")
     act.add_argument("--memory", default=None,
                      help="a recurrent policy's memory as a JSON list (default: zeros)")
 
     sample = command("sample", cmd_sample,
                      "draw many stochastic actions for one observation and summarise them")
     _add_observation_options(sample)
-    sample.add_argument("--samples", type=count_arg, default=1000,
+    sample.add_argument("--samples", type=positive_int, default=1000,
                         help="how many samples (default 1000)")
-    sample.add_argument("--seed", type=seed_arg, default=0, help="seed of the noise (default 0)")
+    sample.add_argument("--seed", type=seed64, default=0, help="seed of the noise (default 0)")
 
     batch = command("batch", cmd_batch, "compute actions for many observations at once")
     batch.add_argument("--input", type=Path, default=None,
@@ -490,19 +468,19 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     batch.add_argument("--output", type=Path, default=None,
                        help="write actions to this .npy (.npz with continuous/discrete/memory "
                             "when there is more than one array)")
-    batch.add_argument("--count", type=count_arg, default=4096,
+    batch.add_argument("--count", type=positive_int, default=4096,
                        help="random observations (default 4096)")
-    batch.add_argument("--obs-seed", type=seed_arg, default=0,
+    batch.add_argument("--obs-seed", type=seed64, default=0,
                        help="seed of the random observations")
     batch.add_argument("--stochastic", action="store_true", help="sample instead of the mean")
-    batch.add_argument("--seed", type=seed_arg, default=None, help="seed of the stochastic noise")
+    batch.add_argument("--seed", type=seed64, default=None, help="seed of the stochastic noise")
 
     precision = command("precision", cmd_precision,
                         "max abs error and cosine similarity of fp32/fp16/bf16 against float64",
                         device=False)
     precision.add_argument("--devices", nargs="+", default=None,
                            help="devices to test (default: every available kind)")
-    precision.add_argument("--count", type=count_arg, default=1024,
+    precision.add_argument("--count", type=positive_int, default=1024,
                            help="observations (default 1024)")
 
     compare = command("onnx-compare", cmd_onnx_compare,
@@ -510,7 +488,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
                       engine_default="torch")
     compare.add_argument("onnx", type=Path, help="the ML-Agents .onnx file (also the policy by "
                          "default; pass --policy to compare a .pt against it)")
-    compare.add_argument("--count", type=count_arg, default=1000, help="observations (default 1000)")
+    compare.add_argument("--count", type=positive_int, default=1000, help="observations (default 1000)")
 
     command("fingerprint", cmd_fingerprint,
             "the weights hash (same for a run's .pt and .onnx on any machine) and the "
@@ -522,13 +500,13 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
                     "torch", device=False)
     bench.add_argument("--engine", default="all", choices=["all", *ENGINE_NAMES],
                        help="the engine(s) to measure beside auto (default: all that run here)")
-    bench.add_argument("--threads", type=count_arg, default=None,
+    bench.add_argument("--threads", type=positive_int, default=None,
                        help="torch and onnxruntime threads (default: torch's default)")
-    bench.add_argument("--rounds", type=count_arg, default=10,
+    bench.add_argument("--rounds", type=positive_int, default=10,
                        help="interleaved rounds (default 10)")
-    bench.add_argument("--calls", type=count_arg, default=200,
+    bench.add_argument("--calls", type=positive_int, default=200,
                        help="calls per round (default 200)")
-    bench.add_argument("--batch", type=count_arg, default=4096, help="batch size (default 4096)")
+    bench.add_argument("--batch", type=positive_int, default=4096, help="batch size (default 4096)")
 
     export = command("export-onnx", cmd_export_onnx,
                      "export the policy in ML-Agents' ONNX interface (drops back into Unity)",

@@ -1,0 +1,34 @@
+"""argparse types shared by the `huggy` commands (the core ones and those other packages
+contribute): whole numbers in a range, each refusal naming the range and what came."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def whole_number(low: int, high: int | None = None, shown: str | None = None,
+                 what: str = "a whole number") -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high] (no upper bound where `high` is None),
+    `what` in refusals; `shown` words the range where its numbers are long (default "low to
+    high")."""
+    expected = (f"{what} >= {low}" if high is None else f"{what}, {shown or f'{low} to {high}'}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = whole_number(1)
+"""A count: a whole number >= 1 (`--instances`, `--count`, `--rounds`, ...)."""
+seed64 = whole_number(0, 2**64 - 1, "0 to 2**64 - 1")
+"""A seed of the policy's noise: 0 to 2**64 - 1."""
+port_number = whole_number(1, 65535, what="a port")
+"""A TCP port: 1 to 65535."""
