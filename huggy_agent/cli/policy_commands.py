@@ -24,6 +24,7 @@ from huggy_agent.diagnostics import (
     precision_report,
 )
 from huggy_agent.engines import ENGINE_NAMES
+from huggy_agent.formats import load_policy
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.formats.results import list_checkpoints
 from huggy_agent.formats.sources import policy_path
@@ -326,11 +327,11 @@ def cmd_onnx_compare(args: argparse.Namespace) -> int:
     if args.policy is None:
         args.policy = onnx_path
     agent = _agent(args)
-    engine = agent.describe()["engine"]
-    if engine in ("onnxruntime", "native"):
-        raise ValueError(f"--engine {args.engine} runs batches on onnxruntime here ({engine}): "
-                         "onnxruntime would be compared with itself; use --engine torch")
-    reference = HuggyAgent(onnx_path, device="cpu", engine="torch").spec
+    if agent.engine in ("onnxruntime", "native"):
+        raise ValueError(f"--engine {args.engine} runs batches on onnxruntime here "
+                         f"({agent.engine}): onnxruntime would be compared with itself; use "
+                         "--engine torch")
+    reference = agent.spec if args.policy == onnx_path else load_policy(onnx_path).spec
     if reference != agent.spec:
         raise ValueError(f"{onnx_path} is {reference.describe()}, the policy "
                          f"{agent.spec.describe()}: they cannot be compared")
