@@ -18,11 +18,13 @@ import requests
 import yaml
 
 from deploy.placement import plan_placement, resolve_accelerator
+from deploy.serving import parsing
 from deploy.serving.parsing import parse_act_request, plain_one_row
 from deploy.serving.responses import ApiError, act_response
 from deploy.serving.routes import ApiKey, check_route
 from huggy_agent import HuggyAgent
 from huggy_agent.http_api import load_api_key
+from huggy_agent.native import KERNELS
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.remote import RemoteAgent, RemoteServerError
 from huggy_agent.spec import ActorSpec, ObservationInput
@@ -554,12 +556,25 @@ def test_app_arguments_are_refused_in_plain_words() -> None:
         assert "pydantic" not in str(refused.value)
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`plain_one_row` with each of its readers: the compiled one (huggy_agent.native, where it
+    was built) and orjson with numpy (where it was not)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(parsing, "KERNELS", None)
+    elif KERNELS is None:
+        pytest.skip("the compiled kernels were not built (no C compiler at install)")
+    return request.param
+
+
 @pytest.mark.parametrize("raw", [case[1] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
-def test_the_one_pass_reader_leaves_every_refused_body_to_the_full_checks(raw: bytes) -> None:
+def test_the_one_pass_reader_leaves_every_refused_body_to_the_full_checks(
+        raw: bytes, reader: str) -> None:
     assert plain_one_row(raw, SPEC) is None
 
 
-def test_the_one_pass_reader_leaves_a_value_beyond_float32_anywhere_in_the_row() -> None:
+def test_the_one_pass_reader_leaves_a_value_beyond_float32_anywhere_in_the_row(
+        reader: str) -> None:
     # 2**128 - 2**103 is the least magnitude that rounds to infinity in float32 (halfway past
     # its largest); the largest float32 beside it keeps the other values as big as they come.
     largest = repr(float(np.finfo(np.float32).max))
@@ -575,7 +590,83 @@ def test_the_one_pass_reader_leaves_a_value_beyond_float32_anywhere_in_the_row()
     assert accepted is not None and (accepted.obs == np.finfo(np.float32).max).all()
 
 
-def test_the_one_pass_reader_reads_the_common_body_as_the_full_checks_do() -> None:
+def float32_of_json_number(text: str) -> np.float32:
+    """What the full reading makes of one JSON number: Python's int or float of it (correctly
+    rounded), then numpy's cast to float32 through float64."""
+    value = int(text) if text.lstrip("-").isdigit() else float(text)
+    return np.array([value], dtype=np.float64).astype(np.float32)[0]
+
+
+@pytest.mark.skipif(KERNELS is None, reason="the compiled kernels were not built (no C compiler "
+                    "at install)")
+def test_the_compiled_reader_rounds_every_number_as_the_full_reading_does() -> None:
+    """`json_obs_row` bit for bit against Python's reading and numpy's cast (signed zeros
+    included), over numbers that take its fast path (up to 19 digits, exponent within 22) and
+    the ones it must hand to strtod: float32 halfway points written exactly (an integer such as
+    2**24 + 1 of few digits, and a 25-digit decimal), numbers within 2**-48 of one, which round
+    to float64 first (16777217.000000001 is float64's 16777217.0, so float32's 16777216), long
+    significands, exponents past 22, subnormals and the overflow edge; then 4,000 random float32
+    values as Python writes them and to 9 digits."""
+    halfway = 1 + 2.0**-24  # between 1 and float32's next value: exactly 25 decimal digits
+    tokens = ["0", "-0", "0.0", "-0.0", "-0e-5", "0E+3", "7", "-7", "0.5", "1e-45", "7e-46",
+              "-7e-46", "1e-400", "-1e-400", "0.1", "1E22", "1e23", "4.5e-23", "16777217",
+              "-16777217", "16777219", "1073741888", "1.6777217e7", "16777217.000000001",
+              f"{halfway:.24f}", f"{np.nextafter(halfway, 2):.25f}", "9007199254740993",
+              str(2**64 - 1), str(2**64), str(10**30), "3.4028235e38",
+              repr(float(np.nextafter(2.0**128 - 2.0**103, 0.0))),
+              "1.00000000000000000000000000001", "0." + "0" * 40 + "123",
+              # 16 to 19 digits a few float64 steps from a float32 halfway point: w * 10**e
+              # lands on its other side (found by removing the check)
+              "1.109804096000000089e+9", "1.079502148437499945e+5", "4.614927893271669474e-4",
+              "3.575167590400000381e+10", "6.14971424000000060e+8", "1.5072121186676669e-5"]
+    bits = np.random.default_rng(5).integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(np.float32)
+    values = values[np.isfinite(values)]
+    tokens += [repr(float(v)) for v in values[:2000]] + [f"{v:.9g}" for v in values[2000:]]
+    row = np.empty((1, OBS), np.float32)
+    for start in range(0, len(tokens), OBS):
+        chunk = (tokens[start:start + OBS] * OBS)[:OBS]
+        assert KERNELS.json_obs_row(f'{{"obs": [{", ".join(chunk)}]}}'.encode(), row) == (
+            True, None, 0)
+        expected = np.array([float32_of_json_number(t) for t in chunk], dtype=np.float32)
+        mismatched = np.flatnonzero(row[0].view(np.uint32) != expected.view(np.uint32))
+        assert not mismatched.size, [(chunk[i], row[0][i], expected[i]) for i in mismatched]
+
+
+@pytest.mark.skipif(KERNELS is None, reason="the compiled kernels were not built (no C compiler "
+                    "at install)")
+def test_the_compiled_reader_takes_json_s_grammar_and_leaves_the_rest() -> None:
+    """Whitespace anywhere between tokens and the keys in any order are read; what is not JSON
+    (leading zeros, a bare point, a plus sign, hex, NaN), a key with an escape or out of the
+    common form, a repeated key, an integer option written as a float or out of [0, 2**64), a
+    row of the wrong length and anything after the object are left to the full reading."""
+    values = ["0.25"] * (OBS - 1)
+    row = np.empty((1, OBS), np.float32)
+
+    def read(text: str) -> tuple | None:
+        return KERNELS.json_obs_row(text.encode(), row)
+
+    spaced = f' \t{{\r\n"seed" : 9 ,\t"obs":[ 2 ,{",".join(values)} ] , "row_offset":4,' \
+             f'"deterministic" :false }}\n '
+    assert read(spaced) == (False, 9, 4) and row[0, 0] == 2 and (row[0, 1:] == 0.25).all()
+    assert read(f'{{"obs": [1, {", ".join(values)}], "seed": null, "deterministic": true}}') == (
+        True, None, 0)
+    for number in ("01", "1.", ".5", "+1", "1e", "1e+", "-", "0x10", "NaN", "-Infinity",
+                   "1_0", "true", '"1"', "null", "[1]", "1" * 65):
+        assert read(f'{{"obs": [{number}, {", ".join(values)}]}}') is None, number
+    row_text = ", ".join(["0.5"] * OBS)
+    for tail in (', "seed": 7.0', ', "seed": -1', f', "seed": {2**64}', ', "row_offset": 1e2',
+                 ', "deterministic": 1', ', "session": "u"', ', "obs": [1]', ', "seed": 01'):
+        assert read(f'{{"obs": [{row_text}]{tail}}}') is None, tail
+    for text in (f'{{"o\\u0062s": [{row_text}]}}', f'{{"obs": [{row_text}]}} x',
+                 f'{{"obs": [{row_text}, 0.5]}}', f'{{"obs": [{row_text}],}}',
+                 f'{{"obs": [{", ".join(["0.5"] * (OBS - 1))}]}}', '{"seed": 1}', "{}", "[]"):
+        assert read(text) is None, text
+    with pytest.raises(ValueError, match="float32"):
+        KERNELS.json_obs_row(b'{"obs": [1]}', np.empty(1, np.float64))
+
+
+def test_the_one_pass_reader_reads_the_common_body_as_the_full_checks_do(reader: str) -> None:
     below_overflow = float(np.nextafter(2.0**128 - 2.0**103, 0.0))
     numbers = ["0.5", "-0.0", "1e-45", str(2**63), str(-2**63), repr(below_overflow),
                repr(-below_overflow), "3.4028235e38", "7"] + ["0.25"] * (OBS - 9)

@@ -28,6 +28,7 @@ import orjson
 from deploy.serving.responses import ApiError
 from huggy_agent.http_api import SEED_LIMIT, check_session_key
 from huggy_agent.inputs import as_input_batch, as_mask_batch, as_memory_batch
+from huggy_agent.native import KERNELS
 from huggy_agent.spec import ActorSpec
 
 ROW_FIELDS = ("obs", "inputs", "instances", "action_mask", "memory")
@@ -87,11 +88,25 @@ def plain_one_row(body: bytes, spec: ActorSpec) -> ActRequest | None:
     anything else (then `read_act_document` and `act_from_document` read it, with the same
     answer, and word any error).
 
+    The compiled reader (`huggy_agent.native`'s `json_obs_row`) reads the body straight into
+    the float32 row; where the kernels were not built, `_plain_one_row_numpy` reads it."""
+    inputs = spec.inputs
+    if len(inputs) != 1 or spec.memory_size or inputs[0].kind != "vector":
+        return None
+    if KERNELS is None:
+        return _plain_one_row_numpy(body, inputs[0].shape[0])
+    row = np.empty((1, inputs[0].shape[0]), np.float32)
+    options = KERNELS.json_obs_row(body, row)
+    return None if options is None else ActRequest([row], True, *options)
+
+
+def _plain_one_row_numpy(body: bytes, size: int) -> ActRequest | None:
+    """`plain_one_row` for an observation of `size` numbers, with orjson and numpy.
+
     The body is plain when it holds no backslash, no '"' but its keys' and no 'u' or 'a' but
     its keys' and its top-level literals' (see `_may_hide_values`): no key repeats and no
     string or literal hides in 'obs'."""
-    inputs = spec.inputs
-    if len(inputs) != 1 or spec.memory_size or inputs[0].kind != "vector" or b"\\" in body:
+    if b"\\" in body:
         return None
     try:
         document = orjson.loads(body)
@@ -103,7 +118,7 @@ def plain_one_row(body: bytes, spec: ActorSpec) -> ActRequest | None:
     deterministic = document.get("deterministic", True)
     seed = document.get("seed")
     row_offset = document.get("row_offset", 0)
-    if (type(obs) is not list or len(obs) != inputs[0].shape[0]
+    if (type(obs) is not list or len(obs) != size
             or type(deterministic) is not bool
             or not (seed is None or (type(seed) is int and 0 <= seed < SEED_LIMIT))
             or not (type(row_offset) is int and 0 <= row_offset < SEED_LIMIT)
