@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from envs.cli import add_env_parameter_option, output_folder
-from huggy_agent.cli.arguments import port_number, positive_int
+from huggy_agent.cli.arguments import number, port_number, positive_int
 
 ACCELERATOR_CHOICES = ("auto", "cpu", "gpu", "npu")
 PRECISION_CHOICES = ("fp32", "fp16", "bf16")
@@ -232,7 +232,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     scaling.add_argument("--autoscale", action="store_true",
                          help="scale between 1 and --max-replicas replicas on load")
     parser.add_argument("--max-replicas", type=int, default=4)
-    parser.add_argument("--num-cpus", type=float, default=1.0, help="CPUs each replica holds")
+    parser.add_argument("--num-cpus", type=number(0), default=1.0, help="CPUs each replica holds")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8000,
                         help="HTTP port (default: 8000)")
@@ -249,15 +249,15 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="HTTP path into the replicas: haproxy (fastest, default), proxy "
                              "(Serve's Python proxy), or direct (each replica also listens on its "
                              "own port from 30000; --port stays Serve's proxy)")
-    parser.add_argument("--max-batch-size", type=int, default=256,
+    parser.add_argument("--max-batch-size", type=positive_int, default=256,
                         help="most observations in one forward pass (default: 256)")
-    parser.add_argument("--batch-wait-ms", type=float, default=0.0,
-                        help="how long a batch waits for more requests (default: 0, take what "
-                             "is queued)")
-    parser.add_argument("--max-rows", type=int, default=256,
+    parser.add_argument("--batch-wait-ms", type=number(0, 10_000), default=0.0,
+                        help="how long a batch waits for more requests, 0 to 10000 (default: "
+                             "0, take what is queued)")
+    parser.add_argument("--max-rows", type=positive_int, default=256,
                         help="most observations in one request (default: 256)")
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    parser.add_argument("--start-timeout", type=float, default=180.0,
+    parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20)
+    parser.add_argument("--start-timeout", type=number(0, above=True), default=180.0,
                         help="seconds to wait for the replicas to start (default: 180)")
     parser.add_argument("--api-key-file", metavar="PATH", default=None,
                         help="require the key on this file's first line as 'Authorization: "

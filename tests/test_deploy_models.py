@@ -229,7 +229,23 @@ def test_huggy_serve_and_rollout_refuse_bad_arguments_before_starting_anything(
     for args, message in [(["--port", "-1"], "argument --port: expected a port, 1 to 65535, "
                                              "got -1"),
                           (["--grpc-port", "65536"], "argument --grpc-port: expected a port, 1 "
-                                                     "to 65535, got 65536")]:
+                                                     "to 65535, got 65536"),
+                          (["--batch-wait-ms", "-1"], "argument --batch-wait-ms: expected a "
+                                                      "number >= 0 and <= 10000, got -1"),
+                          (["--batch-wait-ms", "nan"], "argument --batch-wait-ms: expected a "
+                                                       "number >= 0 and <= 10000, got nan"),
+                          (["--start-timeout", "0"], "argument --start-timeout: expected a number "
+                                                     "> 0, got 0"),
+                          (["--start-timeout", "nan"], "argument --start-timeout: expected a "
+                                                       "number > 0, got nan"),
+                          (["--num-cpus", "inf"], "argument --num-cpus: expected a number >= 0, "
+                                                  "got inf"),
+                          (["--num-cpus", "one"], "argument --num-cpus: expected a number >= 0, "
+                                                  "got 'one'"),
+                          (["--max-rows", "0"], "argument --max-rows: expected a whole number "
+                                                ">= 1, got 0"),
+                          (["--max-body-bytes", "1e6"], "argument --max-body-bytes: expected a "
+                                                        "whole number >= 1, got '1e6'")]:
         with pytest.raises(SystemExit) as refused:
             main(["serve", run, *args])
         assert refused.value.code == 2 and message in capsys.readouterr().err

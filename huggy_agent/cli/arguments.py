@@ -1,9 +1,11 @@
 """argparse types shared by the `huggy` commands (the core ones and those other packages
-contribute): whole numbers in a range, each refusal naming the range and what came."""
+contribute): whole numbers and finite numbers in a range, each refusal naming the range and
+what came."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 
@@ -21,6 +23,26 @@ def whole_number(low: int, high: int | None = None, shown: str | None = None,
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
+
+
+def number(low: float, high: float | None = None, above: bool = False
+           ) -> Callable[[str], float]:
+    """An argparse type: a finite number >= `low` (> `low` where `above`) and <= `high` where
+    given; NaN and infinities are refused."""
+    expected = f"a number {'>' if above else '>='} {low:g}" + (
+        "" if high is None else f" and <= {high:g}")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not (math.isfinite(value) and (value > low if above else value >= low)
+                and (high is None or value <= high)):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
         return value
 
     return parse
