@@ -16,7 +16,7 @@ matches (`envs.matches`) use it directly, batching each behavior's rows into one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import numpy as np
 from envs.behaviors import agent_name
 from envs.instance import InstanceConfig, SlotLayout, check_seed, open_unity
 from envs.standin.launcher import builtin_path, spec_arguments
+from envs.standin.parameters import STAND_INS, check_parameters
 
 BUILTIN = "builtin"
 """`file_name` of the built-in stand-ins: "builtin" (Huggy, or the behaviors of
@@ -34,11 +35,26 @@ MAX_QUIET_EXCHANGES = 1000
 """Exchanges in a row in which no agent decides or finishes before `step` gives up."""
 
 
-def resolve_builtin(file_name: str | None, behavior_spec: Any = None) -> tuple[str, tuple[str, ...]]:
+def check_builtin_parameters(file_name: str | None, behavior_spec: Any = None,
+                             parameters: Iterable[tuple[str, float]] = ()) -> None:
+    """ValueError for an EnvironmentParameters key or value that the built-in stand-in of
+    `file_name` (as `resolve_builtin` reads it) would ignore (`envs.standin.parameters`);
+    nothing for a Unity build, whose parameters are its own."""
+    if file_name is None or file_name == BUILTIN:
+        check_parameters("huggy" if behavior_spec is None else "spec", parameters)
+    elif file_name.startswith(BUILTIN + ":") and file_name.split(":", 1)[1] in STAND_INS:
+        check_parameters(file_name.split(":", 1)[1], parameters)
+
+
+def resolve_builtin(file_name: str | None, behavior_spec: Any = None,
+                    parameters: Iterable[tuple[str, float]] = ()
+                    ) -> tuple[str, tuple[str, ...]]:
     """The executable and extra arguments of `file_name`: a build as it is; "builtin" (or None)
     the Huggy stand-in, or the spec-driven stand-in playing `behavior_spec`; "builtin:<scene>"
-    that scene of the stand-in. ValueError for an unknown scene, FileNotFoundError for a build
-    that is not there."""
+    that scene of the stand-in. ValueError for an unknown scene or for `parameters` the
+    stand-in would ignore (`check_builtin_parameters`), FileNotFoundError for a build that is
+    not there."""
+    check_builtin_parameters(file_name, behavior_spec, parameters)
     if file_name is None or file_name == BUILTIN:
         if behavior_spec is not None:
             return builtin_path(), spec_arguments(behavior_spec)
@@ -121,13 +137,14 @@ class TeamsEnv:
             EnvironmentParametersChannel,
         )
 
-        executable, arguments = resolve_builtin(file_name, behavior_spec)
+        parameters = tuple((env_parameters or {}).items())
+        executable, arguments = resolve_builtin(file_name, behavior_spec, parameters)
         base_port = (UnityEnvironment.BASE_ENVIRONMENT_PORT if base_port is None else base_port)
         config = InstanceConfig(
             file_name=env_utils.validate_environment_path(executable) or executable,
             worker_ids=tuple(worker_id + k for k in range(16)), base_port=base_port,
             seed=check_seed(seed), no_graphics=no_graphics, timeout_wait=timeout_wait,
-            time_scale=time_scale, parameters=tuple((env_parameters or {}).items()),
+            time_scale=time_scale, parameters=parameters,
             log_folder=log_folder, additional_args=arguments)
         engine = EngineConfigurationChannel()
         engine.set_configuration_parameters(time_scale=time_scale)

@@ -202,9 +202,12 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
                                 ("arena_size", arena_size, 3.0)):
             if value is not None and not value >= low:
                 raise ValueError(f"{key} must be >= {low}, got {value}")
+        parameters = tuple((key, float(value)) for key, value in (
+            ("num_agents", num_agents), ("max_steps", max_steps), ("arena_size", arena_size),
+            *(env_parameters or {}).items()) if value is not None)
         additional_args: tuple[str, ...] = ()
         if file_name is None or str(file_name).startswith(BUILTIN):
-            file_name, additional_args = resolve_builtin(file_name, behavior_spec)
+            file_name, additional_args = resolve_builtin(file_name, behavior_spec, parameters)
         elif env_utils.validate_environment_path(str(file_name)) is None:
             raise FileNotFoundError(
                 f"Unity executable not found: {file_name!r} (expected an executable file, "
@@ -212,9 +215,6 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             )
         self.file_name = str(file_name)
         self.timeout_wait = timeout_wait
-        parameters = tuple((key, float(value)) for key, value in (
-            ("num_agents", num_agents), ("max_steps", max_steps), ("arena_size", arena_size),
-            *(env_parameters or {}).items()) if value is not None)
         base = UnityEnvironment.BASE_ENVIRONMENT_PORT if base_port is None else base_port
         cores = sorted(os.sched_getaffinity(0)) if pin_cores and instances > 1 else []
         configs = [

@@ -259,6 +259,85 @@ def test_vector_env_rejects_bad_parameters_before_starting() -> None:
         envs.HuggyVectorEnv(arena_size=1.0)
 
 
+def test_each_stand_in_refuses_the_parameters_it_would_ignore() -> None:
+    """A key the stand-in does not take (the message lists, in order, those it does), a value
+    its configuration refuses, and a seed that float32 cannot carry exactly are refused; the
+    values at their limits are taken."""
+    from envs.standin.parameters import check_parameters
+
+    for stand_in, taken, refused in [
+        ("huggy", [("num_agents", 1), ("max_steps", 0), ("arena_size", 3.0), ("seed", 2**24 - 1),
+                   ("episode_length", 0), ("echo_actions", 1), ("render", 0)],
+         [("num_agent", 4, "environment parameter 'num_agent' is not one that the Huggy "
+           "stand-in takes; expected one of arena_size, echo_actions, episode_length, "
+           "episode_length_step, max_steps, num_agents, render, seed"),
+          ("num_agents", 0, "environment parameter num_agents=0 is refused by the Huggy "
+           "stand-in: num_agents must be >= 1, got 0"),
+          ("arena_size", 2.9, "arena_size must be >= 3.0, got 2.9"),
+          ("render", 2, "render must be 0 or 1, got 2"),
+          ("num_agents", float("nan"), "environment parameter num_agents=nan is refused"),
+          ("max_steps", float("inf"), "environment parameter max_steps=inf is refused"),
+          ("seed", 0.5, "environment parameter seed must be a whole number, 0 to 2**24 - 1, "
+           "got 0.5"),
+          ("seed", 2**24, "got 1.67772e+07"), ("seed", -1, "got -1")]),
+        ("spec", [("num_agents", 2), ("episode_length", 1), ("episode_length_step", 0)],
+         [("max_steps", 10, "environment parameter 'max_steps' is not one that the "
+           "spec-driven stand-in takes; expected one of episode_length, episode_length_step, "
+           "num_agents, seed"),
+          ("episode_length", 0, "need num_agents >= 1, episode_length >= 1")]),
+        ("soccertwos", [("num_arenas", 1), ("max_environment_steps", 1), ("ball_touch", -2.5)],
+         [("num_agents", 4, "environment parameter 'num_agents' is not one that the stand-in "
+           "SoccerTwos takes; expected one of ball_touch, max_environment_steps, num_arenas, "
+           "seed"),
+          ("ball_touch", float("inf"), "ball_touch must be finite, got inf"),
+          ("num_arenas", 0, "num_arenas must be >= 1, got 0")]),
+    ]:
+        check_parameters(stand_in, taken)
+        for key, value, message in refused:
+            with pytest.raises(ValueError) as error:
+                check_parameters(stand_in, [*taken, (key, value)])
+            assert message in str(error.value), (stand_in, key, value)
+
+
+def test_environments_refuse_a_stand_in_s_unknown_parameter_before_starting_it() -> None:
+    """The Gymnasium and team environments check their built-in stand-in's parameters before
+    a process starts; a Unity build's parameters are its own (nothing to check)."""
+    from envs.teams import TeamsEnv, check_builtin_parameters
+
+    with pytest.raises(ValueError, match="'num_agent' is not one that the Huggy stand-in"):
+        envs.HuggyVectorEnv(env_parameters={"num_agent": 4})
+    with pytest.raises(ValueError, match="'max_steps' is not one that the spec-driven"):
+        envs.UnityVectorEnv(file_name=None, max_steps=10, behavior_spec={
+            "inputs": [{"name": "obs_0", "shape": [3], "kind": "vector"}],
+            "continuous_size": 2, "discrete_branches": []})
+    with pytest.raises(ValueError, match="'gravity' is not one that the stand-in SoccerTwos"):
+        TeamsEnv("builtin:soccertwos", env_parameters={"gravity": 1.0})
+    check_builtin_parameters("/path/to/Huggy.x86_64", None, [("gravity", 1.0)])
+
+
+def test_the_commands_refuse_a_stand_in_s_unknown_parameter_before_any_work(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--env-param` for the stand-in: rollout, evaluate and tournament exit with 2 and say
+    which parameter and why, before opening an environment or starting Ray."""
+    from huggy_agent.cli import main
+
+    policy = str(fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt")
+    for command, message in [
+        (["rollout", "--env-param", "num_agent=4"],
+         "huggy rollout: error: environment parameter 'num_agent' is not one that the Huggy "
+         "stand-in takes"),
+        (["evaluate", "--no-ray", "--env-param", "arena_size=1", policy],
+         "huggy evaluate: error: environment parameter arena_size=1 is refused by the Huggy "
+         "stand-in: arena_size must be >= 3.0, got 1.0"),
+        (["tournament", "--no-ray", "--env-param", "ball_touch=inf", "heuristic:idle",
+          "heuristic:random"],
+         "huggy tournament: error: environment parameter ball_touch=inf is refused by the "
+         "stand-in SoccerTwos: ball_touch must be finite, got inf"),
+    ]:
+        assert main([*command, "--no-progress"]) == 2
+        assert message in capsys.readouterr().err, command
+
+
 @pytest.mark.parametrize("ids", [range(18), range(100, 118), range(120, 138), range(20000, 20018)])
 @pytest.mark.parametrize("flags", ["none", "done", "max_step"])
 def test_agent_infos_in_bulk_parse_as_protobuf(ids: range, flags: str) -> None:

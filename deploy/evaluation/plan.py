@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from deploy.placement import ACCELERATORS
+from envs.teams import check_builtin_parameters
 from huggy_agent.discovery import FoundPolicy
 from huggy_agent.remote import RemoteAgent
 
@@ -93,6 +94,11 @@ class EnvSpec:
         if isinstance(self.instances, bool) or not isinstance(self.instances, int) \
                 or self.instances < 1:
             raise ValueError(f"instances must be an integer >= 1, got {self.instances!r}")
+        scene = [(key, value) for key, value in (("num_agents", self.num_agents),
+                                                 ("max_steps", self.max_steps))
+                 if value is not None]
+        check_builtin_parameters(self.file_name, self.behavior_spec,
+                                 [*scene, *self.parameters.items()])
 
 
 SELECT_BY = ("mean", "median", "iqm")

@@ -40,7 +40,7 @@ from deploy.evaluation.runner import (
 from deploy.placement import ACCELERATORS
 from envs.heuristics import is_heuristic, load_heuristic
 from envs.matches import MatchPlan, play_matches
-from envs.teams import TeamsEnv
+from envs.teams import TeamsEnv, check_builtin_parameters
 from huggy_agent.discovery import find_policies
 
 
@@ -99,6 +99,7 @@ class TournamentEnv:
         if stand_in is not None and stand_in != self.arenas:
             raise ValueError(f"num_arenas={stand_in:g} disagrees with arenas={self.arenas}: the "
                              "stand-in's arenas are the arenas (--arenas)")
+        check_builtin_parameters(self.file_name, parameters=self.parameters.items())
 
     def open(self) -> TeamsEnv:
         """The environment, on a port that was free a moment ago."""
