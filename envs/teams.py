@@ -25,8 +25,8 @@ import numpy as np
 
 from envs.behaviors import agent_name
 from envs.instance import InstanceConfig, SlotLayout, check_seed, open_unity
-from envs.standin.launcher import builtin_path, spec_arguments
-from envs.standin.parameters import STAND_INS, check_parameters
+from envs.standin.launcher import SCENES, builtin_path, spec_arguments
+from envs.standin.parameters import check_parameters
 
 BUILTIN = "builtin"
 """`file_name` of the built-in stand-ins: "builtin" (Huggy, or the behaviors of
@@ -42,7 +42,7 @@ def check_builtin_parameters(file_name: str | None, behavior_spec: Any = None,
     nothing for a Unity build, whose parameters are its own."""
     if file_name is None or file_name == BUILTIN:
         check_parameters("huggy" if behavior_spec is None else "spec", parameters)
-    elif file_name.startswith(BUILTIN + ":") and file_name.split(":", 1)[1] in STAND_INS:
+    elif file_name.startswith(BUILTIN + ":") and file_name.split(":", 1)[1] in SCENES:
         check_parameters(file_name.split(":", 1)[1], parameters)
 
 

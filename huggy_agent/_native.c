@@ -724,10 +724,11 @@ static PyObject *noise_kernels(PyObject *self, PyObject *unused) {
  * len(row) numbers) and optionally "deterministic" (true or false), "seed" (null or an integer in
  * [0, 2**64)) and "row_offset" (an integer in [0, 2**64)), each key once and without escapes,
  * JSON whitespace anywhere between tokens. Anything else (another key or form, an escape, a
- * value out of range, a number not finite in float32, a syntax error) is declined, and the
- * caller reads the body the slow way, which words any error. Each number becomes what Python's
- * float() reads, cast to float32 as numpy casts it (rounded to float64, then to float32), except
- * that an integer reads as a Python int does: -0 is +0. */
+ * value out of range, a number not finite in float32, a number too long for the fast path
+ * below and over 64 characters, an exponent of 100000 or more, a syntax error) is declined,
+ * and the caller reads the body the slow way, which words any error. Each number becomes what
+ * Python's float() reads, cast to float32 as numpy casts it (rounded to float64, then to
+ * float32), except that an integer reads as a Python int does: -0 is +0. */
 
 /* 10**0 .. 10**22: every power of ten that float64 holds exactly. */
 static const double POWERS_OF_TEN[] = {
@@ -736,6 +737,7 @@ static const double POWERS_OF_TEN[] = {
 };
 #define FLOAT32_OVERFLOW 0x1.ffffffp+127 /* the least magnitude that rounds to infinity */
 #define NUMBER_TEXT_MAX 64               /* longer numbers are declined */
+#define EXPONENT_MAX 100000              /* numbers with longer exponents are declined */
 
 static const char *json_space(const char *p, const char *end) {
     while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
@@ -782,7 +784,7 @@ static int json_uint64(const char **p, const char *end, uint64_t *value) {
  * text, correctly rounded, as Python's float() does. 0 where the magnitude is not finite in
  * float32 or the text is too long. */
 static int json_magnitude(const char *text, size_t length, uint64_t w, int significant,
-                          long scale, float *magnitude) {
+                          int64_t scale, float *magnitude) {
     if (significant <= 19 && scale >= -22 && scale <= 22) {
         double x = scale >= 0 ? (double)w * POWERS_OF_TEN[scale]
                               : (double)w / POWERS_OF_TEN[-scale];
@@ -812,7 +814,7 @@ static int json_float32(const char **p, const char *end, float *value) {
     const char *q = *p;
     int negative = 0, integer = 1, significant = 0;
     uint64_t w = 0;
-    long scale = 0, exponent = 0;
+    int64_t scale = 0, exponent = 0;
     if (q < end && *q == '-') {
         negative = 1;
         q++;
@@ -820,7 +822,8 @@ static int json_float32(const char **p, const char *end, float *value) {
     const char *digits = q;
 #define JSON_SIGNIFICAND_DIGIT()                                                               \
     do {                                                                                       \
-        if ((w || *q != '0') && ++significant <= 19) w = w * 10 + (uint64_t)(*q - '0');        \
+        if ((w || *q != '0') && significant < 20 && ++significant <= 19)                       \
+            w = w * 10 + (uint64_t)(*q - '0');                                                 \
     } while (0)
     if (!json_digit(q, end)) return 0;
     if (*q == '0') {
@@ -840,8 +843,10 @@ static int json_float32(const char **p, const char *end, float *value) {
         q++;
         if (q < end && (*q == '+' || *q == '-')) exponent_negative = *q++ == '-';
         if (!json_digit(q, end)) return 0;
-        for (; json_digit(q, end); q++)
-            if (exponent < 100000) exponent = exponent * 10 + (*q - '0');
+        for (; json_digit(q, end); q++) {
+            if (exponent >= EXPONENT_MAX) return 0; /* its value is 0 or infinite in float32 */
+            exponent = exponent * 10 + (*q - '0');
+        }
         scale += exponent_negative ? -exponent : exponent;
     }
     float magnitude;

@@ -626,11 +626,13 @@ def test_the_compiled_reader_rounds_every_number_as_the_full_reading_does() -> N
     row = np.empty((1, OBS), np.float32)
     for start in range(0, len(tokens), OBS):
         chunk = (tokens[start:start + OBS] * OBS)[:OBS]
-        assert KERNELS.json_obs_row(f'{{"obs": [{", ".join(chunk)}]}}'.encode(), row) == (
-            True, None, 0)
+        text = f'{{"obs": [{", ".join(chunk)}]}}'.encode()
+        assert KERNELS.json_obs_row(text, row) == (True, None, 0)
         expected = np.array([float32_of_json_number(t) for t in chunk], dtype=np.float32)
         mismatched = np.flatnonzero(row[0].view(np.uint32) != expected.view(np.uint32))
         assert not mismatched.size, [(chunk[i], row[0][i], expected[i]) for i in mismatched]
+        full = parse_act_request(text, SPEC, 8).obs[0]  # the full reading agrees, bit for bit
+        assert (full.view(np.uint32) == expected.view(np.uint32)).all()
 
 
 @pytest.mark.skipif(KERNELS is None, reason="the compiled kernels were not built (no C compiler "
@@ -662,6 +664,12 @@ def test_the_compiled_reader_takes_json_s_grammar_and_leaves_the_rest() -> None:
                  f'{{"obs": [{row_text}, 0.5]}}', f'{{"obs": [{row_text}],}}',
                  f'{{"obs": [{", ".join(["0.5"] * (OBS - 1))}]}}', '{"seed": 1}', "{}", "[]"):
         assert read(text) is None, text
+    # An exponent of more digits than it reads is declined, even where a long fraction would
+    # bring the number back within the fast path's range (this one is infinite in float32).
+    huge = f'{{"obs": [0.{"0" * 99_999}1e1000009, {", ".join(values)}]}}'
+    assert read(huge) is None and read(huge.replace("e1000009", "e99999")) is not None
+    with pytest.raises(ApiError, match="finite"):
+        parse_act_request(huge.encode(), SPEC, 8)
     with pytest.raises(ValueError, match="float32"):
         KERNELS.json_obs_row(b'{"obs": [1]}', np.empty(1, np.float64))
 

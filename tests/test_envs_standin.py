@@ -238,11 +238,13 @@ def test_environment_parameters_channel_messages() -> None:
     from envs.standin.protocol import parse_environment_parameters
 
     channel = EnvironmentParametersChannel()
-    for key, value in (("num_agents", 4), ("max_steps", -2), ("seed", 9), ("gravity", 1)):
+    for key, value in (("num_agents", 4), ("max_steps", -2), ("seed", 9), ("gravity", 1),
+                       ("arena_size", float("inf")), ("episode_length", float("inf"))):
         channel.set_float_parameter(key, value)
     data = bytes(SideChannelManager([channel]).generate_side_channel_messages())
     assert parse_environment_parameters(data) == {
-        "num_agents": 4.0, "max_steps": -2.0, "seed": 9.0, "gravity": 1.0}
+        "num_agents": 4.0, "max_steps": -2.0, "seed": 9.0, "gravity": 1.0,
+        "arena_size": float("inf"), "episode_length": float("inf")}
     log = io.StringIO()
     standin = StandIn(log)
     standin.apply_parameters(data)
@@ -250,6 +252,7 @@ def test_environment_parameters_channel_messages() -> None:
     assert standin.pending_seed == 9
     assert "ignoring environment parameter max_steps=-2.0" in log.getvalue()
     assert "ignoring unknown environment parameter gravity=1.0" in log.getvalue()
+    assert "ignoring environment parameter episode_length=inf" in log.getvalue()
 
 
 def test_vector_env_rejects_bad_parameters_before_starting() -> None:
@@ -261,8 +264,9 @@ def test_vector_env_rejects_bad_parameters_before_starting() -> None:
 
 def test_each_stand_in_refuses_the_parameters_it_would_ignore() -> None:
     """A key the stand-in does not take (the message lists, in order, those it does), a value
-    its configuration refuses, and a seed that float32 cannot carry exactly are refused; the
-    values at their limits are taken."""
+    its configuration refuses or that float32 (the side channel's type) makes infinite, and a
+    seed that float32 cannot carry exactly are refused; the values at their limits are
+    taken."""
     from envs.standin.parameters import check_parameters
 
     for stand_in, taken, refused in [
@@ -275,8 +279,11 @@ def test_each_stand_in_refuses_the_parameters_it_would_ignore() -> None:
            "stand-in: num_agents must be >= 1, got 0"),
           ("arena_size", 2.9, "arena_size must be >= 3.0, got 2.9"),
           ("render", 2, "render must be 0 or 1, got 2"),
-          ("num_agents", float("nan"), "environment parameter num_agents=nan is refused"),
-          ("max_steps", float("inf"), "environment parameter max_steps=inf is refused"),
+          ("num_agents", float("nan"), "environment parameter num_agents=nan is not a finite "
+           "float32, the type the side channel carries"),
+          ("max_steps", 1e39, "environment parameter max_steps=1e+39 is not a finite float32"),
+          ("arena_seed_0", 5, "environment parameter 'arena_seed_0' is not one that the Huggy "
+           "stand-in takes"),
           ("seed", 0.5, "environment parameter seed must be a whole number, 0 to 2**24 - 1, "
            "got 0.5"),
           ("seed", 2**24, "got 1.67772e+07"), ("seed", -1, "got -1")]),
@@ -285,11 +292,15 @@ def test_each_stand_in_refuses_the_parameters_it_would_ignore() -> None:
            "spec-driven stand-in takes; expected one of episode_length, episode_length_step, "
            "num_agents, seed"),
           ("episode_length", 0, "need num_agents >= 1, episode_length >= 1")]),
-        ("soccertwos", [("num_arenas", 1), ("max_environment_steps", 1), ("ball_touch", -2.5)],
+        ("soccertwos", [("num_arenas", 1), ("max_environment_steps", 1), ("ball_touch", -2.5),
+                        ("arena_seed_0", 0), ("arena_seed_31", 2**24 - 1)],
          [("num_agents", 4, "environment parameter 'num_agents' is not one that the stand-in "
            "SoccerTwos takes; expected one of ball_touch, max_environment_steps, num_arenas, "
-           "seed"),
-          ("ball_touch", float("inf"), "ball_touch must be finite, got inf"),
+           "seed, arena_seed_K"),
+          ("ball_touch", float("inf"), "ball_touch=inf is not a finite float32"),
+          ("ball_touch", 3.5e38, "ball_touch=3.5e+38 is not a finite float32"),
+          ("arena_seed_2", 0.5, "environment parameter arena_seed_2 must be a whole number, 0 "
+           "to 2**24 - 1, got 0.5"),
           ("num_arenas", 0, "num_arenas must be >= 1, got 0")]),
     ]:
         check_parameters(stand_in, taken)
@@ -329,10 +340,13 @@ def test_the_commands_refuse_a_stand_in_s_unknown_parameter_before_any_work(
         (["evaluate", "--no-ray", "--env-param", "arena_size=1", policy],
          "huggy evaluate: error: environment parameter arena_size=1 is refused by the Huggy "
          "stand-in: arena_size must be >= 3.0, got 1.0"),
-        (["tournament", "--no-ray", "--env-param", "ball_touch=inf", "heuristic:idle",
-          "heuristic:random"],
-         "huggy tournament: error: environment parameter ball_touch=inf is refused by the "
-         "stand-in SoccerTwos: ball_touch must be finite, got inf"),
+        (["tournament", "--no-ray", "--env-param", "max_environment_steps=0",
+          "heuristic:idle", "heuristic:random"],
+         "huggy tournament: error: environment parameter max_environment_steps=0 is refused by "
+         "the stand-in SoccerTwos: max_environment_steps must be >= 1, got 0.0"),
+        (["tournament", "--no-ray", "--env", "builtin", "heuristic:idle", "heuristic:random"],
+         "huggy tournament: error: a tournament needs a scene whose two teams share a "
+         "behavior: 'builtin:soccertwos' or a build, got 'builtin'"),
     ]:
         assert main([*command, "--no-progress"]) == 2
         assert message in capsys.readouterr().err, command

@@ -94,21 +94,29 @@ class TournamentEnv:
     def __post_init__(self) -> None:
         if isinstance(self.arenas, bool) or not isinstance(self.arenas, int) or self.arenas < 1:
             raise ValueError(f"arenas must be an integer >= 1, got {self.arenas!r}")
+        if self.file_name.startswith("builtin") and self.file_name != "builtin:soccertwos":
+            raise ValueError(f"a tournament needs a scene whose two teams share a behavior: "
+                             f"'builtin:soccertwos' or a build, got {self.file_name!r}")
         stand_in = self.parameters.get("num_arenas") if self.file_name.startswith("builtin") \
             else None
         if stand_in is not None and stand_in != self.arenas:
             raise ValueError(f"num_arenas={stand_in:g} disagrees with arenas={self.arenas}: the "
                              "stand-in's arenas are the arenas (--arenas)")
-        check_builtin_parameters(self.file_name, parameters=self.parameters.items())
+        check_builtin_parameters(self.file_name, parameters=self.sent_parameters().items())
 
-    def open(self) -> TeamsEnv:
-        """The environment, on a port that was free a moment ago."""
+    def sent_parameters(self) -> dict[str, float]:
+        """The EnvironmentParameters the scene gets: `parameters`, and for the stand-in its
+        `num_arenas` (the arenas)."""
         parameters = dict(self.parameters)
         if self.file_name.startswith("builtin"):
             parameters.setdefault("num_arenas", float(self.arenas))
+        return parameters
+
+    def open(self) -> TeamsEnv:
+        """The environment, on a port that was free a moment ago."""
         return TeamsEnv(self.file_name, worker_id=free_worker_id(),
                         timeout_wait=self.timeout_wait, time_scale=self.time_scale,
-                        env_parameters=parameters)
+                        env_parameters=self.sent_parameters())
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,12 @@ configuration refuses (`protocol.apply_parameter_values`), which would leave a t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from envs.standin import client, spec_client
 from envs.standin.sim import SimConfig
@@ -26,24 +29,34 @@ STAND_INS: dict[str, tuple[str, Any, frozenset[str]]] = {
 }
 """By stand-in ("huggy", "spec": the one playing a policy's own behaviors, or a scene of
 `launcher.SCENES`): its name in messages, its default configuration and the keys it applies."""
+SEED_PATTERNS = {"soccertwos": (soccer.ARENA_SEED, "arena_seed_K")}
+"""Keys that seed a part of a stand-in's scene (SoccerTwos: the next episode of arena K), each
+with its name in messages; their values follow the rule of `seed`."""
 
 
 def check_parameters(stand_in: str, parameters: Iterable[tuple[str, float]]) -> None:
     """ValueError naming the first of `parameters` that `stand_in` (a key of `STAND_INS`) would
-    ignore: a key it does not take (the message lists those it does), a value its
-    configuration refuses, or a seed that is not a whole number in [0, 2**24)."""
+    ignore: a value that is not a finite float32 (the side channel's type), a key it does not
+    take (the message lists those it does), a value its configuration refuses, or a seed that
+    is not a whole number in [0, 2**24)."""
     name, config, allowed = STAND_INS[stand_in]
+    pattern, shown = SEED_PATTERNS.get(stand_in, (None, ""))
     for key, value in parameters:
-        if key not in allowed:
-            raise ValueError(f"environment parameter {key!r} is not one that {name} takes; "
-                             f"expected one of {', '.join(sorted(allowed))}")
-        if key == "seed":
-            if not (0 <= value < SEED_LIMIT and value == int(value)):
-                raise ValueError("environment parameter seed must be a whole number, 0 to "
+        with np.errstate(over="ignore"):
+            sent = float(np.float32(value))
+        if not math.isfinite(sent):
+            raise ValueError(f"environment parameter {key}={value:g} is not a finite float32, "
+                             "the type the side channel carries")
+        if key == "seed" or (pattern is not None and pattern.fullmatch(key)):
+            if not (0 <= sent < SEED_LIMIT and sent == int(sent)):
+                raise ValueError(f"environment parameter {key} must be a whole number, 0 to "
                                  f"2**24 - 1, got {value:g}")
-            continue
-        try:
-            replace(config, **{key: value}).validated()
-        except (ValueError, OverflowError) as error:  # int() of NaN or an infinity
-            raise ValueError(f"environment parameter {key}={value:g} is refused by {name}: "
-                             f"{error}") from None
+        elif key not in allowed:
+            raise ValueError(f"environment parameter {key!r} is not one that {name} takes; "
+                             f"expected one of {', '.join([*sorted(allowed), *filter(None, [shown])])}")
+        else:
+            try:
+                replace(config, **{key: sent}).validated()
+            except ValueError as error:
+                raise ValueError(f"environment parameter {key}={value:g} is refused by {name}: "
+                                 f"{error}") from None

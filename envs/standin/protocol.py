@@ -72,7 +72,8 @@ def apply_parameter_values(stand_in: Any, values: dict[str, float], allowed: set
             candidate = type(stand_in.config)(**{**vars(stand_in.config), key: value})
             try:
                 stand_in.config = candidate.validated()
-            except ValueError as error:  # keep the previous value, as Unity would
+            except (ValueError, OverflowError) as error:  # keep the previous value, as Unity
+                # would (OverflowError: an integer field of an infinite float32)
                 stand_in.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
 
 
