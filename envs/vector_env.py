@@ -95,6 +95,17 @@ class _LocalInstance:
         self.instance.close()
 
 
+def scene_parameters(num_agents: int | None = None, max_steps: int | None = None,
+                     arena_size: float | None = None,
+                     env_parameters: Mapping[str, float] | None = None
+                     ) -> tuple[tuple[str, float], ...]:
+    """The EnvironmentParameters `UnityVectorEnv` sends its scene, as (key, float) pairs:
+    `num_agents`, `max_steps` and `arena_size` where given, then `env_parameters`."""
+    return tuple((key, float(value)) for key, value in (
+        ("num_agents", num_agents), ("max_steps", max_steps), ("arena_size", arena_size),
+        *(env_parameters or {}).items()) if value is not None)
+
+
 class UnityVectorEnv(gymnasium.vector.VectorEnv):
     """All agents of a Unity behavior as one `gymnasium.vector.VectorEnv`.
 
@@ -202,9 +213,7 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
                                 ("arena_size", arena_size, 3.0)):
             if value is not None and not value >= low:
                 raise ValueError(f"{key} must be >= {low}, got {value}")
-        parameters = tuple((key, float(value)) for key, value in (
-            ("num_agents", num_agents), ("max_steps", max_steps), ("arena_size", arena_size),
-            *(env_parameters or {}).items()) if value is not None)
+        parameters = scene_parameters(num_agents, max_steps, arena_size, env_parameters)
         additional_args: tuple[str, ...] = ()
         if file_name is None or str(file_name).startswith(BUILTIN):
             file_name, additional_args = resolve_builtin(file_name, behavior_spec, parameters)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from deploy.placement import ACCELERATORS
 from envs.teams import check_builtin_parameters
+from envs.vector_env import scene_parameters
 from huggy_agent.discovery import FoundPolicy
 from huggy_agent.remote import RemoteAgent
 
@@ -94,11 +95,8 @@ class EnvSpec:
         if isinstance(self.instances, bool) or not isinstance(self.instances, int) \
                 or self.instances < 1:
             raise ValueError(f"instances must be an integer >= 1, got {self.instances!r}")
-        scene = [(key, value) for key, value in (("num_agents", self.num_agents),
-                                                 ("max_steps", self.max_steps))
-                 if value is not None]
-        check_builtin_parameters(self.file_name, self.behavior_spec,
-                                 [*scene, *self.parameters.items()])
+        check_builtin_parameters(self.file_name, self.behavior_spec, scene_parameters(
+            self.num_agents, self.max_steps, env_parameters=self.parameters))
 
 
 SELECT_BY = ("mean", "median", "iqm")

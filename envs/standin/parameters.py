@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from envs.instance import MAX_SEED
 from envs.standin import client, spec_client
+from envs.standin.protocol import configured
 from envs.standin.sim import SimConfig
 from envs.standin.soccer import standin as soccer
 from envs.standin.soccer.sim import SoccerConfig
 from envs.standin.spec_sim import SpecSimConfig
 
-SEED_LIMIT = 2**24
-"""Seeds travel as float32 on the side channel: whole numbers below 2**24 are exact."""
 STAND_INS: dict[str, tuple[str, Any, frozenset[str]]] = {
     "huggy": ("the Huggy stand-in", SimConfig(), frozenset(client.PARAMETERS)),
     "spec": ("the spec-driven stand-in", SpecSimConfig(), frozenset(spec_client.PARAMETERS)),
@@ -38,9 +37,10 @@ def check_parameters(stand_in: str, parameters: Iterable[tuple[str, float]]) -> 
     """ValueError naming the first of `parameters` that `stand_in` (a key of `STAND_INS`) would
     ignore: a value that is not a finite float32 (the side channel's type), a key it does not
     take (the message lists those it does), a value its configuration refuses, or a seed that
-    is not a whole number in [0, 2**24)."""
+    is not a whole number in [0, MAX_SEED) (float32 carries those exactly)."""
     name, config, allowed = STAND_INS[stand_in]
-    pattern, shown = SEED_PATTERNS.get(stand_in, (None, ""))
+    pattern, shown = SEED_PATTERNS.get(stand_in, (None, None))
+    expected = ", ".join([*sorted(allowed), *([shown] if shown else [])])
     for key, value in parameters:
         with np.errstate(over="ignore"):
             sent = float(np.float32(value))
@@ -48,15 +48,15 @@ def check_parameters(stand_in: str, parameters: Iterable[tuple[str, float]]) -> 
             raise ValueError(f"environment parameter {key}={value:g} is not a finite float32, "
                              "the type the side channel carries")
         if key == "seed" or (pattern is not None and pattern.fullmatch(key)):
-            if not (0 <= sent < SEED_LIMIT and sent == int(sent)):
+            if not (0 <= sent < MAX_SEED and sent == int(sent)):
                 raise ValueError(f"environment parameter {key} must be a whole number, 0 to "
                                  f"2**24 - 1, got {value:g}")
         elif key not in allowed:
             raise ValueError(f"environment parameter {key!r} is not one that {name} takes; "
-                             f"expected one of {', '.join([*sorted(allowed), *filter(None, [shown])])}")
+                             f"expected one of {expected}")
         else:
             try:
-                replace(config, **{key: sent}).validated()
+                configured(config, key, sent)
             except ValueError as error:
                 raise ValueError(f"environment parameter {key}={value:g} is refused by {name}: "
                                  f"{error}") from None

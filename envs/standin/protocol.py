@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TextIO
 
 from envs.http2 import UnaryClient
@@ -69,12 +70,20 @@ def apply_parameter_values(stand_in: Any, values: dict[str, float], allowed: set
         elif key == "seed":
             stand_in.pending_seed = int(value)
         else:
-            candidate = type(stand_in.config)(**{**vars(stand_in.config), key: value})
             try:
-                stand_in.config = candidate.validated()
-            except (ValueError, OverflowError) as error:  # keep the previous value, as Unity
-                # would (OverflowError: an integer field of an infinite float32)
+                stand_in.config = configured(stand_in.config, key, value)
+            except ValueError as error:  # keep the previous value, as Unity would
                 stand_in.log.write(f"ignoring environment parameter {key}={value}: {error}\n")
+
+
+def configured(config: Any, key: str, value: float) -> Any:
+    """`config` (a stand-in's configuration: a dataclass with `validated()`) with `key` set to
+    `value`, validated; ValueError naming the bad field, an integer field given an infinite
+    value included."""
+    try:
+        return replace(config, **{key: value}).validated()
+    except OverflowError as error:  # int() of an infinity
+        raise ValueError(str(error)) from None
 
 
 def initialization_output(name: str, brains: Sequence[tuple[str, int, tuple[int, ...]]] = ()
