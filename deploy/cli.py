@@ -228,10 +228,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                              "whichever the cluster has (default: auto)")
     parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
     scaling = parser.add_mutually_exclusive_group()
-    scaling.add_argument("--replicas", type=int, default=1, help="fixed number of replicas")
+    scaling.add_argument("--replicas", type=positive_int, default=1,
+                         help="fixed number of replicas (default: 1)")
     scaling.add_argument("--autoscale", action="store_true",
                          help="scale between 1 and --max-replicas replicas on load")
-    parser.add_argument("--max-replicas", type=int, default=4)
+    parser.add_argument("--max-replicas", type=positive_int, default=4,
+                        help="most replicas with --autoscale, which starts from 1 (default: 4)")
     parser.add_argument("--num-cpus", type=number(0), default=1.0, help="CPUs each replica holds")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP host (default: 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8000,

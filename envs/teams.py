@@ -35,15 +35,25 @@ MAX_QUIET_EXCHANGES = 1000
 """Exchanges in a row in which no agent decides or finishes before `step` gives up."""
 
 
+def builtin_stand_in(file_name: str | None, behavior_spec: Any = None) -> str | None:
+    """The built-in stand-in `file_name` starts, as `resolve_builtin` reads it (a key of
+    `envs.standin.parameters.STAND_INS`: "huggy", "spec" with `behavior_spec`, or a scene);
+    None for a Unity build or an unknown scene."""
+    if file_name is None or file_name == BUILTIN:
+        return "huggy" if behavior_spec is None else "spec"
+    if file_name.startswith(BUILTIN + ":") and file_name.split(":", 1)[1] in SCENES:
+        return file_name.split(":", 1)[1]
+    return None
+
+
 def check_builtin_parameters(file_name: str | None, behavior_spec: Any = None,
                              parameters: Iterable[tuple[str, float]] = ()) -> None:
     """ValueError for an EnvironmentParameters key or value that the built-in stand-in of
     `file_name` (as `resolve_builtin` reads it) would ignore (`envs.standin.parameters`);
     nothing for a Unity build, whose parameters are its own."""
-    if file_name is None or file_name == BUILTIN:
-        check_parameters("huggy" if behavior_spec is None else "spec", parameters)
-    elif file_name.startswith(BUILTIN + ":") and file_name.split(":", 1)[1] in SCENES:
-        check_parameters(file_name.split(":", 1)[1], parameters)
+    stand_in = builtin_stand_in(file_name, behavior_spec)
+    if stand_in is not None:
+        check_parameters(stand_in, parameters)
 
 
 def resolve_builtin(file_name: str | None, behavior_spec: Any = None,

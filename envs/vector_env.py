@@ -47,8 +47,9 @@ from envs.instance import (
     instance_seed,
 )
 from envs.standin import poses
+from envs.standin.parameters import STAND_INS
 from envs.standin.sim import DT
-from envs.teams import BUILTIN, resolve_builtin
+from envs.teams import BUILTIN, builtin_stand_in, resolve_builtin
 from envs.workers import InstanceWorkers
 
 __all__ = ["MAX_SEED", "RENDER_FPS", "EnvironmentStartError", "HuggyVectorEnv",
@@ -106,6 +107,24 @@ def scene_parameters(num_agents: int | None = None, max_steps: int | None = None
         *(env_parameters or {}).items()) if value is not None)
 
 
+def check_num_envs(file_name: str | None, behavior_spec: Any, num_envs: int) -> None:
+    """ValueError naming `num_envs` where it cannot size the built-in stand-in of `file_name`:
+    other than 1 it is sent as the parameter `num_agents`, which a scene sized otherwise (the
+    stand-in SoccerTwos, by `num_arenas`) does not take. Nothing for num_envs=1, a Unity build
+    or a stand-in that takes `num_agents`."""
+    stand_in = builtin_stand_in(file_name, behavior_spec)
+    if num_envs == 1 or stand_in is None:
+        return
+    name, _, taken = STAND_INS[stand_in]
+    if "num_agents" not in taken:
+        raise ValueError(
+            f"num_envs={num_envs} does not apply to {name}: it is sent to the stand-in as "
+            "num_agents, which that scene does not take; leave num_envs at 1 (every agent of "
+            "the driven behavior) and size the scene with env_parameters={'num_arenas': N} "
+            "(2 N slots per team in each instance), or play every team with "
+            "envs.teams.TeamsEnv")
+
+
 class UnityVectorEnv(gymnasium.vector.VectorEnv):
     """All agents of a Unity behavior as one `gymnasium.vector.VectorEnv`.
 
@@ -133,7 +152,8 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         log_folder: where each player writes `Player-<worker_id>.log`.
         behavior_name: which behavior to drive when the build has several.
         num_envs: accepted for `gymnasium.make_vec`: the number of slots in all; 1 means every
-            agent, more sets `num_agents` to `num_envs / instances`.
+            agent, more sets `num_agents` to `num_envs / instances` (refused for the stand-in
+            SoccerTwos, which is sized by `num_arenas`).
         env_parameters: more float parameters for the EnvironmentParameters side channel, as
             `mlagents-learn` sends from a config's `environment_parameters` (the stand-in reads
             `episode_length` and `episode_length_step`, see `envs.standin.sim.SimConfig`; with
@@ -216,6 +236,7 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         parameters = scene_parameters(num_agents, max_steps, arena_size, env_parameters)
         additional_args: tuple[str, ...] = ()
         if file_name is None or str(file_name).startswith(BUILTIN):
+            check_num_envs(file_name, behavior_spec, num_envs)
             file_name, additional_args = resolve_builtin(file_name, behavior_spec, parameters)
         elif env_utils.validate_environment_path(str(file_name)) is None:
             raise FileNotFoundError(

@@ -291,6 +291,21 @@ def test_routes() -> None:
     assert error.headers == {"Allow": "POST"}
 
 
+def test_head_is_taken_wherever_get_is() -> None:
+    """Load balancers and uptime probes send HEAD: answered as GET (the HTTP server leaves the
+    body out); a route of POST still refuses it, and a 405 of a GET route allows both."""
+    for path in ("/v1/healthz", "/v1/healthz/", "/v1/info", "/v1/models", "/v1/openapi.json"):
+        assert check_route(path, "HEAD") == (path.rstrip("/"), None)
+    for path in ("/v1/act", "/v1/models/r@10/act"):
+        error = refused_route(path, "HEAD")
+        assert (error.status, error.message) == (405, f"{path} expects POST, received HEAD")
+        assert error.headers == {"Allow": "POST"}
+    error = refused_route("/v1/healthz", "POST")
+    assert (error.status, error.message) == (405, "/v1/healthz expects GET or HEAD, received POST")
+    assert error.headers == {"Allow": "GET, HEAD"}
+    assert refused_route("/v2/healthz", "HEAD").status == 404
+
+
 def test_integral_numbers_count_as_integers_as_in_json_schema() -> None:
     request = parse_act_request(with_field("seed", b"7.0")[:-1] + b', "row_offset": 3e2}', SPEC, 8)
     assert (request.seed, request.row_offset) == (7, 300)
@@ -479,6 +494,10 @@ def test_hostile_bodies_over_http_get_their_4xx_and_the_server_stays_healthy(
         assert answered == expected
         health = session.get(f"{served_url}/v1/healthz", timeout=30)
         assert health.status_code == 200
+        head = session.head(f"{served_url}/v1/healthz", timeout=30)  # as a probe sends it
+        assert (head.status_code, head.content) == (200, b"")
+        assert head.headers["content-type"] == health.headers["content-type"]
+        assert int(head.headers["content-length"]) == len(health.content)
         obs = np.random.default_rng(4).standard_normal((3, OBS)).astype(np.float32)
         good = session.post(f"{served_url}/v1/act", data=body({"obs": obs.tolist()}), timeout=30)
         assert good.status_code == 200

@@ -238,6 +238,13 @@ def test_huggy_serve_and_rollout_refuse_bad_arguments_before_starting_anything(
                                                      "> 0, got 0"),
                           (["--start-timeout", "nan"], "argument --start-timeout: expected a "
                                                        "number > 0, got nan"),
+                          (["--replicas", "0"], "argument --replicas: expected a whole "
+                                                "number >= 1, got 0"),
+                          (["--replicas", "-1"], "argument --replicas: expected a whole "
+                                                 "number >= 1, got -1"),
+                          (["--autoscale", "--max-replicas", "0"], "argument --max-replicas: "
+                                                                   "expected a whole number >= 1, "
+                                                                   "got 0"),
                           (["--num-cpus", "inf"], "argument --num-cpus: expected a number >= 0, "
                                                   "got inf"),
                           (["--num-cpus", "one"], "argument --num-cpus: expected a number >= 0, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ import envs
 from envs.standin.sim import ACT_SIZE, OBS_SIZE, STICK_RADIUS, HuggySim, SimConfig
 from envs.standin.wire import ObservationEncoder
 from tests.support.envs import env_kwargs, wait_until_gone
-from tests.support.fixtures import fixtures_dir
+from tests.support.fixtures import fixtures_dir, mlagents_fixtures_dir
 from tests.support.processes import free_port
 
 BEHAVIOR = "Huggy?team=0"
@@ -326,6 +328,20 @@ def test_environments_refuse_a_stand_in_s_unknown_parameter_before_starting_it()
     check_builtin_parameters("/path/to/Huggy.x86_64", None, [("gravity", 1.0)])
 
 
+def test_num_envs_for_the_stand_in_soccertwos_is_refused_by_its_name() -> None:
+    """`num_envs` travels as `num_agents`, which SoccerTwos does not take: the refusal names
+    what was written and what sizes the scene, before a process starts."""
+    with pytest.raises(ValueError, match=re.escape(
+            "num_envs=8 does not apply to the stand-in SoccerTwos: it is sent to the stand-in "
+            "as num_agents, which that scene does not take; leave num_envs at 1 (every agent "
+            "of the driven behavior) and size the scene with env_parameters={'num_arenas': N} "
+            "(2 N slots per team in each instance), or play every team with "
+            "envs.teams.TeamsEnv")):
+        envs.UnityVectorEnv("builtin:soccertwos", num_envs=8)
+    with pytest.raises(ValueError, match="'num_agents' is not one that the stand-in SoccerTwos"):
+        envs.UnityVectorEnv("builtin:soccertwos", num_agents=8)  # written as num_agents
+
+
 def test_the_commands_refuse_a_stand_in_s_unknown_parameter_before_any_work(
         capsys: pytest.CaptureFixture[str]) -> None:
     """`--env-param` for the stand-in: rollout, evaluate and tournament exit with 2 and say
@@ -350,6 +366,19 @@ def test_the_commands_refuse_a_stand_in_s_unknown_parameter_before_any_work(
     ]:
         assert main([*command, "--no-progress"]) == 2
         assert message in capsys.readouterr().err, command
+
+
+def test_evaluate_names_the_max_steps_flag_that_a_policy_s_stand_in_would_ignore(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A policy other than Huggy plays on the spec-driven stand-in, which has no max_steps: the
+    refusal names --max-steps, what the stand-in takes instead, and comes before any work."""
+    from huggy_agent.cli import main
+
+    policy = str(mlagents_fixtures_dir() / "discrete_multibranch" / "Target.onnx")
+    assert main(["evaluate", "--no-ray", "--no-progress", "--max-steps", "10", policy]) == 2
+    assert ("huggy evaluate: error: --max-steps 10 (the scene parameter max_steps): environment "
+            "parameter 'max_steps' is not one that the spec-driven stand-in takes; expected one "
+            "of episode_length, episode_length_step, num_agents, seed") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("ids", [range(18), range(100, 118), range(120, 138), range(20000, 20018)])

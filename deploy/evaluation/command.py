@@ -16,6 +16,7 @@ from deploy.evaluation.selection import check_budget
 from deploy.evaluation.sinks import plan_model_cards, write_model_cards, write_tensorboard
 from deploy.evaluation.sources import policy_specs, served_policy_specs, stand_in_behavior
 from deploy.evaluation.summary import EvaluationReport, build_report
+from envs.teams import check_builtin_parameters
 from huggy_agent.http_api import load_api_key
 
 
@@ -35,10 +36,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
                                     load_api_key(args.api_key_file))
     if args.env != "builtin" and not Path(args.env).exists():
         raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
-    env = EnvSpec(file_name=None if args.env == "builtin" else args.env,
-                  num_agents=args.num_agents, max_steps=args.max_steps,
+    file_name = None if args.env == "builtin" else args.env
+    behavior_spec = stand_in_behavior(specs) if args.env == "builtin" else None
+    check_scene_flags(args, file_name, behavior_spec)
+    env = EnvSpec(file_name=file_name, num_agents=args.num_agents, max_steps=args.max_steps,
                   parameters=dict(args.env_param), instances=args.instances_per_runner,
-                  behavior_spec=stand_in_behavior(specs) if args.env == "builtin" else None)
+                  behavior_spec=behavior_spec)
     if args.video is not None:
         check_renderable(env)  # before any work
     dataset_names = (None if args.dataset is None
@@ -77,6 +80,21 @@ def run_evaluate(args: argparse.Namespace) -> int:
         return 130
     failed = any(policy.failed for policy in result.policies)
     return 1 if failed or not videos_ok else 0
+
+
+def check_scene_flags(args: argparse.Namespace, file_name: str | None,
+                      behavior_spec: dict | None) -> None:
+    """ValueError naming the flag, --num-agents or --max-steps, whose scene parameter the
+    built-in stand-in of `file_name` playing `behavior_spec` would ignore (the spec-driven one,
+    for policies other than Huggy, has no max_steps); `EnvSpec` would name the parameter
+    only."""
+    for flag, key, value in (("--num-agents", "num_agents", args.num_agents),
+                             ("--max-steps", "max_steps", args.max_steps)):
+        if value is not None:
+            try:
+                check_builtin_parameters(file_name, behavior_spec, [(key, value)])
+            except ValueError as error:
+                raise ValueError(f"{flag} {value} (the scene parameter {key}): {error}") from None
 
 
 def _replays(report: EvaluationReport, args: argparse.Namespace) -> tuple[bool, dict[str, Path]]:

@@ -14,7 +14,8 @@ from huggy_agent.http_api import MODEL_ACT_ROUTE, MODELS_PATH, OPEN_PATHS, ROUTE
 def check_route(path: str, method: str) -> tuple[str, str | None]:
     """The route of `path` (a key of ROUTES) and the policy id it names (None but for
     `/v1/models/{policy}/act`); 404 for an unknown path and 405 (with `Allow`) for a known path
-    with the wrong method."""
+    with the wrong method. HEAD is taken wherever GET is: the replica answers it as GET and the
+    HTTP server leaves the body out (same status and headers, as HTTP has it)."""
     route, policy_id = path.rstrip("/") or "/", None
     prefix = f"{MODELS_PATH}/"
     if route.startswith(prefix) and route.endswith("/act") and len(route) > len(prefix) + 4:
@@ -23,9 +24,11 @@ def check_route(path: str, method: str) -> tuple[str, str | None]:
     if expected is None:
         raise ApiError(404, "not_found", f"no route {path!r}; routes: "
                        + ", ".join(f"{m} {p}" for p, m in ROUTES.items()))
-    if method != expected:
+    allowed = (expected, "HEAD") if expected == "GET" else (expected,)
+    if method not in allowed:
         raise ApiError(405, "method_not_allowed",
-                       f"{path} expects {expected}, received {method}", {"Allow": expected})
+                       f"{path} expects {' or '.join(allowed)}, received {method}",
+                       {"Allow": ", ".join(allowed)})
     return route, policy_id
 
 
