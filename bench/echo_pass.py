@@ -19,8 +19,8 @@ class EchoPass:
     """The echo plus the bundled policy's forward pass over fixed observations, one row per
     request, gathered as our replicas gather them (their batch queue; a request that finds the
     handler idle runs alone, `compute_action` on one row without a batch axis, the agent's
-    cheapest path), reading the body but not parsing it, and writing no actions: the least that
-    a deployment running this policy costs."""
+    cheapest path, with the row helper woken as it enters), reading the body but not parsing
+    it, and writing no actions: the least that a deployment running this policy costs."""
 
     def __init__(self) -> None:
         settings = BatchSettings()
@@ -37,6 +37,8 @@ class EchoPass:
         return bodies
 
     async def __call__(self, request: Request) -> Response:
+        if not self.in_flight:  # as our replica: a lone pass is likely
+            self.agent.expect_row()
         self.in_flight += 1
         try:
             body = await request.body()

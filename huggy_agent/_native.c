@@ -14,7 +14,8 @@
  * them), read in order, with the rows ahead prefetched (`arena_floats`, `gemv_avx2`). Two
  * kernels: `avx2` (AVX2 + FMA intrinsics, x86-64 CPUs that have them) and `generic` (plain C
  * that compilers vectorize for any CPU). Float32 throughout; the results differ from a BLAS by
- * summation order only.
+ * summation order only. A second thread, the row helper (`row_helper_arm`), can share one
+ * observation's hidden layers, with the same results bit for bit.
  *
  * Every buffer is passed through the buffer protocol, so the module needs no numpy headers.
  * Calls release the GIL while they compute.
@@ -29,6 +30,13 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#endif
+
+#if !defined(_WIN32) && !defined(__STDC_NO_ATOMICS__)
+#define HUGGY_THREADS 1
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #endif
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -290,6 +298,7 @@ static PyObject *uniform_noise(PyObject *self, PyObject *const *args, Py_ssize_t
 
 #define LANES 8
 #define ALIGNMENT 32
+#define BLOCK_ROWS 32 /* rows of a hidden layer computed together (a multiple of 4) */
 #define NORMALIZER_CLIP 5.0f
 #define PPO_CLIP 3.0f
 #define SAC_LOG_SIGMA_LOW -20.0f
@@ -301,11 +310,12 @@ typedef struct {
     float *bias;         /* out, aligned, in the plan's arena */
 } Layer;
 
-typedef void (*GemvFn)(const Layer *, const float *, float *);
+typedef void (*GemvFn)(const Layer *, const float *, float *, int, int);
 typedef void (*SiluFn)(float *, int);
 
 typedef struct {
     int inputs, actions, hidden_layers, widest; /* widest: the largest in_pad / out */
+    size_t hidden_floats;                        /* the hidden layers' weights */
     int sac;                                     /* head: 0 PPO (shared log-sigma), 1 SAC */
     float *mean, *std;                           /* NULL without a normalizer */
     Layer *layers;           /* hidden layers, then the output layer: mu (and SAC's log-sigma) */
@@ -376,11 +386,15 @@ static inline float sum_lanes(const float *lanes) {
            ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
 }
 
+/* GEMV kernels: rows [first, end) of y = W x + bias. Four rows at a time from `first`, then one
+ * at a time, so that a row's sum is the same whichever range it is computed in, as long as ranges
+ * start at multiples of 4 (`BLOCK_ROWS`) and the last one ends at the layer's end. */
+
 /* Four rows at a time, LANES partial sums each (independent chains a compiler vectorizes). */
-static void gemv_generic(const Layer *layer, const float *x, float *y) {
+static void gemv_generic(const Layer *layer, const float *x, float *y, int first, int end) {
     const int in_pad = layer->in_pad;
-    int j = 0;
-    for (; j + 4 <= layer->out; j += 4) {
+    int j = first;
+    for (; j + 4 <= end; j += 4) {
         const float *w = layer->weight + (size_t)j * in_pad;
         float lanes[4][LANES] = {{0}};
         for (int i = 0; i < in_pad; i += LANES)
@@ -389,7 +403,7 @@ static void gemv_generic(const Layer *layer, const float *x, float *y) {
                     lanes[r][l] += w[(size_t)r * in_pad + i + l] * x[i + l];
         for (int r = 0; r < 4; r++) y[j + r] = sum_lanes(lanes[r]) + layer->bias[j + r];
     }
-    for (; j < layer->out; j++) {
+    for (; j < end; j++) {
         const float *w = layer->weight + (size_t)j * in_pad;
         float lanes[LANES] = {0};
         for (int i = 0; i < in_pad; i += LANES)
@@ -411,10 +425,10 @@ __attribute__((target("avx2,fma"))) static inline float hsum256(__m256 v) {
  * caches stream in while others are used (past the layer's end, that is the next layer's weights
  * in the arena; a prefetch never faults). */
 __attribute__((target("avx2,fma"))) static void gemv_avx2(const Layer *layer, const float *x,
-                                                           float *y) {
+                                                           float *y, int first, int end) {
     const int in_pad = layer->in_pad;
-    int j = 0;
-    for (; j + 4 <= layer->out; j += 4) {
+    int j = first;
+    for (; j + 4 <= end; j += 4) {
         const float *w0 = layer->weight + (size_t)j * in_pad;
         const float *w1 = w0 + in_pad, *w2 = w1 + in_pad, *w3 = w2 + in_pad;
         const char *next = (const char *)(w3 + 5 * (size_t)in_pad);
@@ -440,7 +454,7 @@ __attribute__((target("avx2,fma"))) static void gemv_avx2(const Layer *layer, co
         y[j + 2] = hsum256(a2) + layer->bias[j + 2];
         y[j + 3] = hsum256(a3) + layer->bias[j + 3];
     }
-    for (; j < layer->out; j++) {
+    for (; j < end; j++) {
         const float *w = layer->weight + (size_t)j * in_pad;
         __m256 a = _mm256_setzero_ps();
         for (int i = 0; i < in_pad; i += LANES)
@@ -531,6 +545,7 @@ static PyObject *mlp_plan(PyObject *self, PyObject *const *args, Py_ssize_t narg
             layer->in_pad = (int)padded(in);
             size_t weights = (size_t)out * layer->in_pad;
             if (pass == 0) {
+                if (l < count - 1) plan->hidden_floats += weights;
                 weight_floats += weights;
                 arena_size += weights + padded(out);
                 continue;
@@ -575,6 +590,193 @@ fail:
     return NULL;
 }
 
+/* Rows [block * BLOCK_ROWS, ...) of hidden layer `l`: y = silu(W x + bias), and y's padding
+ * zeroed by the block that ends the layer. Every value is the same as when the whole layer is
+ * computed at once (see the GEMV kernels; SiLU is elementwise). */
+static void hidden_block(const Plan *plan, int l, const float *x, float *y, int block) {
+    const Layer *layer = &plan->layers[l];
+    const int first = block * BLOCK_ROWS;
+    const int end = first + BLOCK_ROWS < layer->out ? first + BLOCK_ROWS : layer->out;
+    plan->gemv(layer, x, y, first, end);
+    plan->silu(y + first, end - first);
+    if (end == layer->out)
+        for (int i = layer->out; i < (int)padded(layer->out); i++) y[i] = 0.0f;
+}
+
+static inline int layer_blocks(const Layer *layer) {
+    return (layer->out + BLOCK_ROWS - 1) / BLOCK_ROWS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The row helper: a second core for the hidden layers of one observation
+ *
+ * One observation reads every weight once; when other work has evicted them from the caches, one
+ * core's share of the memory's bandwidth bounds the pass (about 140 us for Huggy's 2.2 MB on a
+ * cloud vCPU, against 40 us with the weights cached). Two cores reading half each take about
+ * half as long. But waking a sleeping thread costs as much (50 to 150 us under a hypervisor), so
+ * the helper is woken ahead of the pass: `row_helper_arm`, called when a request enters an idle
+ * server, wakes it, and it then waits, spinning, until the next pass (of any plan) or
+ * ARM_WAIT_NS after the arm, then sleeps again.
+ *
+ * A pass shared with the helper is split into blocks of BLOCK_ROWS rows per hidden layer, which
+ * either thread claims (an atomic counter per layer) and computes whole; both wait for the
+ * layer's last block before the next layer. The caller never waits for the helper to join, only
+ * for blocks the helper has claimed, so a helper that comes late, or not at all, costs nothing
+ * but the counters. Each value is computed by the same code as in one thread (`hidden_block`):
+ * the results are bit-identical either way.
+ * ------------------------------------------------------------------------------------------- */
+
+#ifdef HUGGY_THREADS
+#define SHARED_LAYERS_MAX 8           /* hidden layers of a plan that a shared pass can take */
+#define SHARED_MIN_FLOATS (64 * 1024) /* smaller hidden layers stay in the caches: not shared */
+#define ARM_WAIT_NS 200000LL          /* how long an armed helper waits for a pass */
+
+typedef struct {
+    const Plan *plan;
+    float *buffers[2]; /* hidden layer l reads buffers[l % 2] and writes the other */
+    atomic_int next[SHARED_LAYERS_MAX], done[SHARED_LAYERS_MAX]; /* blocks claimed, finished */
+} SharedPass;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int started, armed;         /* under lock: the thread runs; an arm it has not taken yet */
+    atomic_llong deadline;      /* ns (CLOCK_MONOTONIC): the latest arm's end */
+    atomic_int awake;           /* the helper waits for a pass now, spinning */
+    atomic_int open;            /* a pass is open to the helper */
+    atomic_int inside;          /* the helper is inside the open pass */
+    atomic_int owned;           /* a caller holds `pass` */
+    atomic_llong joined;        /* passes the helper computed blocks of */
+    SharedPass pass;
+} helper = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static long long monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(HUGGY_X86)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Claim and compute blocks of each hidden layer in turn, waiting for each layer's last block
+ * before the next. Returns the number of blocks this thread computed. */
+static int work_on(SharedPass *pass) {
+    const Plan *plan = pass->plan;
+    int computed = 0;
+    for (int l = 0; l < plan->hidden_layers; l++) {
+        const int blocks = layer_blocks(&plan->layers[l]);
+        const float *x = pass->buffers[l % 2];
+        float *y = pass->buffers[(l + 1) % 2];
+        int block;
+        while ((block = atomic_fetch_add(&pass->next[l], 1)) < blocks) {
+            hidden_block(plan, l, x, y, block);
+            atomic_fetch_add(&pass->done[l], 1);
+            computed++;
+        }
+        while (atomic_load(&pass->done[l]) < blocks) cpu_relax();
+    }
+    return computed;
+}
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    for (;;) {
+        pthread_mutex_lock(&helper.lock);
+        while (!helper.armed) pthread_cond_wait(&helper.wake, &helper.lock);
+        helper.armed = 0;
+        pthread_mutex_unlock(&helper.lock);
+        atomic_store(&helper.awake, 1);
+        for (;;) {
+            atomic_store(&helper.inside, 1); /* then check `open`: the caller's close waits */
+            if (atomic_load(&helper.open)) {
+                if (work_on(&helper.pass)) atomic_fetch_add(&helper.joined, 1);
+                atomic_store(&helper.inside, 0);
+                break;
+            }
+            atomic_store(&helper.inside, 0);
+            if (monotonic_ns() > atomic_load(&helper.deadline)) break;
+            cpu_relax();
+        }
+        atomic_store(&helper.awake, 0);
+    }
+    return NULL;
+}
+
+/* A forked child has no helper thread: it starts its own on its first arm. */
+static void helper_after_fork(void) {
+    pthread_mutex_init(&helper.lock, NULL);
+    pthread_cond_init(&helper.wake, NULL);
+    helper.started = helper.armed = 0;
+    atomic_store(&helper.awake, 0);
+    atomic_store(&helper.open, 0);
+    atomic_store(&helper.inside, 0);
+    atomic_store(&helper.owned, 0);
+}
+
+/* Wake the helper (starting it on the first call); 0 if no thread could be started. */
+static int arm_helper(void) {
+    pthread_mutex_lock(&helper.lock);
+    if (!helper.started) {
+        pthread_t thread;
+        pthread_attr_t attributes;
+        pthread_attr_init(&attributes);
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&thread, &attributes, helper_main, NULL) == 0) {
+            helper.started = 1;
+            static int registered = 0;
+            if (!registered) registered = pthread_atfork(NULL, NULL, helper_after_fork) == 0;
+        }
+        pthread_attr_destroy(&attributes);
+    }
+    if (helper.started) {
+        atomic_store(&helper.deadline, monotonic_ns() + ARM_WAIT_NS);
+        if (!helper.armed) {
+            helper.armed = 1;
+            pthread_cond_signal(&helper.wake);
+        }
+    }
+    int started = helper.started;
+    pthread_mutex_unlock(&helper.lock);
+    return started;
+}
+
+/* The hidden layers of `plan` (input in a, the other buffer b) shared with the helper, if it is
+ * awake and free and the layers are worth it; 0 (nothing computed) otherwise. */
+static int share_hidden_layers(const Plan *plan, float *a, float *b) {
+    if (!atomic_load(&helper.awake) || plan->hidden_layers > SHARED_LAYERS_MAX ||
+        plan->hidden_floats < SHARED_MIN_FLOATS)
+        return 0;
+    int free_slot = 0;
+    if (!atomic_compare_exchange_strong(&helper.owned, &free_slot, 1)) return 0;
+    SharedPass *pass = &helper.pass;
+    pass->plan = plan;
+    pass->buffers[0] = a;
+    pass->buffers[1] = b;
+    for (int l = 0; l < plan->hidden_layers; l++) {
+        atomic_store(&pass->next[l], 0);
+        atomic_store(&pass->done[l], 0);
+    }
+    atomic_store(&helper.open, 1);
+    work_on(pass);
+    atomic_store(&helper.open, 0);
+    while (atomic_load(&helper.inside)) cpu_relax(); /* the helper has left the pass */
+    atomic_store(&helper.owned, 0);
+    return 1;
+}
+#else
+static int arm_helper(void) { return 0; }
+static int share_hidden_layers(const Plan *plan, float *a, float *b) {
+    (void)plan, (void)a, (void)b;
+    return 0;
+}
+#endif
+
 /* One observation through the plan: the outputs (mu, then SAC's raw log-sigma) into `outputs`.
  * Returns 0, or -1 when an observation value is not finite. */
 static int run_plan(const Plan *plan, const float *obs, float *outputs, float *scratch) {
@@ -590,16 +792,13 @@ static int run_plan(const Plan *plan, const float *obs, float *outputs, float *s
         a[i] = value;
     }
     for (int i = plan->inputs; i < plan->widest; i++) a[i] = 0.0f;
-    for (int l = 0; l < plan->hidden_layers; l++) {
-        const Layer *layer = &plan->layers[l];
-        plan->gemv(layer, a, b);
-        plan->silu(b, layer->out);
-        for (int i = layer->out; i < (int)padded(layer->out); i++) b[i] = 0.0f;
-        float *swap = a;
-        a = b;
-        b = swap;
+    if (!share_hidden_layers(plan, a, b)) {
+        for (int l = 0; l < plan->hidden_layers; l++)
+            for (int block = 0; block < layer_blocks(&plan->layers[l]); block++)
+                hidden_block(plan, l, l % 2 ? b : a, l % 2 ? a : b, block);
     }
-    plan->gemv(&plan->layers[plan->hidden_layers], a, outputs);
+    const Layer *output = &plan->layers[plan->hidden_layers];
+    plan->gemv(output, plan->hidden_layers % 2 ? b : a, outputs, 0, output->out);
     return 0;
 }
 
@@ -700,6 +899,27 @@ static PyObject *mlp_kernel(PyObject *self, PyObject *capsule) {
     (void)self;
     Plan *plan = get_plan(capsule);
     return plan ? PyUnicode_FromString(plan->kernel) : NULL;
+}
+
+/* row_helper_arm() -> bool: wake the row helper for the next one-observation pass; False where
+ * the package was built without threads or none could be started. */
+static PyObject *row_helper_arm(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(arm_helper());
+}
+
+/* row_helper_state() -> (awake, joined): whether the helper waits for a pass now, and how many
+ * passes it has computed blocks of in this process. */
+static PyObject *row_helper_state(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+#ifdef HUGGY_THREADS
+    return Py_BuildValue("(NL)", PyBool_FromLong(atomic_load(&helper.awake)),
+                         (long long)atomic_load(&helper.joined));
+#else
+    return Py_BuildValue("(NL)", PyBool_FromLong(0), 0LL);
+#endif
 }
 
 /* kernels() -> tuple[str, ...]: the MLP kernels this CPU runs, fastest first. */
@@ -976,6 +1196,8 @@ static PyMethodDef methods[] = {
     {"mlp_act", (PyCFunction)(void (*)(void))mlp_act, METH_FASTCALL, NULL},
     {"mlp_forward", (PyCFunction)(void (*)(void))mlp_forward, METH_FASTCALL, NULL},
     {"mlp_kernel", mlp_kernel, METH_O, NULL},
+    {"row_helper_arm", row_helper_arm, METH_NOARGS, NULL},
+    {"row_helper_state", row_helper_state, METH_NOARGS, NULL},
     {"kernels", kernels, METH_NOARGS, NULL},
     {"noise_kernels", noise_kernels, METH_NOARGS, NULL},
     {"json_obs_row", (PyCFunction)(void (*)(void))json_obs_row, METH_FASTCALL, NULL},

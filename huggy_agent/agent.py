@@ -380,6 +380,12 @@ class HuggyAgent:
         new_memory = outputs.memory.cpu().numpy()
         return actions, new_memory[0] if single else new_memory
 
+    def expect_row(self) -> None:
+        """A hint that a one-observation `compute_action` comes soon (a server calls it when a
+        request reaches it idle): the native engine wakes a second core to share that pass (see
+        `NativeEngine.expect_row`); other engines ignore it. The actions are the same."""
+        self._engine.expect_row()
+
     def warmup(self, batch_sizes: Iterable[int], paths: Collection[str] = WARMUP_PATHS) -> None:
         """Run each of `paths` once per batch size on zero observations (all actions allowed,
         zero memory), so that later calls of those sizes find everything ready (graph engines

@@ -1,8 +1,9 @@
 """The package's compiled kernels (`huggy_agent/_native.c`), built at install where a C compiler
 is found: the host noise (bit-identical to `huggy_agent.noise`'s numpy), the `native` engine's
-single-observation MLP, and the reader of the HTTP API's common act body (`json_obs_row`,
-straight into a float32 row). Where they were not built, `KERNELS` is None and numpy,
-onnxruntime, torch and orjson do the same work, slower.
+single-observation MLP (with its row helper, a second core for one observation's pass), and the
+reader of the HTTP API's common act body (`json_obs_row`, straight into a float32 row). Where
+they were not built, `KERNELS` is None and numpy, onnxruntime, torch and orjson do the same work,
+slower.
 """
 
 from __future__ import annotations

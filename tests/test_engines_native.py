@@ -5,9 +5,13 @@ numpy's, bit for bit; fresh noise streams against numpy's own `Generator.integer
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -16,7 +20,7 @@ import torch
 
 from huggy_agent import HuggyAgent, noise
 from huggy_agent.engines import native_fits
-from huggy_agent.engines.native import NativeEngine
+from huggy_agent.engines.native import NativeEngine, usable_cpus
 from huggy_agent.native import KERNELS, mlp_kernels, noise_kernels
 from huggy_agent.noise import (
     _numpy_gaussian_noise,
@@ -133,6 +137,122 @@ def test_threads_calling_at_once_get_their_own_answers(native: tuple) -> None:
     assert sorted(answers) == list(range(ROWS))
     assert np.abs(np.stack([answers[row] for row in range(ROWS)]) - reference).max() <= (
         fp32_action_tolerance(obs, agent.arch.inputs[0].normalize))
+
+
+# --- the row helper -----------------------------------------------------------------------------
+
+SEVERAL_CPUS = usable_cpus() > 1
+"""Where the row helper and the caller can run at once, and so the helper joins passes."""
+
+
+def _helper_asleep() -> None:
+    """Wait until the row helper sleeps, as it does at most 200 us after its latest arm, so that
+    the passes that follow run on one core."""
+    while KERNELS.row_helper_state()[0]:
+        time.sleep(1e-4)
+
+
+def _shared(run: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> np.ndarray:
+    """`run(*args, **kwargs)` right after waking the row helper; where there are CPUs for both,
+    once it is awake, so that it takes part in the pass (at once or midway: both answer the
+    same)."""
+    KERNELS.row_helper_arm()
+    while SEVERAL_CPUS and not KERNELS.row_helper_state()[0]:
+        KERNELS.row_helper_arm()
+    return run(*args, **kwargs)
+
+
+def test_a_pass_shared_with_the_row_helper_is_the_one_core_pass_bit_for_bit(native: tuple
+                                                                            ) -> None:
+    """Exact by construction: each value of a shared pass is computed by the same code as on one
+    core, blocks of 32 rows of a hidden layer in either thread, the layers in order. So the
+    actions are the same bits, deterministic and stochastic; and where there are CPUs for both,
+    the helper computes part of the passes."""
+    agent, obs, _ = native
+    _helper_asleep()
+    alone = [(agent.compute_action(row), agent.compute_action(row, deterministic=False, seed=3))
+             for row in obs]
+    joined = KERNELS.row_helper_state()[1]
+    for index, (deterministic, sampled) in enumerate(alone):
+        row = obs[index]
+        assert _shared(agent.compute_action, row).tobytes() == deterministic.tobytes()
+        assert _shared(agent.compute_action, row, deterministic=False, seed=3
+                       ).tobytes() == sampled.tobytes()
+    assert KERNELS.row_helper_state()[1] > joined or not SEVERAL_CPUS
+
+
+ODD_SIZES = [59, 300, 301, 5]
+"""A network whose hidden layers end in partial blocks (300 = 9 x 32 + 12, 301 = 9 x 32 + 13),
+large enough to be shared (from 64K weights)."""
+
+
+def _float64_forward_and_bound(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray
+                               ) -> tuple[np.ndarray, np.ndarray]:
+    """The network's outputs in float64, and a bound on a float32 evaluation's error, derived
+    layer by layer: a sum of n products and a bias in any order errs by at most
+    (n + 2) 2**-24 (|W| |x| + |b|) (Higham's gamma_n), plus |W| times the input's error; SiLU
+    (slope at most 1.1) carries that error and adds its own, bounded by 8 units in the last
+    place (the kernel's exp is within 2; the division, addition and rounding add 3)."""
+    error = np.zeros_like(x)
+    for index, (weight, bias) in enumerate(layers):
+        weight, bias = weight.astype(np.float64), bias.astype(np.float64)
+        pre = weight @ x + bias
+        pre_error = np.abs(weight) @ error + (weight.shape[1] + 2) * 2.0**-24 * (
+            np.abs(weight) @ np.abs(x) + np.abs(bias))
+        if index == len(layers) - 1:
+            return pre, pre_error
+        x = pre / (1 + np.exp(-pre))
+        error = 1.1 * pre_error + 8 * 2.0**-24 * np.abs(x)
+    raise AssertionError("no layers")
+
+
+@pytest.mark.parametrize("kernel", mlp_kernels())
+def test_hidden_layers_in_partial_blocks_share_the_pass_bit_for_bit(kernel: str) -> None:
+    """Blocks that end a layer short and the padding after them, on one core and shared: the
+    same bits, within the derived float32 bound of float64."""
+    rng = np.random.default_rng(5)
+    layers = [((rng.standard_normal((fan_out, fan_in)) / np.sqrt(fan_in)).astype(np.float32),
+               (0.1 * rng.standard_normal(fan_out)).astype(np.float32))
+              for fan_in, fan_out in zip(ODD_SIZES, ODD_SIZES[1:], strict=False)]
+    plan = KERNELS.mlp_plan(None, None, [(w, b, len(b), w.shape[1]) for w, b in layers],
+                            np.zeros(ODD_SIZES[-1], dtype=np.float32), False, kernel)
+    obs = (2 * rng.standard_normal((16, ODD_SIZES[0]))).astype(np.float32)
+
+    def forward(row: np.ndarray) -> np.ndarray:
+        mu = np.empty((1, ODD_SIZES[-1]), dtype=np.float32)
+        assert KERNELS.mlp_forward(plan, row, mu, None, 1)
+        return mu[0]
+
+    _helper_asleep()
+    alone = [forward(row) for row in obs]
+    joined = KERNELS.row_helper_state()[1]
+    for row, expected in zip(obs, alone, strict=True):
+        assert _shared(forward, row).tobytes() == expected.tobytes()
+        reference, bound = _float64_forward_and_bound(layers, row.astype(np.float64))
+        assert (np.abs(expected - reference) <= bound).all()
+    assert KERNELS.row_helper_state()[1] > joined or not SEVERAL_CPUS
+
+
+def _shared_passes_in_a_fork(agent: HuggyAgent, row: np.ndarray, expected: bytes) -> None:
+    """Eight shared passes (a new thread's first may end before it starts)."""
+    joined = KERNELS.row_helper_state()[1]
+    for _ in range(8):
+        assert _shared(agent.compute_action, row).tobytes() == expected
+    assert KERNELS.row_helper_state()[1] > joined or not SEVERAL_CPUS
+
+
+def test_a_forked_child_starts_its_own_row_helper() -> None:
+    """A fork keeps no thread but the caller: the child's first arm starts a helper of its own
+    (the parent's lock, perhaps held at the fork, is made anew), which shares its passes."""
+    agent = HuggyAgent(device="cpu", engine="native")
+    row = canonical_observations(agent.loaded, 1, seed=2)[0]
+    expected = agent.compute_action(row).tobytes()
+    _shared(agent.compute_action, row)  # the parent's helper runs
+    child = multiprocessing.get_context("fork").Process(
+        target=_shared_passes_in_a_fork, args=(agent, row, expected))
+    child.start()
+    child.join()
+    assert child.exitcode == 0
 
 
 def test_unseeded_calls_draw_the_streams_of_generator_integers() -> None:

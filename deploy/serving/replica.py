@@ -19,9 +19,10 @@ HTTP request that finds the replica otherwise idle (`batch_wait_timeout_s` 0, no
 in the replica, and still none after one turn of the event loop, in which requests that arrived
 with it reach the same point) has no batch to join: it runs as a batch of one straight away,
 without the round trip through the batch queue; so does a call to the replica's own gRPC server
-(`grpc_address`). The common body, one observation row for a policy held now, is read in one
-pass (`plain_one_row`). Calls through Serve's gRPC ingress
-always take the queue (see `Act`; docs/serving.md's Batching section has the costs).
+(`grpc_address`). A request that enters an idle replica wakes the native engine's row helper
+(`HuggyAgent.expect_row`), a second core that shares such a lone pass. The common body, one
+observation row for a policy held now, is read in one pass (`plain_one_row`). Calls through
+Serve's gRPC ingress always take the queue (see `Act`; docs/serving.md's Batching section has the costs).
 
 Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
 accelerator). A replica loads the policies it holds and warms up every batch size they may see
@@ -41,6 +42,7 @@ import json
 import logging
 import os
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -185,6 +187,8 @@ class HuggyPolicyDeployment:
         self._grpc_server: UnaryServer | None = None
         self._in_flight = 0
         """Requests inside this replica now (HTTP and gRPC), the one asking included."""
+        self._last_alone: weakref.ref[HuggyAgent] | None = None
+        """The agent of the latest request that ran alone (see `_expect_alone`)."""
         self._held = HeldPolicies(self._load, models_per_replica)
         self._warmed_up_to: dict[str, int] = {}
         self.load_ms: dict[str, float] = {}
@@ -283,7 +287,18 @@ class HuggyPolicyDeployment:
             served.agent.distribution(served.probe)
         self._report_metrics()
 
+    def _expect_alone(self) -> None:
+        """Called as a request enters the replica: if it finds the replica idle, it will likely
+        run alone, so the agent that ran the latest lone request is told (`expect_row`) while
+        the request is still being read (the native engine wakes a second core for the pass)."""
+        if (not self._in_flight and self._last_alone is not None
+                and not self.settings.batch_wait_timeout_s):
+            agent = self._last_alone()
+            if agent is not None:
+                agent.expect_row()
+
     async def __call__(self, request: Request) -> Response:
+        self._expect_alone()
         self._in_flight += 1
         try:
             return await self._route(request)
@@ -404,6 +419,8 @@ class HuggyPolicyDeployment:
                         named: str | None, may_run_alone: bool) -> bytes:
         """The answer to one gRPC call; a refused one ends with the status of its HTTP error
         (`grpc_status`) and the API's JSON as the details."""
+        if may_run_alone:
+            self._expect_alone()
         self._in_flight += 1
         try:
             if self.api_key is not None:
@@ -478,6 +495,7 @@ class HuggyPolicyDeployment:
         obs = act.inputs[0] if len(act.inputs) == 1 else act.inputs
         result = agent.compute_action(obs, act.deterministic, act.seed, act.row_offset, **kwargs)
         self.counters["requests_alone"] += 1
+        self._last_alone = weakref.ref(agent)
         self._count_batch(1, act.rows)
         return answer_arrays(agent, result)
 

@@ -78,6 +78,11 @@ class Engine(ABC):
             device_noise = None if noise is None else torch.from_numpy(noise).to(self.device)
             return self.head.torch(outputs, device_noise).cpu().numpy()
 
+    def expect_row(self) -> None:
+        """A hint: one observation comes soon. Engines that can prepare for it do (see
+        `NativeEngine.expect_row`); the others ignore it."""
+        return
+
     def describe(self) -> str:
         """One line: the engine and how it runs."""
         return f"{self.name} on {self.device}"
