@@ -25,6 +25,7 @@ Gymnasium's vector envs do; `render_frame(slot)` draws one.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -222,6 +223,10 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
             raise ValueError(f"instances must be an integer >= 1, got {instances!r}")
+        if isinstance(num_envs, bool) or not hasattr(num_envs, "__index__") or num_envs < 1:
+            raise ValueError("num_envs must be an integer >= 1 (1: every agent of the behavior), "
+                             f"got {num_envs!r}")
+        num_envs = operator.index(num_envs)  # numpy integers too
         if num_envs != 1:
             if num_envs % instances:
                 raise ValueError(f"num_envs={num_envs} slots cannot be split evenly over "

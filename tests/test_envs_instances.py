@@ -260,6 +260,11 @@ def test_make_vec_with_instances_and_closing_twice(tmp_path: Path) -> None:
         HuggyVectorEnv(num_envs=5, instances=2)
     with pytest.raises(ValueError, match=re.escape("instances must be an integer >= 1, got 0")):
         HuggyVectorEnv(instances=0)
+    for num_envs in (0, -2, np.int64(0), 2.0, True):  # named as written, not as num_agents
+        with pytest.raises(ValueError, match=re.escape(
+                f"num_envs must be an integer >= 1 (1: every agent of the behavior), got "
+                f"{num_envs!r}")):
+            HuggyVectorEnv(num_envs=num_envs)
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
