@@ -22,7 +22,8 @@ without the round trip through the batch queue; so does a call to the replica's 
 (`grpc_address`). A request that enters an idle replica wakes the native engine's row helper
 (`HuggyAgent.expect_row`), a second core that shares such a lone pass. The common body, one
 observation row for a policy held now, is read in one pass (`plain_one_row`). Calls through
-Serve's gRPC ingress always take the queue (see `Act`; docs/serving.md's Batching section has the costs).
+Serve's gRPC ingress always take the queue (see `Act`; docs/serving.md's Batching section has
+the costs).
 
 Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
 accelerator). A replica loads the policies it holds and warms up every batch size they may see

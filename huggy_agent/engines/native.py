@@ -118,7 +118,7 @@ class NativeEngine(Engine):
     def expect_row(self) -> None:
         """Wake the kernels' row helper, a second core that shares the next one-observation
         pass's hidden layers (see `_native.c`): half as long when the weights must come from
-        memory. The helper waits up to a millisecond for that pass, spinning, then sleeps. Call
+        memory. The helper waits up to 200 us for that pass, spinning, then sleeps. Call
         it as early as possible before the pass: waking a core takes 50-150 us under a
         hypervisor. Nothing with one usable CPU; the results are the same, bit for bit."""
         if self._shares_rows:
