@@ -46,7 +46,11 @@ _TEAM_KEY = re.compile(r"^(team=\d+|[^=/\\.:]+\?team=\d+|[^=/\\.:?]+)=(.+)$")
 def parse_policy_option(text: str) -> tuple[str | None, str]:
     """`[KEY=]POLICY` of `--policy`: (KEY or None, POLICY). KEY is `team=N`, a behavior with its
     team (`SoccerTwos?team=1`) or a behavior's name (`Goalie`: no '/', '.' or ':'), so a
-    policy path with '=' in it needs a '/' before it (`./a=b.onnx`)."""
+    policy path with '=' in it needs a '/' before it (`./a=b.onnx`). ValueError for a team that
+    is not a number (`team=x=...`)."""
+    if text.startswith("team=") and not re.match(r"team=\d+=", text):
+        raise ValueError(f"--policy {text}: a team is a number, such as team=0=POLICY or "
+                         "team=1=POLICY")
     match = _TEAM_KEY.match(text)
     return (match.group(1), match.group(2)) if match else (None, text)
 
@@ -284,6 +288,8 @@ def _team_agents(env: TeamsEnv, options: list[tuple[str | None, str]],
             named = fits
         else:
             named = resolve_key(key, env.behaviors)
+            for behavior in named:
+                env.layouts[behavior].check_fits(agent.spec, source, behavior)
         for behavior in named:
             if behavior in agents:
                 raise ValueError(f"{behavior} is given two policies: {names[behavior]} and "

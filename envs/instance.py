@@ -130,6 +130,14 @@ class SlotLayout:
         return cls(tuple(tuple(int(d) for d in i.shape) for i in spec.inputs),
                    int(spec.continuous_size), tuple(int(b) for b in spec.discrete_branches))
 
+    def check_fits(self, spec: Any, source: str, behavior: str) -> None:
+        """ValueError, naming both, unless a policy of interface `spec` (from `source`) acts in
+        this layout, the layout of `behavior`."""
+        theirs = SlotLayout.of_policy(spec)
+        if theirs != self:
+            raise ValueError(f"{source} ({theirs.describe()}) does not fit {behavior} "
+                             f"({self.describe()})")
+
     @property
     def mask_size(self) -> int:
         """Columns of a slot's action mask: one per action of every branch."""
@@ -360,6 +368,8 @@ class UnityInstance:
                                  f"{[b for b in behaviors if b != self.behavior_name]}")
             agent = agent_from_source(source)
             for behavior in named:
+                SlotLayout.of(self._unity.behavior_specs[behavior]).check_fits(
+                    agent.spec, source, behavior)
                 found[behavior] = agent
         return found
 

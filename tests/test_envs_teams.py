@@ -21,11 +21,13 @@ from envs.parallel_env import UnityParallelEnv
 from envs.team_rollout import rollout_teams
 from envs.teams import TeamsEnv
 from huggy_agent.cli import main
+from tests.support.fixtures import fixtures_dir
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.standin
 
 TEAM0, TEAM1 = "SoccerTwos?team=0", "SoccerTwos?team=1"
+SOCCER_LAYOUT = "(264,), (72,) -> discrete (3, 3, 3)"  # the stand-in's sensors and branches
 AGENT_NAME = re.compile(r"^SoccerTwos\?team=[01]\?agent_id=\d+$")
 TWO_BEHAVIORS = [
     {"behavior": "Striker", "team": 0, "agents": 2, "continuous_size": 3, "discrete_branches": [],
@@ -150,6 +152,11 @@ def test_opponents_play_the_other_team_of_a_vector_env() -> None:
     with pytest.raises(ValueError, match="opponent key 'team=0' names the driven behavior"):
         UnityVectorEnv("builtin:soccertwos", behavior_name=TEAM0, base_port=free_port(),
                        timeout_wait=30, opponents={"team=0": "heuristic:idle"})
+    huggy = str(fixtures_dir() / "ppo_baseline" / "Huggy.onnx")
+    with pytest.raises(ValueError, match=re.escape(
+            f"{huggy} ((59,) -> 21 continuous) does not fit {TEAM1} ({SOCCER_LAYOUT})")):
+        UnityVectorEnv("builtin:soccertwos", behavior_name=TEAM0, base_port=free_port(),
+                       timeout_wait=30, opponents={"team=1": huggy})
 
 
 def test_a_match_depends_only_on_its_seed() -> None:
@@ -207,6 +214,18 @@ def test_huggy_rollout_prints_one_row_per_team(capsys) -> None:
     assert main(["rollout", "--env", "builtin:soccertwos", "--policy", "team=0=heuristic:nope",
                  "--base-port", str(free_port())]) == 2
     assert "heuristic:nope" in capsys.readouterr().err
+
+
+def test_huggy_rollout_refuses_a_team_that_is_not_a_number_or_a_policy_that_misfits(
+        capsys) -> None:
+    huggy = str(fixtures_dir() / "ppo_baseline" / "Huggy.onnx")
+    assert main(["rollout", "--env", "builtin:soccertwos", "--policy", f"team=x={huggy}"]) == 2
+    assert f"--policy team=x={huggy}: a team is a number" in capsys.readouterr().err
+    assert main(["rollout", "--env", "builtin:soccertwos", "--policy", "team=0=heuristic:idle",
+                 "--policy", f"team=1={huggy}", "--env-param", "num_arenas=1",
+                 "--base-port", str(free_port()), "--no-progress"]) == 2
+    assert (f"{huggy} ((59,) -> 21 continuous) does not fit {TEAM1} ({SOCCER_LAYOUT})"
+            in capsys.readouterr().err)
 
 
 def test_a_lone_policy_plays_every_behavior_it_fits(capsys) -> None:

@@ -25,6 +25,7 @@ from huggy_agent.formats.sources import (
     resolve_policy_source,
 )
 from tests.support.fixtures import REPO_ROOT, fixtures_dir
+from tests.support.processes import free_port
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OLD_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
@@ -95,6 +96,24 @@ def test_resolve_file_folder_and_revision_offline(offline_cache: Path) -> None:
     assert "local_files_only" not in str(missing.value)
     with pytest.raises(FileNotFoundError, match="the repository has no 'missing_folder'"):
         resolve_policy_source("hf://huggy-test/ppo/missing_folder")
+
+
+def test_an_unreachable_hub_is_named_as_such(tmp_path: Path) -> None:
+    """Online, with nothing listening at the Hub's address (a free port on 127.0.0.1, in a
+    process of its own, as huggingface_hub reads HF_ENDPOINT once): the error says the Hub
+    could not be reached, with the connection's error, not that the repository does not exist."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=endpoint, HF_HUB_CACHE=str(tmp_path / "empty"))
+    code = ("from huggy_agent.formats.sources import resolve_policy_source\n"
+            "try:\n    resolve_policy_source('hf://huggy-test/ppo')\n"
+            "except FileNotFoundError as error:\n    print(error)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert out.startswith(f"policy hf://huggy-test/ppo: the Hub at {endpoint} could not be "
+                          "reached (")
+    assert "Connection refused" in out and "set HF_HUB_OFFLINE=1" in out
+    assert "no such repository" not in out
 
 
 def test_hub_policy_loads_as_the_local_file(offline_cache: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
@@ -107,6 +108,19 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _unreachable(error: BaseException) -> BaseException | None:
+    """The network failure behind a huggingface_hub error (a refused or timed-out connection, a
+    name that did not resolve, an HTTP client's transport error), or None: the Hub answered."""
+    seen: BaseException | None = error
+    while seen is not None:
+        names = {kind.__name__ for kind in type(seen).__mro__}
+        if (isinstance(seen, (ConnectionError, TimeoutError, socket.gaierror))
+                or names & {"TransportError", "NetworkError", "TimeoutException"}):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _hub_reason(error: Exception, offline: bool) -> str:
     """Why huggingface_hub failed, in this project's terms: offline, what to do about it;
     online, the library's first line, without its advice about arguments (such as
@@ -149,6 +163,13 @@ def resolve_policy_source(source: str | os.PathLike[str]) -> PolicySource:
                                               allow_patterns=patterns))
             local = snapshot / reference.path if reference.path else snapshot
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
+        failure = None if offline else _unreachable(error)
+        if failure is not None:
+            endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+            raise FileNotFoundError(
+                f"policy {source}: the Hub at {endpoint} could not be reached "
+                f"({type(failure).__name__}: {failure}); check the network, or set "
+                "HF_HUB_OFFLINE=1 to use what huggingface_hub has cached") from error
         raise FileNotFoundError(f"policy not found: {source}: no such repository, revision or "
                                 f"file {where} ({_hub_reason(error, offline)})") from error
     if not local.exists():
