@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deploy.serving.batching import BatchQueue
-from deploy.serving.replica import warmup_sizes
+from deploy.serving.replica import collect_young_objects_less_often, warmup_sizes
 from deploy.serving.settings import BatchSettings
 from huggy_agent import HuggyAgent
 
@@ -20,9 +20,11 @@ class EchoPass:
     request, gathered as our replicas gather them (their batch queue; a request that finds the
     handler idle runs alone, `compute_action` on one row without a batch axis, the agent's
     cheapest path, with the row helper woken as it enters), reading the body but not parsing
-    it, and writing no actions: the least that a deployment running this policy costs."""
+    it, and writing no actions, in a process whose collector is tuned as theirs: the least that
+    a deployment running this policy costs."""
 
     def __init__(self) -> None:
+        collect_young_objects_less_often()  # as a replica of ours does
         settings = BatchSettings()
         self.agent = HuggyAgent.from_checkpoint(None, device="cpu", engine="auto")
         self.agent.warmup(warmup_sizes(settings.max_batch_size))

@@ -1,12 +1,15 @@
 """A replica's own request path in process, without Ray: requests that arrive together share one
 forward pass and each gets the actions of its own rows, seed and offset; a request whose heads
-fail is answered 500 alone. Concurrency comes from one event loop's turns, never from timing."""
+fail is answered 500 alone; a batch in flight starts no collection of young objects.
+Concurrency comes from one event loop's turns, never from timing."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -14,7 +17,7 @@ import numpy as np
 import pytest
 from starlette.requests import Request
 
-from deploy.serving.replica import HuggyPolicyDeployment
+from deploy.serving.replica import YOUNG_GC_THRESHOLD, HuggyPolicyDeployment
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
@@ -57,12 +60,16 @@ class InProcessReplica(HuggyPolicyDeployment.func_or_class):  # type: ignore[mis
 
 
 @pytest.fixture()
-def replica() -> Any:
+def replica() -> Iterator[Any]:
+    threshold = gc.get_threshold()  # a replica sets its process's; this process gets it back
     deployment = InProcessReplica("cpu")
     args = AppArgs(accelerator="cpu")
     asyncio.run(deployment.reconfigure({**asdict(args.batch_settings()),
                                         **args.policy_set().as_config()}))
-    return deployment
+    try:
+        yield deployment
+    finally:
+        gc.set_threshold(*threshold)
 
 
 def answer_all(replica: Any) -> list[tuple[int, dict]]:
@@ -91,6 +98,36 @@ def test_requests_that_arrive_together_share_a_pass_and_keep_their_own_actions(
         got = np.asarray(answer["continuous"], np.float32)
         assert got.shape == expected(agent, document).shape
         assert np.abs(got - expected(agent, document)).max() <= FP32_ACTION_ATOL
+
+
+def test_a_batch_in_flight_starts_no_collection_of_young_objects(replica: Any) -> None:
+    """64 requests gathered at once hold more young objects than Python's default threshold
+    (700): with it, the collector runs during the batch; with the replica's, it does not (the
+    counts start from zero after `gc.collect`). Counted by `gc.callbacks`, not timed."""
+    assert gc.get_threshold()[0] == YOUNG_GC_THRESHOLD
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    async def batch() -> list[Any]:
+        return await asyncio.gather(*(replica(request({"obs": ROWS[k % 16].tolist()}))
+                                      for k in range(64)))
+
+    found = {}
+    gc.callbacks.append(count)
+    try:
+        for threshold in (700, YOUNG_GC_THRESHOLD):
+            gc.set_threshold(threshold, *gc.get_threshold()[1:])
+            gc.collect()
+            collections.clear()
+            answers = asyncio.run(batch())
+            assert [a.status_code for a in answers] == [200] * 64
+            found[threshold] = len(collections)
+    finally:
+        gc.callbacks.remove(count)
+    assert found[700] > 0 and found[YOUNG_GC_THRESHOLD] == 0, found
 
 
 def test_a_request_whose_heads_fail_is_answered_alone(replica: Any,
