@@ -514,13 +514,22 @@ def free_port_block(size: int = 32) -> int:
     raise RuntimeError("no free port block")
 
 
+def median_text(ratios: list[float]) -> str:
+    """`0.84x`, and with several rounds `0.84x (median of 3 pairs: 0.76, 0.83, 0.84)`."""
+    ratios = sorted(ratios)
+    text = f"{float(np.median(ratios)):6.2f}x"
+    if len(ratios) > 1:
+        text += f" (median of {len(ratios)} pairs: {', '.join(f'{r:.2f}' for r in ratios)})"
+    return text
+
+
 def summary(points: list[Point]) -> list[str]:
-    by = {(p.series, p.clients): p for p in points}
+    """The ratios of the run, each the median over the rounds' pairs (the points of two series
+    at one client count, taken round by round)."""
     lines = []
     for clients in sorted({p.clients for p in points}):
-        def rps(series: str, c: int = clients) -> float | None:
-            point = by.get((series, c))
-            return point.rps if point else None
+        def rounds(series: str, c: int = clients) -> list[Point]:
+            return [p for p in points if (p.series, p.clients) == (series, c)]
 
         ratios = [("ours@haproxy / ours@proxy", "ours@haproxy", "ours@proxy"),
                   ("ours@haproxy / echo@haproxy", "ours@haproxy", "echo@haproxy"),
@@ -534,20 +543,18 @@ def summary(points: list[Point]) -> list[str]:
                   ("ours@haproxy-grpc / ours@haproxy", "ours@haproxy-grpc", "ours@haproxy"),
                   ("ours@replica-grpc / ours@haproxy", "ours@replica-grpc", "ours@haproxy")]
         for label, top, bottom in ratios:
-            a, b = rps(top), rps(bottom)
-            if a and b:
-                lines.append(f"{clients:>3} clients  {label:<34} {a / b:6.2f}x")
-        for series in ("proxy", "haproxy"):
-            ours_points = [p for p in points if (p.series, p.clients) == (f"ours@{series}", clients)]
-            echo_points = [p for p in points if (p.series, p.clients) == (f"echo@{series}", clients)]
-            pairs = [(o.p50_ms, e.p50_ms) for o, e in zip(ours_points, echo_points, strict=False)]
+            pairs = [(a.rps, b.rps) for a, b in zip(rounds(top), rounds(bottom), strict=False)
+                     if a.rps and b.rps]
             if pairs:
-                ratios = sorted(ours / echo for ours, echo in pairs)
+                lines.append(f"{clients:>3} clients  {label:<34} "
+                             + median_text([a / b for a, b in pairs]))
+        for series in ("proxy", "haproxy"):
+            pairs = [(o.p50_ms, e.p50_ms) for o, e in zip(rounds(f"ours@{series}"),
+                                                          rounds(f"echo@{series}"), strict=False)]
+            if pairs:
                 lines.append(f"{clients:>3} clients  p50 ours@{series} / echo@{series}"
-                             f"{'':<{12 - len(series)}} {float(np.median(ratios)):6.2f}x"
-                             + (f" (median of {len(ratios)} pairs: "
-                                f"{', '.join(f'{r:.2f}' for r in ratios)})"
-                                if len(ratios) > 1 else ""))
+                             f"{'':<{12 - len(series)}} "
+                             + median_text([ours / echo for ours, echo in pairs]))
     for point in points:
         if point.obs_per_request > 1 and point.series.startswith("ours@haproxy"):
             lines.append(f"{point.clients:>3} clients  {point.series:<30} "

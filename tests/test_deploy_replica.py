@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from starlette.requests import Request
 
+from deploy.serving.metrics import BucketCounters
 from deploy.serving.replica import YOUNG_GC_THRESHOLD, HuggyPolicyDeployment
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
@@ -208,3 +209,15 @@ def test_a_client_that_leaves_before_its_body_arrives_is_counted_not_logged_as_a
     response = asyncio.run(replica(request(DOCUMENTS[0])))
     got = np.asarray(json.loads(response.body)["continuous"], np.float32)
     assert np.abs(got - expected(HuggyAgent(device="cpu"), DOCUMENTS[0])).max() <= FP32_ACTION_ATOL
+
+
+def test_bucket_counters_count_what_is_at_most_each_bound() -> None:
+    """Worked by hand: of 1, 1, 2, 3, 8, 9, 2 are at most 1, 3 at most 2, 4 at most 4, 5 at
+    most 8, and 6 in all; bounds that do not increase are refused."""
+    counters = BucketCounters("huggy_test_sizes", "test sizes", [1, 2, 4, 8])
+    assert counters.labels == ["1", "2", "4", "8", "+Inf"]
+    assert counters.cumulative_counts([1, 1, 2, 3, 8, 9]) == [2, 3, 4, 5, 6]
+    assert counters.cumulative_counts([]) == [0, 0, 0, 0, 0]
+    counters.add([1, 1, 2, 3, 8, 9])  # without a cluster Ray keeps the counts to itself
+    with pytest.raises(ValueError, match=r"boundaries must increase, got \[1, 4, 2\]"):
+        BucketCounters("huggy_test_bad", "test", [1, 4, 2])

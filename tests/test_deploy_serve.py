@@ -21,6 +21,7 @@ import aiohttp
 import numpy as np
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from deploy.serving.replica import HuggyPolicyDeployment
@@ -148,6 +149,50 @@ def test_info_healthz_openapi(server: Server, local: HuggyAgent) -> None:
     assert "security" not in document  # no key here
     wrong_method = requests.get(f"{server.url}/v1/act", timeout=10)
     assert (wrong_method.status_code, wrong_method.headers["Allow"]) == (405, "POST")
+
+
+def scraped_series(application: str) -> dict[tuple[str, str], float]:
+    """{(sample name, its `le` or ""): value} of the huggy metrics of `application`'s replicas,
+    summed over the Prometheus endpoints of every node of the cluster."""
+    import ray
+
+    found: dict[tuple[str, str], float] = {}
+    for node in ray.nodes():
+        text = requests.get(f"http://127.0.0.1:{node['MetricsExportPort']}/metrics",
+                            timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if (sample.name.startswith("ray_huggy_")
+                        and sample.labels.get("application") == application):
+                    key = (sample.name, sample.labels.get("le", ""))
+                    found[key] = found.get(key, 0.0) + sample.value
+    return found
+
+
+def test_batch_sizes_reach_prometheus_as_bucket_counters(server: Server) -> None:
+    """The fixture app's batch sizes as Prometheus reads them once Ray has exported them (within
+    Ray's report interval): per `le` counts that never decrease with `le`, the `+Inf` count equal
+    to the forward passes that /v1/info counts, and the sums equal to its requests and rows."""
+    for rows in (1, 1, 3):
+        reply = requests.post(f"{server.fixture_url}/v1/act",
+                              data=act_body(observations(rows, 5)), timeout=30)
+        assert reply.status_code == 200
+    asyncio.run(burst(server.fixture_url, [act_body(observations(2, k)) for k in range(8)]))
+    bounds = ["1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024", "+Inf"]
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        counted = info(server.fixture_url)["counters"]  # also hands the replica's counts to Ray
+        series = scraped_series("fixture")
+        if series.get(("ray_huggy_forward_passes_total", "")) == counted["forward_passes"]:
+            break
+        assert time.monotonic() < deadline, f"Ray exported {series}, /v1/info counts {counted}"
+        time.sleep(1)
+    for name, total in (("requests", counted["requests"]), ("rows", counted["rows"])):
+        buckets = [series.get((f"ray_huggy_batch_{name}_bucket_total", le), 0.0)
+                   for le in bounds]
+        assert buckets == sorted(buckets) and buckets[-1] == counted["forward_passes"]
+        assert buckets[bounds.index("1")] >= 2  # the two lone one-row requests at least
+        assert series[(f"ray_huggy_batch_{name}_sum_total", "")] == total
 
 
 def test_seeded_noise_is_the_same_alone_or_among_63_concurrent_others(

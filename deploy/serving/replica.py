@@ -56,7 +56,7 @@ import numpy as np
 import ray
 from ray import serve
 from ray.serve.grpc_util import RayServegRPCContext
-from ray.serve.metrics import Counter, Histogram
+from ray.serve.metrics import Counter
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -70,6 +70,7 @@ from deploy.serving.grpc_ingress import (
 )
 from deploy.serving.grpc_server import CallContext, UnaryServer
 from deploy.serving.held import HeldPolicies, ServedPolicy
+from deploy.serving.metrics import BucketCounters
 from deploy.serving.openapi import openapi_document
 from deploy.serving.parsing import (
     ActRequest,
@@ -217,12 +218,10 @@ class HuggyPolicyDeployment:
                          "rows": 0, "largest_batch_requests": 0, "largest_batch_rows": 0,
                          "policy_loads": 0, "disconnected": 0}
         self.policy_requests: dict[str, int] = {}
-        self._batch_requests = Histogram(
-            "huggy_batch_requests", description="Requests served per forward pass",
-            boundaries=BATCH_BUCKETS)
-        self._batch_rows = Histogram(
-            "huggy_batch_rows", description="Observations per forward pass",
-            boundaries=BATCH_BUCKETS)
+        self._batch_requests = BucketCounters(
+            "huggy_batch_requests", "Requests served per forward pass", BATCH_BUCKETS)
+        self._batch_rows = BucketCounters(
+            "huggy_batch_rows", "Observations per forward pass", BATCH_BUCKETS)
         self._forward_passes = Counter(
             "huggy_forward_passes", description="Forward passes of the policy network")
         self._requests_by_policy = Counter(
@@ -568,14 +567,16 @@ class HuggyPolicyDeployment:
         """Hand the forward passes and the requests per policy counted since the last report
         to Ray's metrics.
 
-        Not on every request: the three metric calls are a measurable share of a one-observation
+        Not on every request: the metric calls are a measurable share of a one-observation
         answer, and Ray exports metrics every few seconds anyway. Reports happen every
         `METRICS_REPORT_PASSES` passes, at each health check (every 10 s) and with /v1/info.
+        The batch sizes go on bucket counters (`BucketCounters`), not Ray's `Histogram`, each of
+        whose observations costs Ray's metrics agent a call.
         """
-        for requests, rows in self._unreported:
-            self._batch_requests.observe(requests)
-            self._batch_rows.observe(rows)
         if self._unreported:
+            requests, rows = zip(*self._unreported, strict=True)
+            self._batch_requests.add(requests)
+            self._batch_rows.add(rows)
             self._forward_passes.inc(len(self._unreported))
         self._unreported.clear()
         for policy_id, count in self._unreported_policies.items():
