@@ -4,7 +4,8 @@ One Serve instance for the module on the session cluster: the bundled policy at 
 batch settings), again at `/batched` with a 100 ms batch wait, a fixture checkpoint (.pt) at
 `/fixture`, and at `/gated` a subclass of the deployment whose batches wait at a gate the test
 opens, so the grouping of requests into forward passes is exact whatever the timing. The
-in-process `HuggyAgent.compute_action` is the reference.
+in-process `HuggyAgent.compute_action` is the reference; for the batch-size metrics, the
+cluster's own Prometheus endpoints against the replica's `/v1/info` counters.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def scraped_series(application: str) -> dict[tuple[str, str], float]:
     import ray
 
     found: dict[tuple[str, str], float] = {}
-    for node in ray.nodes():
+    for node in (node for node in ray.nodes() if node["Alive"]):
         text = requests.get(f"http://127.0.0.1:{node['MetricsExportPort']}/metrics",
                             timeout=10).text
         for family in text_string_to_metric_families(text):
