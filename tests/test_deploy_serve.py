@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -428,15 +428,15 @@ GATED_ROWS = 2  # rows per request after the first: four of them fill a batch
 
 
 class _Recorded:
-    """A Ray metric that also keeps every value it is given (the metric still reports)."""
+    """A counter or `BucketCounters` that also keeps every value it is given (it still reports)."""
 
     def __init__(self, metric: object) -> None:
         self.metric = metric
         self.values: list[float] = []
 
-    def observe(self, value: float, tags: dict | None = None) -> None:
-        self.values.append(value)
-        self.metric.observe(value, tags)
+    def add(self, values: Sequence[float]) -> None:
+        self.values.extend(values)
+        self.metric.add(values)
 
     def inc(self, value: float = 1.0, tags: dict | None = None) -> None:
         self.values.append(value)
