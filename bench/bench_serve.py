@@ -1,7 +1,8 @@
 """Loopback load test of the policy server, side by side in one run (bounded; not a test).
 
-    .venv/bin/python bench/bench_serve.py                 # 20 s per point, ~12 minutes
+    .venv/bin/python bench/bench_serve.py                 # 20 s per point, ~25 minutes
     .venv/bin/python bench/bench_serve.py --duration 5    # quicker, noisier
+    .venv/bin/python bench/bench_serve.py --settle 0      # no idle 11 s before each point
     .venv/bin/python bench/bench_serve.py --quick         # 1 client, HAProxy: echos vs ours only
 
 Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client):
@@ -27,8 +28,13 @@ forward pass (from /v1/info), then the ratios against the baselines of the same 
 runs on one machine: the load client shares the CPUs with the server, as it would on a 2-core box,
 so under load the requests/s of two series follow the CPU that each request costs the whole
 machine. Under each point (on Linux) that cost is split by process, from /proc before and after
-the point: each Serve replica, HAProxy, the load client (this process) and the rest (Ray's own
-processes and anything else running), in microseconds of CPU per request.
+the point: each Serve replica, HAProxy, the load client (this process), Ray's metrics agent and
+the rest (Ray's other processes and anything else running), in microseconds of CPU per request.
+The metrics agent's share lags: each process exports its metrics every 10 s, and the agent then
+replays every histogram observation of them (Serve observes two per request), so a point is
+charged part of the point before's unless the points are apart by more than that (`--settle`,
+11 s by default). Over a point and a 20 s tail the agent took 24-27 us per request for
+echo+pass and ours alike (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -156,8 +162,9 @@ async def _sender(url: str, body: bytes) -> AsyncIterator[Callable[[], Awaitable
 
 def process_cpu() -> dict[int, tuple[str, float]]:
     """CPU seconds used so far (user + system) by each process on this machine, with its group:
-    "replica NAME" (a Serve replica of app NAME), "haproxy", "load client" (this process) or
-    "Ray and other". Empty where there is no /proc."""
+    "replica NAME" (a Serve replica of app NAME), "haproxy", "load client" (this process), "Ray
+    metrics agent" (Ray's dashboard agent, which ingests every process's metrics) or "Ray and
+    other". Empty where there is no /proc."""
     found: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         pid = int(entry.name)
@@ -172,6 +179,8 @@ def process_cpu() -> dict[int, tuple[str, float]]:
             group = "replica " + command.partition("ServeReplica:")[2].partition(":")[0]
         elif Path(command).name == "haproxy":
             group = "haproxy"
+        elif command.startswith("ray::DashboardAgent"):
+            group = "Ray metrics agent"
         else:
             group = "Ray and other"
         found[pid] = (group, seconds)
@@ -191,8 +200,12 @@ def cpu_per_request(before: dict[int, tuple[str, float]], after: dict[int, tuple
 
 
 def measure(series: str, url: str | list[str], rows: int, clients: int, duration: float,
-            info_url: str | None) -> Point:
+            info_url: str | None, settle: float = 0.0) -> Point:
+    """One point: `clients` clients on `url` for `duration` s, after `settle` s idle (in which
+    Ray's metrics agent ingests what the point before left, instead of during this one)."""
     import requests
+
+    time.sleep(settle)
 
     before = requests.get(info_url, timeout=10).json()["counters"] if info_url else None
     snapshots: dict[str, dict] = {}
@@ -302,23 +315,27 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
                 for clients in args.clients:
                     if rows == 1 and ingress != "direct":  # back to back with ours: same load
                         points.append(measure(f"echo@{ingress}", echo, 1, clients,
-                                              args.duration, None))
+                                              args.duration, None, args.settle))
                         points.append(measure(f"echo+pass@{ingress}", echo_pass, 1, clients,
-                                              args.duration, None))
+                                              args.duration, None, args.settle))
                     points.append(measure(series_name(f"ours@{ingress}", rows),
                                           f"{base}/v1/act", rows, clients, args.duration,
-                                          f"{base}/v1/info"))
+                                          f"{base}/v1/info", args.settle))
         if ingress != "direct" and not args.quick:
             for clients in args.clients:
                 points.append(measure(f"ours@{ingress}-grpc", f"grpc://127.0.0.1:{grpc_port}", 1,
-                                      clients, args.duration, f"{base}/v1/info"))
+                                      clients, args.duration, f"{base}/v1/info", args.settle))
                 if ingress == "haproxy":
                     points.append(measure("ours@replica-grpc", f"grpc://127.0.0.1:{own_grpc_port}",
-                                          1, clients, args.duration, f"{base}/v1/info"))
+                                          1, clients, args.duration, f"{base}/v1/info",
+                                          args.settle))
     finally:
         stop_serve(port)
 
 
+METRICS_EXPORT_S = 10.0
+"""How often each Ray process exports its metrics to the metrics agent (Ray's default
+`metrics_report_interval_ms`)."""
 MODEL_COUNT = 15
 """Policies of the many-policies series: the checkpoints of one run."""
 SPLIT_SESSIONS = 10_000
@@ -458,9 +475,9 @@ def run_models(points: list[Point], args: argparse.Namespace, port: int) -> list
                 wait_http(url)
             pairs = []
             for _ in range(args.rounds):
-                alone = measure("single@haproxy", single, 1, 1, args.duration, None)
+                alone = measure("single@haproxy", single, 1, 1, args.duration, None, args.settle)
                 among = measure(f"resident-of-{MODEL_COUNT}@haproxy", resident, 1, 1,
-                                args.duration, None)
+                                args.duration, None, args.settle)
                 points += [alone, among]
                 pairs.append((among.p50_ms / alone.p50_ms, among.p99_ms / alone.p99_ms))
             p50_ratio = float(np.median([p for p, _ in pairs]))
@@ -470,8 +487,8 @@ def run_models(points: list[Point], args: argparse.Namespace, port: int) -> list
                          f"1.2x); p99 {p99_ratio:.2f}x")
             spread = [f"{base}/models/v1/models/{quote(i, safe='@')}/act" for i in ids]
             many = measure(f"16-over-{MODEL_COUNT}@haproxy", spread, 1, 16, args.duration,
-                           f"{base}/models/v1/info")
-            alone16 = measure("single@haproxy", single, 1, 16, args.duration, None)
+                           f"{base}/models/v1/info", args.settle)
+            alone16 = measure("single@haproxy", single, 1, 16, args.duration, None, args.settle)
             points += [many, alone16]
             lines.append(f"16 clients over {MODEL_COUNT} policies: {many.rps:,.0f} req/s, "
                          f"{many.rps / alone16.rps:.2f}x one policy alone ({alone16.rps:,.0f} "
@@ -584,6 +601,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --quick: echo/ours measurement pairs; with models: "
                              "single/resident pairs (default 1)")
+    parser.add_argument("--settle", type=float, default=METRICS_EXPORT_S + 1,
+                        help="seconds idle before each Serve point, so that Ray's metrics agent "
+                             "ingests the point before's metrics then, not during the next point "
+                             f"(default {METRICS_EXPORT_S + 1:g}; 0 runs back to back)")
     args = parser.parse_args()
     if args.quick:
         args.series, args.clients, args.rows = "haproxy", [1], [1]
