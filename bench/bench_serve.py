@@ -33,7 +33,7 @@ the rest (Ray's other processes and anything else running), in microseconds of C
 The metrics agent's share lags: each process exports its metrics every 10 s, and the agent then
 replays every histogram observation of them (Serve observes two per request), so a point is
 charged part of the point before's unless the points are apart by more than that (`--settle`,
-11 s by default). Over a point and a 20 s tail the agent took 24-27 us per request for
+11 s by default). Over a point and a 20 s tail the agent took 23.5-26.7 us per request for
 echo+pass and ours alike (docs/benchmarks.md).
 """
 
