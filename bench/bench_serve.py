@@ -11,8 +11,11 @@ Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client)
     ours@proxy     our deployment behind the default proxy          (the baseline of "3x")
     echo@haproxy   the echo behind HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)
     echo+pass@X    the echo plus the policy's forward pass, batched as ours, behind proxy X:
-                   the floor of ours@X (no body read, no actions written)
-    ours@haproxy   our deployment behind HAProxy                    (the default of `huggy serve`)
+                   the floor of a deployment that runs the pass in Serve's HTTP server (no
+                   body read, no actions written)
+    ours@haproxy   our deployment behind HAProxy                    (the default of `huggy serve`),
+                   which sends the requests to each replica's own socket
+                   (deploy/serving/http_server.py), not through Serve's HTTP server
     ours@direct    our replica's own port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1), no proxy
     ours@X-grpc    Serve's gRPC ingress (deploy/serving/grpc_ingress.py) next to proxy X, one
                    observation
@@ -31,7 +34,8 @@ machine. Under each point (on Linux) that cost is split by process, from /proc b
 the point: each Serve replica, HAProxy, the load client (this process), Ray's metrics agent and
 the rest (Ray's other processes and anything else running), in microseconds of CPU per request.
 The metrics agent's share lags: each process exports its metrics every 10 s, and the agent then
-replays every histogram observation of them (Serve observes two per request), so a point is
+replays every histogram observation of them (Serve observes two per request through its HTTP
+server, one through a replica's socket), so a point is
 charged part of the point before's unless the points are apart by more than that (`--settle`,
 11 s by default). Over a point and a 20 s tail the agent took 23.5-26.7 us per request for
 echo+pass and ours alike (docs/benchmarks.md).

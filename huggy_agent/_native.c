@@ -35,6 +35,7 @@
 #if !defined(_WIN32) && !defined(__STDC_NO_ATOMICS__)
 #define HUGGY_THREADS 1
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 #endif
@@ -664,6 +665,20 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+#define SPINS_PER_YIELD 64 /* about 1-2 us of pauses */
+
+/* One turn of a spin wait: a pause, and every SPINS_PER_YIELD turns a yield of the CPU. Where
+ * the scheduler has put the waiting thread on the CPU of the thread it waits for (the other
+ * busy: a woken helper preempts the caller that woke it), the one waited for runs again within
+ * microseconds instead of after the spinner's time slice; alone on its CPU the yield returns at
+ * once. */
+static inline void spin_turn(unsigned *turns) {
+    if (++*turns % SPINS_PER_YIELD == 0)
+        sched_yield();
+    else
+        cpu_relax();
+}
+
 /* Claim and compute blocks of each hidden layer in turn, waiting for each layer's last block
  * before the next. Returns the number of blocks this thread computed. */
 static int work_on(SharedPass *pass) {
@@ -679,7 +694,8 @@ static int work_on(SharedPass *pass) {
             atomic_fetch_add(&pass->done[l], 1);
             computed++;
         }
-        while (atomic_load(&pass->done[l]) < blocks) cpu_relax();
+        unsigned turns = 0;
+        while (atomic_load(&pass->done[l]) < blocks) spin_turn(&turns);
     }
     return computed;
 }
@@ -692,6 +708,7 @@ static void *helper_main(void *unused) {
         helper.armed = 0;
         pthread_mutex_unlock(&helper.lock);
         atomic_store(&helper.awake, 1);
+        unsigned turns = 0;
         for (;;) {
             atomic_store(&helper.inside, 1); /* then check `open`: the caller's close waits */
             if (atomic_load(&helper.open)) {
@@ -701,7 +718,7 @@ static void *helper_main(void *unused) {
             }
             atomic_store(&helper.inside, 0);
             if (monotonic_ns() > atomic_load(&helper.deadline)) break;
-            cpu_relax();
+            spin_turn(&turns);
         }
         atomic_store(&helper.awake, 0);
     }
@@ -765,7 +782,8 @@ static int share_hidden_layers(const Plan *plan, float *a, float *b) {
     atomic_store(&helper.open, 1);
     work_on(pass);
     atomic_store(&helper.open, 0);
-    while (atomic_load(&helper.inside)) cpu_relax(); /* the helper has left the pass */
+    unsigned turns = 0;
+    while (atomic_load(&helper.inside)) spin_turn(&turns); /* the helper has left the pass */
     atomic_store(&helper.owned, 0);
     return 1;
 }

@@ -452,10 +452,15 @@ def test_app_builder_replicas_and_autoscaling() -> None:
     from deploy.serving.app import build_app
     from deploy.serving.settings import AppArgs
 
-    fixed = build_app(AppArgs(accelerator="cpu", replicas=3), nodes=[HEAD, WORKER])
+    folder = "/tmp/huggy-haproxy-8000"
+    fixed = build_app(AppArgs(accelerator="cpu", replicas=3, haproxy_folder=folder),
+                      nodes=[HEAD, WORKER])
     assert fixed._bound_deployment._deployment_config.num_replicas == 3
-    scaled = build_app(AppArgs(accelerator="cpu", autoscale=True, max_replicas=5),
-                       nodes=[HEAD, WORKER])
+    assert fixed._bound_deployment.init_args[-2:] == (folder, "/")  # the own listener
+    scaled = build_app(AppArgs(accelerator="cpu", autoscale=True, max_replicas=5,
+                               haproxy_folder=folder), nodes=[HEAD, WORKER])
+    # Serve's autoscaler counts the requests that Serve's HTTP server hands over: no listener
+    assert scaled._bound_deployment.init_args[-2] is None
     autoscaling = scaled._bound_deployment._deployment_config.autoscaling_config
     assert (autoscaling.min_replicas, autoscaling.max_replicas) == (1, 5)
     assert scaled._bound_deployment.user_config["max_batch_size"] == 256
@@ -510,8 +515,9 @@ def test_clients_that_leave_mid_body_over_http_are_counted_and_the_server_serves
         served_url: str) -> None:
     """Each client sends half its declared body and closes: the replica counts each one as
     disconnected (none as a request or a rejection) and answers the next request. The client
-    waits for `100 Continue`, which uvicorn sends when the replica first reads the body, so
-    that the replica has its request before the client leaves."""
+    waits for `100 Continue`, which the replica's listener sends once it has the request's
+    headers (uvicorn, through Serve's server: when the replica first reads the body), so that
+    the replica has its request before the client leaves."""
     host, port = served_url.removeprefix("http://").split(":")
     info = f"{served_url}/v1/info"
     before = requests.get(info, timeout=30).json()["counters"]

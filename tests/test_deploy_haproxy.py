@@ -1,16 +1,20 @@
 """huggy's changes to the HAProxy configuration Ray generates (deploy/serving/haproxy.py), without
 Ray, against HAProxy itself (the binary Ray runs): a configuration shaped as Ray 2.60 writes it is
-changed, HAProxy accepts the result, and a live HAProxy with no replica up answers as the module
-says. A configuration without the expected lines is refused, naming the Ray version. The same on
-a live Serve: tests/test_deploy_faults.py."""
+changed, HAProxy accepts the result, a live HAProxy with no replica up answers as the module
+says, and one whose replica listens on a socket of its own sends the requests there and its
+health checks to the replica's Serve port. A configuration without the expected lines is
+refused, naming the Ray version. The same on a live Serve: tests/test_deploy_faults.py and
+tests/test_deploy_serve.py."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import http.server
 import io
 import json
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -18,8 +22,10 @@ from collections.abc import Iterator
 from email.message import Message
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
+from starlette.responses import Response
 
 from deploy.ray_internals import SUPPORTED_RAY
 from deploy.serving.haproxy import (
@@ -29,7 +35,9 @@ from deploy.serving.haproxy import (
     error_page,
     patch_config,
     real_binary,
+    replica_socket,
 )
+from deploy.serving.http_server import UnixHttpServer
 from deploy.serving.server import (
     UNAVAILABLE,
     _HAProxyAdmin,
@@ -74,6 +82,8 @@ backend default_backend
     http-request return status 404 content-type text/plain lf-string "Path '%[path]' not found."
 backend http-huggy
     http-reuse always
+    option httpchk GET /-/healthz
+    http-check expect status 200
     default-server fastinter 250ms downinter 250ms fall 2 rise 2 inter 5s check
     # Servers in this backend
     server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:{replica} check observe layer4 error-limit 3
@@ -152,6 +162,105 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
     checked = subprocess.run([real_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")],
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_replica_with_its_own_socket_gets_its_requests_there_and_its_checks_on_its_port(
+        tmp_path: Path, page: Path) -> None:
+    """Change 5, by the text: only the replica's line of the HTTP backend changes, and only
+    where its socket (named by the id that ends Ray's server name) is in the page's folder."""
+    original = ray_config(tmp_path, replica=30007)
+    assert patch_config(original, page) == patch_config(original.replace("30007", "30007"), page)
+    unchanged = patch_config(original, page)
+    assert "    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:30007 check observe layer4 " \
+        "error-limit 3" in unchanged.splitlines()  # no socket yet
+    sock = replica_socket(page.parent, "1")
+    sock.parent.mkdir()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(sock))
+        patched = patch_config(original, page)
+    lines = patched.splitlines()
+    assert (f"    server SERVE_REPLICA_huggy-HuggyPolicy-1 unix@{sock} check addr 127.0.0.1 "
+            "port 30007 observe layer4 error-limit 3") in lines
+    assert [line for line in lines if "unix@" in line] == [
+        line for line in lines if "SERVE_REPLICA" in line]  # the gRPC backend has none
+    assert [line for line in lines if "unix@" not in line] == [
+        line for line in unchanged.splitlines() if "SERVE_REPLICA" not in line]
+    assert patch_config(patched, page) == patched
+    (tmp_path / "haproxy.cfg").write_text(patched)
+    checked = subprocess.run([real_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+class _ServePort(http.server.BaseHTTPRequestHandler):
+    """Stands for Serve's HTTP server in a replica: answers HAProxy's health checks, and counts
+    the paths asked."""
+
+    protocol_version = "HTTP/1.1"
+    paths: list[str] = []
+
+    def do_GET(self) -> None:
+        type(self).paths.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_live_haproxy_sends_requests_to_the_replicas_socket_and_checks_its_serve_port(
+        tmp_path: Path, page: Path) -> None:
+    """A live HAProxy on the changed configuration: the requests reach the replica's own
+    listener (`deploy.serving.http_server`) whole, while the replica's Serve port gets only
+    HAProxy's health checks; once that port stops answering, as Serve's does when a replica
+    drains, HAProxy takes the replica out (the JSON 503)."""
+    handed: list[tuple[str, bytes]] = []
+
+    async def handler(scope: dict[str, Any], body: bytes) -> Response:
+        handed.append((scope["path"], body))
+        return Response(b'{"from": "socket"}', media_type="application/json")
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    server = UnixHttpServer(handler, 1000)
+    sock = replica_socket(page.parent, "1")
+    sock.parent.mkdir()
+    asyncio.run_coroutine_threadsafe(server.start(sock), loop).result(timeout=30)
+    serve_port = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ServePort)
+    threading.Thread(target=serve_port.serve_forever, daemon=True).start()
+    port, fallback, metrics, stats = free_ports(4)
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(patch_config(ray_config(
+        tmp_path, port, serve_port.server_address[1], fallback, metrics=metrics, stats=stats,
+    ).replace("inter 5s", "inter 250ms"), page))  # Ray's checks, every 250 ms instead of 5 s
+    haproxy = subprocess.Popen([real_binary(), "-db", "-f", str(config)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not port_open(port) or not _ServePort.paths:  # up, and checking
+            assert haproxy.poll() is None and time.monotonic() < deadline, "no HAProxy"
+            time.sleep(0.05)
+        connection = http.client.HTTPConnection(f"127.0.0.1:{port}", timeout=30)
+        for body in (b'{"obs": [1]}', b'{"obs": [2]}'):
+            connection.request("POST", "/v1/act", body=body)
+            reply = connection.getresponse()
+            assert (reply.status, reply.read()) == (200, b'{"from": "socket"}')
+        connection.close()
+        assert handed == [("/v1/act", b'{"obs": [1]}'), ("/v1/act", b'{"obs": [2]}')]
+        serve_port.shutdown()
+        serve_port.server_close()
+        while _get(f"127.0.0.1:{port}", "/v1/act")[0] != 503:
+            assert time.monotonic() < deadline, "the replica was not taken out"
+            time.sleep(0.05)
+        assert set(_ServePort.paths) == {"/-/healthz"}
+        assert set(handed[2:]) <= {("/v1/act", b"")}  # GETs sent before it was out
+    finally:
+        haproxy.terminate()
+        haproxy.wait(timeout=30)
+        serve_port.server_close()
+        asyncio.run_coroutine_threadsafe(server.stop(grace=5), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
 
 
 def test_the_pages_beside_a_frontend_on_every_interface_stay_there(tmp_path: Path,

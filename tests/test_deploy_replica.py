@@ -101,6 +101,34 @@ def test_requests_that_arrive_together_share_a_pass_and_keep_their_own_actions(
         assert np.abs(got - expected(agent, document)).max() <= FP32_ACTION_ATOL
 
 
+def test_the_row_helper_is_woken_only_for_a_request_that_follows_a_lone_one(
+        replica: Any) -> None:
+    """A request that enters the idle replica wakes the row helper (`expect_row`) when the
+    latest pass was a lone request's, not after a batch (under load a helper woken on a busy
+    machine takes the replica's own CPU), nor before any pass."""
+    (policy_id,) = replica.held()
+    agent = replica._held[policy_id].agent
+    woken: list[int] = []
+    agent.expect_row = lambda: woken.append(replica.counters["forward_passes"])
+
+    def alone() -> None:
+        assert asyncio.run(replica(request(DOCUMENTS[0]))).status_code == 200
+
+    passes = replica.counters["forward_passes"]  # the warm-up ran no request alone
+    alone()
+    assert woken == []  # no lone pass before it
+    alone()
+    assert woken == [passes + 1]
+    answer_all(replica)  # its first request found the replica idle after a lone pass
+    assert woken == [passes + 1, passes + 2]
+    alone()  # after a batch
+    assert woken == [passes + 1, passes + 2]
+    alone()
+    assert woken == [passes + 1, passes + 2, passes + 4]
+    assert replica.counters["forward_passes"] == passes + 5
+    assert replica.counters["requests_alone"] == 4
+
+
 def test_a_batch_in_flight_starts_no_collection_of_young_objects(replica: Any) -> None:
     """64 requests gathered at once hold more young objects than Python's default threshold
     (700): with it, the collector runs during the batch; with the replica's, it does not (the

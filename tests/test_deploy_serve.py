@@ -11,8 +11,12 @@ cluster's own Prometheus endpoints against the replica's `/v1/info` counters.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
+import re
+import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +33,7 @@ from deploy.serving.replica import HuggyPolicyDeployment
 from deploy.serving.server import (
     DEFAULT_INGRESS,
     deploy,
+    haproxy_dir,
     start_serve,
     stop_serve,
     wait_until_answering,
@@ -150,6 +155,51 @@ def test_info_healthz_openapi(server: Server, local: HuggyAgent) -> None:
     assert "security" not in document  # no key here
     wrong_method = requests.get(f"{server.url}/v1/act", timeout=10)
     assert (wrong_method.status_code, wrong_method.headers["Allow"]) == (405, "POST")
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """http.client over a Unix socket."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("replica", timeout=30)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect(self.path)
+
+
+def test_haproxy_sends_each_replicas_requests_to_its_own_socket(server: Server,
+                                                              local: HuggyAgent) -> None:
+    """Behind huggy serve's HAProxy each replica listens on a socket of its own
+    (`deploy.serving.http_server`): HAProxy's configuration routes every app's replica there,
+    its health checks to the replica's Serve port, and the replica answers on that socket as
+    through HAProxy (the in-process actions)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    configs = list(haproxy_dir(port).glob("*/haproxy.cfg"))
+    assert len(configs) == 1, configs
+    text = configs[0].read_text()
+    for app, url in (("huggy", server.url), ("fixture", server.fixture_url),
+                     ("batched", server.batched_url)):
+        replica = info(url)["replica"]
+        sock = haproxy_dir(port) / "replicas" / f"{replica}.sock"
+        line = re.search(rf"^ *server SERVE_REPLICA_{app}-HuggyPolicy-{replica} (.*)$", text,
+                         re.MULTILINE)
+        assert line is not None, (app, text)
+        assert re.fullmatch(rf"unix@{re.escape(str(sock))} check addr 127\.0\.0\.1 port \d+ .*",
+                            line[1]), line[1]
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    obs = observations(3, 11)
+    default_replica = info(server.url)["replica"]
+    connection = _UnixConnection(str(haproxy_dir(port) / "replicas" / f"{default_replica}.sock"))
+    connection.request("POST", "/v1/act", body=act_body(obs))
+    reply = connection.getresponse()
+    answer = json.loads(reply.read())
+    connection.close()
+    assert reply.status == 200
+    np.testing.assert_allclose(answer["actions"], local.compute_action(obs, deterministic=True),
+                               rtol=0, atol=TOL)
 
 
 def scraped_series(application: str) -> dict[tuple[str, str], float]:

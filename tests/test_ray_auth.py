@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from deploy.cluster import ensure_private_token, use_token_auth
-from deploy.serving.server import haproxy_dir, private_folder
+from deploy.serving.haproxy import private_folder
+from deploy.serving.server import haproxy_dir
 from tests.support.fixtures import REPO_ROOT, fixtures_dir
 from tests.support.processes import free_port, kill_processes_mentioning, mentions
 

@@ -19,6 +19,14 @@ plain-text 404, or a wait of up to its own timeout:
     4. HAProxy's statistics page and Prometheus exporter, which Ray binds to every interface,
        listen on the HTTP frontend's address (127.0.0.1 unless `huggy serve --host` says
        otherwise). Ray reads neither over the network (it asks HAProxy's admin socket).
+    5. A replica of an HTTP backend that listens on a Unix socket of its own in this folder
+       (`replica_socket`: `deploy.serving.http_server`, named by its replica id, with which
+       Ray's name for the server ends) gets its requests there instead of through Serve's HTTP
+       server in the replica: the same answers, for less of the replica's CPU per request than
+       Serve's server takes to answer an echo. HAProxy's health checks still go to its Serve
+       port (`check addr HOST port PORT`), where Serve reports a replica that drains. A replica
+       without a socket here (on another node, or not yet listening when Ray wrote the
+       configuration) keeps its Serve port.
 
 The wrapper is Ray's public hook for the HAProxy executable (`RAY_SERVE_HAPROXY_BINARY_PATH`):
 Ray writes the whole configuration, then runs the wrapper with HAProxy's arguments (`-f CONFIG
@@ -28,8 +36,9 @@ arguments. The rewriting relies on the text that Ray `SUPPORTED_RAY` generates: 
 configuration without the expected lines HAProxy is not started and the reason names the Ray
 version. The gRPC backends keep Ray's configuration.
 
-`install` writes the wrapper and its error page into a folder only this user can enter. This
-module imports only the standard library: the wrapper runs it at every HAProxy reload.
+`install` writes the wrapper and its error page into a folder only this user can enter
+(`private_folder`), where the replicas' sockets lie too. This module imports only the standard
+library: the wrapper runs it at every HAProxy reload.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ HOLD_S = 2
 HELD = ":held"
 """The suffix of the backend holding requests that found no replica (':' is in no name Ray
 writes)."""
+REPLICA_SOCKETS = "replicas"
+"""The subfolder of HAProxy's folder where replicas listen on Unix sockets of their own."""
 
 _ERROR_FILE = re.compile(r"^(?P<directive>[ \t]*errorfile 50[234]) \S+[ \t]*$", re.MULTILINE)
 _SECTION = re.compile(r"^backend (?P<name>\S+)[ \t]*$")
@@ -64,6 +75,9 @@ _FRONTEND_BIND = re.compile(r"^frontend http_frontend[ \t]*\n[ \t]*bind (?P<host
                             re.MULTILINE)
 _ANY_ADDRESS_BIND = re.compile(r"^(?P<indent>[ \t]*)bind \*?:(?P<port>\d+)[ \t]*$", re.MULTILINE)
 _ANY_ADDRESS = {"*", "0.0.0.0", "::", "[::]"}
+_REPLICA_SERVER = re.compile(r"^(?P<indent>[ \t]*)server (?P<name>SERVE_REPLICA\S*-(?P<id>[0-9A-Za-z]+)) "
+                             r"(?P<host>[0-9.]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d+) check"
+                             r"(?P<rest>( .*)?)$")
 _UNAVAILABLE = "http-request deny deny_status 503"
 """HAProxy's 503 for every request, with the 503 error page (change 3)."""
 
@@ -81,12 +95,29 @@ def error_page(status: int, headers: dict[str, str], body: bytes) -> bytes:
     return "\r\n".join(lines).encode() + b"\r\n\r\n" + body
 
 
+def private_folder(folder: Path) -> None:
+    """Make `folder` a directory that only this user can enter: HAProxy opens its admin socket
+    there with mode 666, and the replicas their own, so the folder is what keeps other users of
+    the machine out of them. Raises RuntimeError if another user owns it."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_uid != os.getuid():
+        raise RuntimeError(f"{folder} belongs to another user; HAProxy's admin socket would be "
+                           "theirs to control. Remove it or serve on another port.")
+    folder.chmod(0o700)
+
+
+def replica_socket(folder: Path, replica_id: str) -> Path:
+    """Where the replica `replica_id` (Serve's unique id) listens for HAProxy, in HAProxy's
+    `folder` (change 5)."""
+    return folder / REPLICA_SOCKETS / f"{replica_id}.sock"
+
+
 def patch_config(text: str, page: Path) -> str:
-    """Ray's HAProxy configuration `text` with the four changes of the module docstring, its
-    502, 503 and 504 answered with the error page at `page`. Applying it twice changes nothing
-    more. Raises HAProxyConfigError when `text` lacks the error files, the not-found answer or
-    the HTTP frontend's address, or routes to a backend with a backup server by no rule this
-    module knows."""
+    """Ray's HAProxy configuration `text` with the five changes of the module docstring, its
+    502, 503 and 504 answered with the error page at `page`, the replicas' sockets looked for
+    in `page`'s folder. Applying it twice changes nothing more. Raises HAProxyConfigError
+    when `text` lacks the error files, the not-found answer or the HTTP frontend's address, or
+    routes to a backend with a backup server by no rule this module knows."""
     text, error_files = _ERROR_FILE.subn(lambda match: f"{match['directive']} {page}", text)
     frontend = _FRONTEND_BIND.search(text)
     if frontend and frontend["host"] not in _ANY_ADDRESS:
@@ -94,6 +125,7 @@ def patch_config(text: str, page: Path) -> str:
             lambda match: f"{match['indent']}bind {frontend['host']}:{match['port']}", text)
     text = _NOT_FOUND.sub(lambda match: match["indent"] + _UNAVAILABLE, text)
     text, backups = _without_backup_servers(text)
+    text = _to_replica_sockets(text, page.parent)
     missing = []
     if error_files != 3:
         missing.append(f"'errorfile 50x' lines (found {error_files} of 3)")
@@ -138,6 +170,25 @@ def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
             continue
         lines.append(line)
     return "".join(lines), backups
+
+
+def _to_replica_sockets(text: str, folder: Path) -> str:
+    """`text` with each replica server of an HTTP backend whose socket is in `folder` routed
+    there, its health checks still on its Serve port (change 5)."""
+    lines, http_backend = [], False
+    for line in text.splitlines(keepends=True):
+        if section := _SECTION.match(line):
+            http_backend = section["name"].startswith("http-")
+        elif line[:1] not in (" ", "\t", "#", "\n", ""):
+            http_backend = False
+        server = _REPLICA_SERVER.match(line.rstrip("\r\n")) if http_backend else None
+        if server and replica_socket(folder, server["id"]).exists():
+            line = (f"{server['indent']}server {server['name']} "
+                    f"unix@{replica_socket(folder, server['id'])} check addr "
+                    f"{server['host'].strip('[]')} port {server['port']}{server['rest']}"
+                    + line[len(line.rstrip("\r\n")):])
+        lines.append(line)
+    return "".join(lines)
 
 
 def _ray_version() -> str:

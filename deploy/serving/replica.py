@@ -19,11 +19,15 @@ HTTP request that finds the replica otherwise idle (`batch_wait_timeout_s` 0, no
 in the replica, and still none after one turn of the event loop, in which requests that arrived
 with it reach the same point) has no batch to join: it runs as a batch of one straight away,
 without the round trip through the batch queue; so does a call to the replica's own gRPC server
-(`grpc_address`). A request that enters an idle replica wakes the native engine's row helper
-(`HuggyAgent.expect_row`), a second core that shares such a lone pass. The common body, one
-observation row for a policy held now, is read in one pass (`plain_one_row`). Calls through
-Serve's gRPC ingress always take the queue (see `Act`; docs/serving.md's Batching section has
-the costs).
+(`grpc_address`). Behind `huggy serve`'s HAProxy, HTTP requests reach the replica through a
+listener of its own (`deploy.serving.http_server`, a Unix socket in HAProxy's folder
+`haproxy_folder`) rather than Serve's HTTP server, and take the same path from `__call__` on:
+the same answers for less of the replica's CPU than Serve's server takes to answer an echo
+(docs/benchmarks.md). A request that enters an idle replica after a lone pass wakes the native
+engine's row helper (`HuggyAgent.expect_row`), a second core that shares such a lone pass. The
+common body, one observation row for a policy held now, is read in one pass (`plain_one_row`).
+Calls through Serve's gRPC ingress always take the queue (see `Act`; docs/serving.md's Batching
+section has the costs).
 
 A replica collects young objects less often than Python does by default
 (`YOUNG_GC_THRESHOLD`): a batch's requests hold thousands of them at once.
@@ -49,6 +53,7 @@ import os
 import time
 import weakref
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -69,7 +74,9 @@ from deploy.serving.grpc_ingress import (
     start_replica_server,
 )
 from deploy.serving.grpc_server import CallContext, UnaryServer
+from deploy.serving.haproxy import private_folder, replica_socket
 from deploy.serving.held import HeldPolicies, ServedPolicy
+from deploy.serving.http_server import UnixHttpServer
 from deploy.serving.metrics import BucketCounters
 from deploy.serving.openapi import openapi_document
 from deploy.serving.parsing import (
@@ -97,9 +104,9 @@ from huggy_agent.spec import ActorSpec
 DEPLOYMENT_NAME = "HuggyPolicy"
 JSON = "application/json"
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-GRPC_GRACE_S = 4.0
-"""How long the own gRPC server's calls in flight may take to finish at shutdown, seconds (under
-the deployment's `graceful_shutdown_timeout_s`)."""
+OWN_SERVERS_GRACE_S = 4.0
+"""How long the calls in flight of the replica's own servers (gRPC, and HTTP for HAProxy) may
+take to finish at shutdown, seconds (under the deployment's `graceful_shutdown_timeout_s`)."""
 METRICS_REPORT_PASSES = 256
 """Forward passes whose metrics are handed to Ray together (see `_report_metrics`)."""
 CLIENT_CLOSED_REQUEST = 499
@@ -193,7 +200,8 @@ class HuggyPolicyDeployment:
 
     def __init__(self, device: str, precision: str = "fp32", ingress: str = "",
                  models_per_replica: int | None = None, api_key: ApiKey | None = None,
-                 grpc_address: tuple[str, int] | None = None) -> None:
+                 grpc_address: tuple[str, int] | None = None,
+                 haproxy_folder: str | None = None, route_prefix: str = "/") -> None:
         self.device = _pinned_device(device)
         collect_young_objects_less_often()
         self.precision = precision
@@ -205,10 +213,17 @@ class HuggyPolicyDeployment:
         """(host, port) of the replica's own gRPC server, started once the first
         `reconfigure` has loaded the policies; None: none."""
         self._grpc_server: UnaryServer | None = None
+        self.haproxy_folder = None if haproxy_folder is None else Path(haproxy_folder)
+        """`huggy serve`'s HAProxy folder: where that exists on this node, HTTP requests come
+        through the replica's own listener there (`_listen_for_haproxy`); None: none."""
+        self.route_prefix = route_prefix
+        """The app's route prefix, which the paths of those requests keep (as under Serve)."""
+        self._http_server: UnixHttpServer | None = None
         self._in_flight = 0
         """Requests inside this replica now (HTTP and gRPC), the one asking included."""
         self._last_alone: weakref.ref[HuggyAgent] | None = None
-        """The agent of the latest request that ran alone (see `_expect_alone`)."""
+        """The agent of the latest forward pass if that was a request's alone, else None (see
+        `_expect_alone`)."""
         self._held = HeldPolicies(self._load, models_per_replica)
         self._warmed_up_to: dict[str, int] = {}
         self.load_ms: dict[str, float] = {}
@@ -261,12 +276,50 @@ class HuggyPolicyDeployment:
             self._warm_up(self._held[policy_id], settings.max_batch_size)
         if self.grpc_address is not None and self._grpc_server is None:
             self._grpc_server = await start_replica_server(self._act_own_grpc, *self.grpc_address)
+        if self.haproxy_folder is not None and self._http_server is None:
+            self._http_server = await self._listen_for_haproxy(self.haproxy_folder)
+        if self._http_server is not None:
+            self._http_server.max_body_bytes = settings.max_body_bytes
+
+    async def _listen_for_haproxy(self, folder: Path) -> UnixHttpServer | None:
+        """The replica's own HTTP listener on its socket in HAProxy's `folder`
+        (`deploy.serving.haproxy.replica_socket`), where HAProxy sends its requests once it
+        next writes its configuration; None where `folder` is not on this node or cannot hold
+        the socket (HAProxy then reaches the replica through Serve's HTTP server)."""
+        if not folder.is_dir():
+            return None
+        context = serve.get_replica_context()
+        path = replica_socket(folder, context.replica_id.unique_id)
+        server = UnixHttpServer(self._from_haproxy, self.settings.max_body_bytes,
+                                abandoned=self._count_disconnected,
+                                root_path=self.route_prefix.rstrip("/"))
+        try:
+            private_folder(path.parent)
+            await server.start(path)
+        except (OSError, RuntimeError) as error:
+            logger.warning("replica %s serves HTTP through Serve's server only: %s",
+                           context.replica_id.unique_id, error)
+            return None
+        return server
+
+    def _count_disconnected(self) -> None:
+        """A client left before its request's body arrived: counted, not answered."""
+        self.counters["disconnected"] += 1
+
+    async def _from_haproxy(self, scope: dict[str, Any], body: bytes) -> Response:
+        """A request read by the replica's own listener: handed to `__call__` as Serve's HTTP
+        server hands one over."""
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self(Request(scope, receive))
 
     async def __del__(self) -> None:
-        """Serve's shutdown of the replica: the own gRPC server stops taking calls and answers
-        those in flight (within the deployment's graceful shutdown time)."""
-        if self._grpc_server is not None:
-            await self._grpc_server.stop(grace=GRPC_GRACE_S)
+        """Serve's shutdown of the replica: its own servers stop taking requests and answer
+        those in flight (within the deployment's graceful shutdown time); the socket goes."""
+        await asyncio.gather(*(server.stop(grace=OWN_SERVERS_GRACE_S)
+                               for server in (self._grpc_server, self._http_server)
+                               if server is not None))
 
     async def _load(self, entry: PolicyEntry) -> ServedPolicy:
         """Load a policy of the catalogue (in a worker thread, so the held policies keep
@@ -306,9 +359,12 @@ class HuggyPolicyDeployment:
         self._report_metrics()
 
     def _expect_alone(self) -> None:
-        """Called as a request enters the replica: if it finds the replica idle, it will likely
-        run alone, so the agent that ran the latest lone request is told (`expect_row`) while
-        the request is still being read (the native engine wakes a second core for the pass)."""
+        """Called as a request enters the replica: if it finds the replica idle and the latest
+        pass was a lone request's, it will likely run alone too, so that pass's agent is told
+        (`expect_row`) while the request is still being read (the native engine wakes a second
+        core for the pass). After a batch, no: under load requests batch, and a helper woken
+        on a busy machine takes the CPU from the replica itself (at 64 clients a woken helper
+        held 12% of the replica's time, docs/benchmarks.md)."""
         if (not self._in_flight and self._last_alone is not None
                 and not self.settings.batch_wait_timeout_s):
             agent = self._last_alone()
@@ -522,6 +578,7 @@ class HuggyPolicyDeployment:
         """ONE forward pass of `served` over the rows of all `requests` (each input, and the
         memories, concatenated), then each request's own heads with its own seed and mask."""
         agent = served.agent
+        self._last_alone = None
         inputs = [np.concatenate(parts) if len(parts) > 1 else parts[0]
                   for parts in zip(*(r.inputs for r in requests), strict=True)]
         memory = None

@@ -74,6 +74,8 @@ UNAVAILABLE = unavailable("no replica can answer now: the server is starting, re
 _haproxy_url: str | None = None
 """Where the HAProxy that `start_serve` started in this process with huggy's wrapper answers
 HTTP: `deploy` waits there until HAProxy routes to a new app (see `deploy`)."""
+_haproxy_folder: Path | None = None
+"""That HAProxy's folder, where `deploy`'s replicas listen on sockets of their own."""
 
 
 def free_ports_other_than(taken: int, count: int) -> list[int]:
@@ -154,13 +156,13 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
     Raises RuntimeError if Serve already runs there with another port or ingress (the flags
     cannot change on a running controller).
     """
-    global _haproxy_url
+    global _haproxy_url, _haproxy_folder
     env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
     _refuse_running_serve()
     wrapped = False
     if ingress == "haproxy":
         folder = haproxy_dir(port)
-        private_folder(folder)
+        haproxy.private_folder(folder)
         binary = haproxy.real_binary()
         if binary is not None and _head_node_is_here():
             page = haproxy.error_page(UNAVAILABLE.status, UNAVAILABLE.headers, UNAVAILABLE.body())
@@ -172,6 +174,7 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
                 proxy_location="HeadOnly",
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
     _haproxy_url = _local_url(host, port) if wrapped else None
+    _haproxy_folder = haproxy_dir(port) if wrapped else None
 
 
 def _head_node_is_here() -> bool:
@@ -196,17 +199,6 @@ def _local_url(host: str, port: int) -> str:
     return f"http://[{address}]:{port}" if address.version == 6 else f"http://{address}:{port}"
 
 
-def private_folder(folder: Path) -> None:
-    """Make `folder` a directory that only this user can enter: HAProxy opens its admin socket
-    there with mode 666, so the folder is what keeps other users of the machine out of it.
-    Raises RuntimeError if another user owns it."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if folder.stat().st_uid != os.getuid():
-        raise RuntimeError(f"{folder} belongs to another user; HAProxy's admin socket would be "
-                           "theirs to control. Remove it or serve on another port.")
-    folder.chmod(0o700)
-
-
 def _refuse_running_serve() -> None:
     """Raise RuntimeError if Serve already runs on the connected cluster."""
     try:
@@ -226,12 +218,16 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
     replicas in place (`reconfigure`), without restarting them. Behind the HAProxy that
     `start_serve` started here, it also waits until HAProxy routes to the app (its
     `/v1/healthz` answers 200 there): HAProxy learns of new replicas a moment after Serve
-    reports them running.
+    reports them running; there each replica listens on a socket of its own, where HAProxy
+    sends its requests (`deploy.serving.http_server`).
 
     Raises RuntimeError with Serve's own messages if it fails to start (for example a replica
     whose accelerator is unusable) or is still not running at the deadline (for example replicas
     that cannot be scheduled).
     """
+    if _haproxy_folder is not None and args.haproxy_folder is None:
+        args = args.model_copy(update={"haproxy_folder": str(_haproxy_folder),
+                                       "route_prefix": route_prefix})
     application = build_app(args, policies)
     serve.run_many([RunTarget(target=application, name=name, route_prefix=route_prefix)],
                    wait_for_ingress_deployment_creation=False,
@@ -285,11 +281,11 @@ def stop_serve(port: int) -> None:
     HAProxy on this machine is drained first (`drain_haproxy`): Serve's own shutdown kills it
     outright, which would cut the requests in flight.
     """
-    global _haproxy_url
+    global _haproxy_url, _haproxy_folder
     drain_haproxy(port)
     serve.shutdown()
     shutil.rmtree(haproxy_dir(port), ignore_errors=True)
-    _haproxy_url = None
+    _haproxy_url = _haproxy_folder = None
 
 
 def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:

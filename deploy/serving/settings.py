@@ -97,6 +97,13 @@ class AppArgs(BaseModel):
         "shared by the node's replicas; None: none"))
     grpc_host: str = Field("127.0.0.1", description="the address the replicas' gRPC server "
                            "binds (0.0.0.0: every interface)")
+    haproxy_folder: str | None = Field(None, description=(
+        "huggy serve's HAProxy folder (deploy.serving.haproxy): a replica on the node where it "
+        "exists listens on a Unix socket of its own there, where HAProxy sends its requests; "
+        "set by huggy serve; None: Serve's HTTP server in the replica only"))
+    route_prefix: str = Field("/", description=(
+        "the app's route prefix, which the requests through a replica's own listener keep in "
+        "their paths; set by huggy serve with haproxy_folder"))
     api_key_file: str | None = Field(None, description="file whose first line is the API key; "
                                      "None: $HUGGY_API_KEY where the app is built, else no key")
 
