@@ -6,7 +6,9 @@ which the proxy and the replicas inherit them):
     haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1)
              -- the default: 6.3-8.0x the default proxy's requests/s at 1 client, 1.9-6.4x
              at 16, 3.9-6.0x at 64 (bench/bench_serve.py, 3 runs on a shared 2-core AMD
-             EPYC, December 2026)
+             EPYC, December 2026); where this machine is the head node, HAProxy sends each
+             replica's requests to a Unix socket of the replica's own
+             (`deploy.serving.http_server`), not through Serve's HTTP server
     proxy    Serve's default Python HTTP proxy
     direct   replicas listen on their own ports, no proxy in between
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
