@@ -48,6 +48,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
@@ -156,15 +157,23 @@ def patch_config(text: str, page: Path) -> str:
     return text
 
 
-def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
-    """`text` without the backup server lines of HTTP backends, and those servers ("name
-    address") by backend."""
-    lines, backups, backend = [], {}, ""
+def _lines_by_backend(text: str) -> Iterator[tuple[str, str]]:
+    """Each line of `text` (its line end kept) with the name of the backend section it lies in,
+    "" outside any backend."""
+    backend = ""
     for line in text.splitlines(keepends=True):
         if section := _SECTION.match(line):
             backend = section["name"]
         elif line[:1] not in (" ", "\t", "#", "\n", ""):
             backend = ""  # another kind of section
+        yield backend, line
+
+
+def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
+    """`text` without the backup server lines of HTTP backends, and those servers ("name
+    address") by backend."""
+    lines, backups = [], {}
+    for backend, line in _lines_by_backend(text):
         if backend and (server := _BACKUP_SERVER.match(line)):
             backups[backend] = server["server"]
             continue
@@ -175,18 +184,15 @@ def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
 def _to_replica_sockets(text: str, folder: Path) -> str:
     """`text` with each replica server of an HTTP backend whose socket is in `folder` routed
     there, its health checks still on its Serve port (change 5)."""
-    lines, http_backend = [], False
-    for line in text.splitlines(keepends=True):
-        if section := _SECTION.match(line):
-            http_backend = section["name"].startswith("http-")
-        elif line[:1] not in (" ", "\t", "#", "\n", ""):
-            http_backend = False
-        server = _REPLICA_SERVER.match(line.rstrip("\r\n")) if http_backend else None
-        if server and replica_socket(folder, server["id"]).exists():
-            line = (f"{server['indent']}server {server['name']} "
-                    f"unix@{replica_socket(folder, server['id'])} check addr "
+    lines = []
+    for backend, line in _lines_by_backend(text):
+        content = line.rstrip("\r\n")
+        server = _REPLICA_SERVER.match(content) if backend.startswith("http-") else None
+        socket = replica_socket(folder, server["id"]) if server else None
+        if server and socket and socket.exists():
+            line = (f"{server['indent']}server {server['name']} unix@{socket} check addr "
                     f"{server['host'].strip('[]')} port {server['port']}{server['rest']}"
-                    + line[len(line.rstrip("\r\n")):])
+                    + line[len(content):])
         lines.append(line)
     return "".join(lines)
 

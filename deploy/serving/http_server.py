@@ -45,6 +45,12 @@ def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Status\r\n".encode()
 
 
+def _error_response(error: ApiError) -> Response:
+    """The API's JSON answer for `error`."""
+    return Response(error.body(), status_code=error.status, media_type="application/json",
+                    headers=error.headers)
+
+
 class _Request:
     """A request being read: its scope's parts and body."""
 
@@ -95,9 +101,8 @@ class _Connection(asyncio.Protocol):
             self._refuse(f"the request is not valid HTTP/1.1: {error}")
 
     def _refuse(self, message: str) -> None:
-        body = ApiError(400, "invalid_request", message).body()
-        self._write(_status_line(400) + b"content-type: application/json\r\ncontent-length: "
-                    + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        self._respond(_error_response(ApiError(400, "invalid_request", message)), head=False,
+                      keep_alive=False)
         self.close()
 
     # httptools' callbacks
@@ -166,8 +171,7 @@ class _Connection(asyncio.Protocol):
                     response = await self.server.handler(scope, body)
                 except Exception as error:  # the replica serves on; the request gets a 500
                     logger.exception("request %s %s failed", scope["method"], scope["path"])
-                    response = Response(internal_error(error).body(), status_code=500,
-                                        media_type="application/json")
+                    response = _error_response(internal_error(error))
                     keep_alive = False
                 self._respond(response, scope["method"] == "HEAD", keep_alive)
                 if not keep_alive:
