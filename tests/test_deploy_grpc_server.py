@@ -207,16 +207,24 @@ def test_details_travel_percent_encoded(served: Served) -> None:
     assert trailers["grpc-message"] == "100%25 H%C3%BCndchen %E7%8A%AC"
 
 
-def test_a_block_of_table_indexes_means_what_the_table_holds_now(served: Served) -> None:
-    """The same header block bytes, all table indexes, before and after the table changed:
-    entry 62 is `x-id: a` for the second call and `x-id: b` for the fourth (the block's
-    other fields come from the static table: `:path /index.html` is its entry 5)."""
+@pytest.mark.parametrize("rest", [b"", b"\x00\x03app\x05huggy", b"\x10\x03app\x05huggy"],
+                         ids=["indexes only", "a literal not indexed", "a literal never indexed"])
+@pytest.mark.parametrize("table_bytes", [b"", b"\x3f\x09"], ids=["4096-byte table", "40-byte"])
+def test_a_block_that_leaves_the_table_means_what_the_table_holds_now(
+        served: Served, rest: bytes, table_bytes: bytes) -> None:
+    """The same header block bytes, which leave the table as it was (table indexes, then
+    `rest`: nothing, or `app: huggy` as a literal that is not added to the table, the shape of
+    gRPC's clients' custom metadata), before and after the table changed: entry 62 is
+    `x-id: a` for the second call and `x-id: b` for the fourth (the block's other fields come
+    from the static table: `:path /index.html` is its entry 5). With the table cut to 40 bytes
+    (a size update opening the first block, RFC 7541 6.3) it holds one such entry (32 bytes +
+    name + value): adding `x-id: b` evicts `x-id: a`, so the table keeps its length."""
     def with_indexing(name: str, value: str) -> bytes:  # RFC 7541 6.2.1, new name
         return b"\x40" + bytes((len(name),)) + name.encode() + bytes((len(value),)) + value.encode()
 
-    indexed = b"\x83\x86\x85\xbe"  # :method POST, :scheme http, :path /index.html, entry 62
-    blocks = [b"\x83\x86\x85" + with_indexing("x-id", "a"), indexed,
-              b"\x83\x86\x85" + with_indexing("x-id", "b"), indexed]
+    unchanging = b"\x83\x86\x85\xbe" + rest  # :method POST, :scheme http, :path, entry 62
+    blocks = [table_bytes + b"\x83\x86\x85" + with_indexing("x-id", "a"), unchanging,
+              b"\x83\x86\x85" + with_indexing("x-id", "b"), unchanging]
     with hand_connection(served) as sock:
         sock.sendall(b"".join(frame(HEADERS, 0x4, 2 * k + 1, block)
                               + frame(DATA, 0x1, 2 * k + 1, grpc_message(b""))
@@ -224,8 +232,9 @@ def test_a_block_of_table_indexes_means_what_the_table_holds_now(served: Served)
         frames = read_frames_until(sock, lambda got: len(answers_by_stream(got)) == 4)
     seen = {stream: json.loads(message) for stream, (message, _) in
             answers_by_stream(frames).items()}
-    assert seen == {1: [["x-id", "a"]], 3: [["x-id", "a"]], 5: [["x-id", "b"]],
-                    7: [["x-id", "b"]]}
+    app = [["app", "huggy"]] if rest else []
+    assert seen == {1: [["x-id", "a"]], 3: [["x-id", "a"], *app], 5: [["x-id", "b"]],
+                    7: [["x-id", "b"], *app]}
 
 
 def test_refusals_name_what_was_wrong_and_the_connection_goes_on(served: Served) -> None:

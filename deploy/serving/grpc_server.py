@@ -69,8 +69,8 @@ WORD = struct.Struct(">I")
 MAX_FRAME_SIZE = 1 << 20
 """The largest frame we take (advertised; gRPC's clients send DATA frames up to it)."""
 MAX_CONCURRENT_STREAMS = 256
-INDEXED_BLOCKS_KEPT = 64
-"""The most decoded header blocks of table indexes a connection keeps (see `_Connection`)."""
+UNCHANGING_BLOCKS_KEPT = 64
+"""The most decoded header blocks a connection keeps (see `_Connection._unchanging`)."""
 MAX_HEADER_LIST_BYTES = 16 << 10
 """The largest header list we take (advertised), counted as HPACK counts it."""
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
@@ -213,10 +213,10 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._preface = False
         self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST_BYTES)
-        self._indexed: dict[bytes, _CallHeaders] = {}
-        """Decoded header blocks made only of one-byte table indexes: decoding such a block
-        leaves the table as it was, so the same bytes decode the same way until a block that
-        changes the table (which clears this)."""
+        self._unchanging: dict[bytes, _CallHeaders] = {}
+        """Decoded header blocks whose decoding left the HPACK table as it was (table indexes
+        and literals not indexed, as gRPC's clients send every call after the first): the
+        same bytes decode the same way until a block changes the table, which clears this."""
         self._block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments)
         self._streams: dict[int, _Stream] = {}
         self._last_stream = 0
@@ -358,9 +358,12 @@ class _Connection(asyncio.Protocol):
             self._block = (stream_id, flags, bytearray(payload))
 
     def _decode(self, block: bytes) -> _CallHeaders:
-        indexes_only = bool(block) and min(block) >= 0x80
-        if indexes_only and block in self._indexed:
-            return self._indexed[block]
+        known = self._unchanging.get(block)
+        if known is not None:
+            return known
+        table = self._decoder.header_table
+        entries, size = table.dynamic_entries, table.maxsize
+        count, newest = len(entries), entries[0] if entries else None
         try:
             fields = self._decoder.decode(block, raw=True)
         except hpack.HPACKError as error:
@@ -375,10 +378,14 @@ class _Connection(asyncio.Protocol):
             elif not name.startswith(b":"):
                 metadata.append((name.decode("latin-1"), value))
         headers = _CallHeaders(path, encoding, tuple(metadata))
-        if not indexes_only or len(self._indexed) >= INDEXED_BLOCKS_KEPT:
-            self._indexed.clear()
-        if indexes_only:
-            self._indexed[block] = headers
+        # Every entry added is a new tuple at the front, and `newest` is held here, so an
+        # unchanged front, count and size mean an unchanged table.
+        unchanged = (len(entries) == count and table.maxsize == size
+                     and (entries[0] is newest if entries else newest is None))
+        if not unchanged or len(self._unchanging) >= UNCHANGING_BLOCKS_KEPT:
+            self._unchanging.clear()
+        if unchanged:
+            self._unchanging[block] = headers
         return headers
 
     def _on_header_block(self, stream_id: int, flags: int, block: bytes) -> None:
