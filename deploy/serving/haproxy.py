@@ -188,8 +188,7 @@ def _to_replica_sockets(text: str, folder: Path) -> str:
     for backend, line in _lines_by_backend(text):
         content = line.rstrip("\r\n")
         server = _REPLICA_SERVER.match(content) if backend.startswith("http-") else None
-        socket = replica_socket(folder, server["id"]) if server else None
-        if server and socket and socket.exists():
+        if server and (socket := replica_socket(folder, server["id"])).exists():
             line = (f"{server['indent']}server {server['name']} unix@{socket} check addr "
                     f"{server['host'].strip('[]')} port {server['port']}{server['rest']}"
                     + line[len(content):])

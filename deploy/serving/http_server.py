@@ -31,7 +31,7 @@ from typing import Any
 import httptools
 from starlette.responses import Response
 
-from deploy.serving.responses import ApiError, internal_error
+from deploy.serving.responses import ApiError, error_response, internal_error
 
 Handler = Callable[[dict[str, Any], bytes], Awaitable[Response]]
 """The replica's side: (ASGI scope, body) -> the answer. Expected never to raise; an exception
@@ -43,12 +43,6 @@ logger = logging.getLogger("ray.serve")
 
 def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Status\r\n".encode()
-
-
-def _error_response(error: ApiError) -> Response:
-    """The API's JSON answer for `error`."""
-    return Response(error.body(), status_code=error.status, media_type="application/json",
-                    headers=error.headers)
 
 
 class _Request:
@@ -101,7 +95,7 @@ class _Connection(asyncio.Protocol):
             self._refuse(f"the request is not valid HTTP/1.1: {error}")
 
     def _refuse(self, message: str) -> None:
-        self._respond(_error_response(ApiError(400, "invalid_request", message)), head=False,
+        self._respond(error_response(ApiError(400, "invalid_request", message)), head=False,
                       keep_alive=False)
         self.close()
 
@@ -171,7 +165,7 @@ class _Connection(asyncio.Protocol):
                     response = await self.server.handler(scope, body)
                 except Exception as error:  # the replica serves on; the request gets a 500
                     logger.exception("request %s %s failed", scope["method"], scope["path"])
-                    response = _error_response(internal_error(error))
+                    response = error_response(internal_error(error))
                     keep_alive = False
                 self._respond(response, scope["method"] == "HEAD", keep_alive)
                 if not keep_alive:

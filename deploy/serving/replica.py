@@ -85,7 +85,13 @@ from deploy.serving.parsing import (
     plain_one_row,
     read_act_document,
 )
-from deploy.serving.responses import ApiError, act_response, answer_arrays, internal_error
+from deploy.serving.responses import (
+    ApiError,
+    act_response,
+    answer_arrays,
+    error_response,
+    internal_error,
+)
 from deploy.serving.routes import ApiKey, check_route
 from deploy.serving.settings import BatchSettings, split_user_config
 from huggy_agent import HuggyAgent, PolicyOutputs
@@ -401,14 +407,13 @@ class HuggyPolicyDeployment:
             return Response(json.dumps(body).encode(), media_type=JSON)
         except ApiError as error:
             self.counters["rejected"] += 1
-            return Response(error.body(), status_code=error.status, media_type=JSON,
-                            headers=error.headers)
+            return error_response(error)
         except ClientDisconnect:  # the client left before its body arrived: no one to answer
             self.counters["disconnected"] += 1
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as error:  # answered as JSON; the replica serves on
             logger.exception("request %s %s failed", request.method, path)
-            return Response(internal_error(error).body(), status_code=500, media_type=JSON)
+            return error_response(internal_error(error))
 
     async def _act(self, request: Request, named: str | None) -> Response:
         declared, header_named = _act_headers(request.scope["headers"])

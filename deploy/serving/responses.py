@@ -1,5 +1,6 @@
-"""What the policy server answers: the JSON error format (`ApiError`) and the body of an act
-route (`act_response`), from `compute_action`'s or a batch's arrays (`answer_arrays`).
+"""What the policy server answers: the JSON error format (`ApiError`, answered by
+`error_response`) and the body of an act route (`act_response`), from `compute_action`'s or a
+batch's arrays (`answer_arrays`).
 
 Float32 values are written in their shortest form that reads back to the same float32, so a
 client gets exactly the served values.
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from starlette.responses import Response
 
 from huggy_agent import Actions, HuggyAgent
 from huggy_agent.http_api import RETRY_AFTER_S
@@ -31,6 +33,12 @@ class ApiError(Exception):
     def body(self) -> bytes:
         """The JSON error document sent back."""
         return json.dumps({"error": self.kind, "message": self.message}).encode()
+
+
+def error_response(error: ApiError) -> Response:
+    """The HTTP answer for `error`: its status and headers, its JSON error document."""
+    return Response(error.body(), status_code=error.status, media_type="application/json",
+                    headers=error.headers)
 
 
 def unavailable(message: str) -> ApiError:
