@@ -95,15 +95,15 @@ def request_body(rows: int) -> bytes:
 
 
 async def load(url: str | list[str], body: bytes, clients: int, duration: float,
-               warmup: float = 1.0, cpu: dict[str, dict] | None = None
-               ) -> tuple[int, int, list[float], float]:
+               warmup: float = 1.0, cpu: dict[str, dict] | None = None,
+               http_client: str = "aiohttp") -> tuple[int, int, list[float], float]:
     """`clients` loops sending `body` for `warmup + duration` s; counts only the last `duration`
     (and, given a `cpu` dict, puts `process_cpu` snapshots at its start and end in it as "before"
     and "after").
 
-    `url` is `http://...` (POST with aiohttp, one session per client) or `grpc://host:port`
-    (the gRPC ingress's Act method, one channel per client); a list: client i sends to url
-    i modulo its length.
+    `url` is `http://...` (POST with `http_client`, one connection per client: see `_sender`)
+    or `grpc://host:port` (the gRPC ingress's Act method, one channel per client); a list:
+    client i sends to url i modulo its length.
     """
     urls = [url] if isinstance(url, str) else url
     latencies: list[float] = []
@@ -113,7 +113,7 @@ async def load(url: str | list[str], body: bytes, clients: int, duration: float,
 
     async def client(index: int) -> None:
         nonlocal errors
-        async with _sender(urls[index % len(urls)], body) as send:
+        async with _sender(urls[index % len(urls)], body, http_client) as send:
             while (now := time.perf_counter()) < end:
                 ok = await send()
                 if now >= counted_from:
@@ -132,8 +132,10 @@ async def load(url: str | list[str], body: bytes, clients: int, duration: float,
 
 
 @contextlib.asynccontextmanager
-async def _sender(url: str, body: bytes) -> AsyncIterator[Callable[[], Awaitable[bool]]]:
-    """A coroutine function sending `body` once over its own connection; True on success."""
+async def _sender(url: str, body: bytes, http_client: str = "aiohttp"
+                  ) -> AsyncIterator[Callable[[], Awaitable[bool]]]:
+    """A coroutine function sending `body` once over its own connection; True on success.
+    `http_client` (`--client`) is "aiohttp", or "raw" (`_raw_http`) for an HTTP `url`."""
     if url.startswith("grpc://"):
         import grpc
 
@@ -151,7 +153,7 @@ async def _sender(url: str, body: bytes) -> AsyncIterator[Callable[[], Awaitable
 
             yield send_grpc
         return
-    if LOAD_CLIENT == "raw":
+    if http_client == "raw":
         async with _raw_http(url, body) as send:
             yield send
         return
@@ -219,11 +221,12 @@ async def _raw_http(url: str, body: bytes) -> AsyncIterator[Callable[[], Awaitab
     request = (f"POST /{path} HTTP/1.1\r\nHost: {host_port}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                ).encode() + body
-    transport, reader = None, _AnswerReader()
+    transport: asyncio.Transport | None = None
+    reader: _AnswerReader | None = None
 
     async def send_raw() -> bool:
         nonlocal transport, reader
-        if transport is None or reader.closed:
+        if transport is None or reader is None or reader.closed:
             try:
                 transport, reader = await loop.create_connection(_AnswerReader, host, int(port))
             except OSError:
@@ -278,18 +281,21 @@ def cpu_per_request(before: dict[int, tuple[str, float]], after: dict[int, tuple
     return dict(sorted(per_request.items(), key=lambda item: -item[1]))
 
 
-def measure(series: str, url: str | list[str], rows: int, clients: int, duration: float,
-            info_url: str | None, settle: float = 0.0) -> Point:
-    """One point: `clients` clients on `url` for `duration` s, after `settle` s idle (in which
-    Ray's metrics agent ingests what the point before left, instead of during this one)."""
+def measure(series: str, url: str | list[str], rows: int, clients: int,
+            args: argparse.Namespace, info_url: str | None = None, settle: bool = True
+            ) -> Point:
+    """One point: `clients` clients (HTTP ones: `--client`) on `url` for `--duration` s, after
+    `--settle` s idle if `settle` (in which Ray's metrics agent ingests what the point before
+    left, instead of during this one). `info_url`: the replica's /v1/info, for the mean batch."""
     import requests
 
-    time.sleep(settle)
+    time.sleep(args.settle if settle else 0.0)
 
     before = requests.get(info_url, timeout=10).json()["counters"] if info_url else None
     snapshots: dict[str, dict] = {}
     count, errors, latencies, seconds = asyncio.run(load(url, request_body(rows), clients,
-                                                         duration, cpu=snapshots))
+                                                         args.duration, cpu=snapshots,
+                                                         http_client=args.client))
     cpu = (cpu_per_request(snapshots["before"], snapshots["after"], count)
            if snapshots.get("before") else None)
     mean_batch = None
@@ -335,8 +341,8 @@ def run_fastapi(points: list[Point], args: argparse.Namespace, port: int) -> Non
         wait_http(url)
         for rows in args.rows:
             for clients in args.clients:
-                points.append(measure(series_name("fastapi", rows), url, rows, clients,
-                                      args.duration, None))
+                points.append(measure(series_name("fastapi", rows), url, rows, clients, args,
+                                      settle=False))
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -393,27 +399,23 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
             for rows in args.rows:
                 for clients in args.clients:
                     if rows == 1 and ingress != "direct":  # back to back with ours: same load
-                        points.append(measure(f"echo@{ingress}", echo, 1, clients,
-                                              args.duration, None, args.settle))
+                        points.append(measure(f"echo@{ingress}", echo, 1, clients, args))
                         points.append(measure(f"echo+pass@{ingress}", echo_pass, 1, clients,
-                                              args.duration, None, args.settle))
+                                              args))
                     points.append(measure(series_name(f"ours@{ingress}", rows),
-                                          f"{base}/v1/act", rows, clients, args.duration,
-                                          f"{base}/v1/info", args.settle))
+                                          f"{base}/v1/act", rows, clients, args,
+                                          f"{base}/v1/info"))
         if ingress != "direct" and not args.quick:
             for clients in args.clients:
                 points.append(measure(f"ours@{ingress}-grpc", f"grpc://127.0.0.1:{grpc_port}", 1,
-                                      clients, args.duration, f"{base}/v1/info", args.settle))
+                                      clients, args, f"{base}/v1/info"))
                 if ingress == "haproxy":
                     points.append(measure("ours@replica-grpc", f"grpc://127.0.0.1:{own_grpc_port}",
-                                          1, clients, args.duration, f"{base}/v1/info",
-                                          args.settle))
+                                          1, clients, args, f"{base}/v1/info"))
     finally:
         stop_serve(port)
 
 
-LOAD_CLIENT = "aiohttp"
-"""The HTTP load client (`--client`): "aiohttp", or "raw" (`_raw_http`)."""
 METRICS_EXPORT_S = 10.0
 """How often each Ray process exports its metrics to the metrics agent (Ray's default
 `metrics_report_interval_ms`)."""
@@ -506,7 +508,8 @@ def live_changes(args: argparse.Namespace, urls: list[str], redeploy: Callable[[
     duration = args.duration + 10 * len(changes)
 
     def run_load() -> None:
-        result["load"] = asyncio.run(load(urls, request_body(1), 16, duration, warmup=0))
+        result["load"] = asyncio.run(load(urls, request_body(1), 16, duration, warmup=0,
+                                          http_client=args.client))
 
     loader = threading.Thread(target=run_load)
     loader.start()
@@ -556,9 +559,8 @@ def run_models(points: list[Point], args: argparse.Namespace, port: int) -> list
                 wait_http(url)
             pairs = []
             for _ in range(args.rounds):
-                alone = measure("single@haproxy", single, 1, 1, args.duration, None, args.settle)
-                among = measure(f"resident-of-{MODEL_COUNT}@haproxy", resident, 1, 1,
-                                args.duration, None, args.settle)
+                alone = measure("single@haproxy", single, 1, 1, args)
+                among = measure(f"resident-of-{MODEL_COUNT}@haproxy", resident, 1, 1, args)
                 points += [alone, among]
                 pairs.append((among.p50_ms / alone.p50_ms, among.p99_ms / alone.p99_ms))
             p50_ratio = float(np.median([p for p, _ in pairs]))
@@ -567,9 +569,9 @@ def run_models(points: list[Point], args: argparse.Namespace, port: int) -> list
                          f"{len(pairs)}: {', '.join(f'{p:.2f}' for p, _ in pairs)}; target <= "
                          f"1.2x); p99 {p99_ratio:.2f}x")
             spread = [f"{base}/models/v1/models/{quote(i, safe='@')}/act" for i in ids]
-            many = measure(f"16-over-{MODEL_COUNT}@haproxy", spread, 1, 16, args.duration,
-                           f"{base}/models/v1/info", args.settle)
-            alone16 = measure("single@haproxy", single, 1, 16, args.duration, None, args.settle)
+            many = measure(f"16-over-{MODEL_COUNT}@haproxy", spread, 1, 16, args,
+                           f"{base}/models/v1/info")
+            alone16 = measure("single@haproxy", single, 1, 16, args)
             points += [many, alone16]
             lines.append(f"16 clients over {MODEL_COUNT} policies: {many.rps:,.0f} req/s, "
                          f"{many.rps / alone16.rps:.2f}x one policy alone ({alone16.rps:,.0f} "
@@ -693,8 +695,6 @@ def main() -> int:
                              "The gRPC series keep their grpc.aio clients, so their ratios to "
                              "HTTP compare two clients under raw")
     args = parser.parse_args()
-    global LOAD_CLIENT
-    LOAD_CLIENT = args.client
     if args.quick:
         args.series, args.clients, args.rows = "haproxy", [1], [1]
     import ray

@@ -29,6 +29,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
+from deploy.serving.haproxy import ERROR_PAGE_NAME
 from deploy.serving.replica import HuggyPolicyDeployment
 from deploy.serving.server import (
     DEFAULT_INGRESS,
@@ -170,6 +171,25 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
+def patched_config(port: int) -> str:
+    """The text of HAProxy's configuration for the Serve port `port` once huggy's wrapper has
+    changed it. Ray's HAProxy manager may reload at any time (it re-renders the file in place on
+    each broadcast from the controller, then runs the wrapper, which replaces the file with its
+    patched version), so a read can fall between the two; the wrapper's error page in the
+    `errorfile` lines, which Ray never writes, tells a patched, complete file."""
+    folder = haproxy_dir(port)
+    marker = f"errorfile 503 {folder / ERROR_PAGE_NAME}\n"
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        configs = list(folder.glob("*/haproxy.cfg"))
+        assert len(configs) == 1, configs
+        text = configs[0].read_text()
+        if marker in text or time.monotonic() > deadline:
+            assert marker in text, text
+            return text
+        time.sleep(0.05)
+
+
 def test_haproxy_sends_each_replicas_requests_to_its_own_socket(server: Server,
                                                               local: HuggyAgent) -> None:
     """Behind huggy serve's HAProxy each replica listens on a socket of its own
@@ -177,9 +197,7 @@ def test_haproxy_sends_each_replicas_requests_to_its_own_socket(server: Server,
     its health checks to the replica's Serve port, and the replica answers on that socket as
     through HAProxy (the in-process actions)."""
     port = int(server.url.rsplit(":", 1)[1])
-    configs = list(haproxy_dir(port).glob("*/haproxy.cfg"))
-    assert len(configs) == 1, configs
-    text = configs[0].read_text()
+    text = patched_config(port)
     for app, url in (("huggy", server.url), ("fixture", server.fixture_url),
                      ("batched", server.batched_url)):
         replica = info(url)["replica"]
