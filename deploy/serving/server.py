@@ -34,6 +34,7 @@ own lines.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ipaddress
 import itertools
@@ -46,6 +47,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -277,17 +279,56 @@ def _status_messages(status: Any) -> str:
     return " | ".join(parts) or "no message"
 
 
-def stop_serve(port: int) -> None:
+def stop_serve(port: int, give_up: Callable[[], bool] | None = None) -> None:
     """Shut Serve down on the connected cluster and remove the HAProxy files of `port`.
 
     HAProxy on this machine is drained first (`drain_haproxy`): Serve's own shutdown kills it
-    outright, which would cut the requests in flight.
+    outright, which would cut the requests in flight. Serve's shutdown is left unfinished as
+    soon as `give_up()` (asked every `GIVE_UP_POLL_S`) is true: for a cluster that is ending
+    anyway, where Serve's controller would wait 30 s for actors that no raylet reports stopped.
     """
     global _haproxy_url, _haproxy_folder
     drain_haproxy(port)
-    serve.shutdown()
+    if give_up is None:
+        serve.shutdown()
+    else:
+        asyncio.run(_shutdown_serve_unless(give_up))
     shutil.rmtree(haproxy_dir(port), ignore_errors=True)
     _haproxy_url = _haproxy_folder = None
+
+
+GIVE_UP_POLL_S = 0.1
+
+
+async def _shutdown_serve_unless(give_up: Callable[[], bool]) -> None:
+    """`serve.shutdown_async()`, cancelled once `give_up()` is true."""
+    shutdown = asyncio.ensure_future(serve.shutdown_async())
+    while not shutdown.done():
+        if give_up():
+            shutdown.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await shutdown
+            return
+        await asyncio.wait([shutdown], timeout=GIVE_UP_POLL_S)
+    shutdown.result()
+
+
+def a_child_process_ended() -> bool:
+    """Whether a child process of this one has ended and not yet been waited for (a zombie). For
+    a cluster that this process started, whose head processes (GCS, raylet, dashboard) are its
+    children and live until `ray.shutdown`, that means the cluster is ending: a signal sent to
+    the whole process group (`kill -TERM -PGID`, `timeout`, a shell's `kill %1`) reached them
+    too. Linux (`/proc`); False elsewhere."""
+    me = os.getpid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # after the command name in parentheses, which may hold spaces: state, parent
+            state, parent = stat.read_text().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):  # the process ended meanwhile
+            continue
+        if int(parent) == me and state == "Z":
+            return True
+    return False
 
 
 def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
@@ -453,9 +494,11 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     Either signal, also one arriving while the app starts, prints "huggy serve: shutting down
     (SIGTERM)" (or SIGINT), then `stop_serve` (HAProxy answers the requests in flight first)
     and the function returns 0. A cluster started here is stopped; a joined one is left running,
-    with Serve removed. Errors (for example an app that fails to start) still raise, after the
-    same shutdown. Signals that arrive during the shutdown are ignored, and stay ignored after
-    the return: this is meant to end the process. Call from the main thread.
+    with Serve removed. A cluster started here that the signal reached too (sent to the process
+    group) is stopped without waiting for Serve's own shutdown (`a_child_process_ended`).
+    Errors (for example an app that fails to start) still raise, after the same shutdown.
+    Signals that arrive during the shutdown are ignored, and stay ignored after the return: this
+    is meant to end the process. Call from the main thread.
     """
     # the output is the command's own lines: Ray's INFO lines ("Started Serve", "Connecting to
     # existing Serve app ...") stay in Ray's log files, and the line that Serve's own shutdown
@@ -485,7 +528,7 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
             print(f"huggy serve: shutting down ({stop.name})", flush=True)
         finally:
             _ignore_stop_signals()  # from here on the shutdown runs to its end
-            stop_serve(port)
+            stop_serve(port, give_up=None if address else a_child_process_ended)
     finally:
         ray.shutdown()
     return 0
