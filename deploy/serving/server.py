@@ -298,6 +298,7 @@ def stop_serve(port: int, give_up: Callable[[], bool] | None = None) -> None:
 
 
 GIVE_UP_POLL_S = 0.1
+"""How often `stop_serve` asks its `give_up`, seconds."""
 
 
 async def _shutdown_serve_unless(give_up: Callable[[], bool]) -> None:
