@@ -1,6 +1,7 @@
 """pytest's hooks and fixtures for the suite: the lane markers (`ray`, `standin`), the guard that
-keeps stand-ins out of the fast lane, and one two-node Ray cluster per test session. The helpers
-tests share live in `tests.support`."""
+keeps stand-ins out of the fast lane, one two-node Ray cluster per test session, and the guard
+that keeps a test module from leaving Serve running on it. The helpers tests share live in
+`tests.support`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.support.processes import starts_a_player
 from tests.support.ray_cluster import (
     RayCluster,
     remove_session_token,
+    stop_serve_left_running,
     two_node_cluster,
     use_session_token,
 )
@@ -63,3 +65,14 @@ def ray_cluster() -> Iterator[RayCluster]:
     """One two-node Ray cluster for the whole session (`tests.support.ray_cluster`)."""
     with two_node_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_serve_left_running() -> Iterator[None]:
+    """A module that leaves Serve running on the session's cluster (a `huggy serve --address`
+    killed mid-test, a shutdown that failed) errors at its end, after Serve is shut down: the
+    failure stays with the module where it arose, and the next module starts without Serve, as
+    `start_serve` requires. (Module fixtures that start Serve end before this.)"""
+    yield
+    if stop_serve_left_running():
+        pytest.fail("Serve was left running on the session's Ray cluster; it is shut down now")

@@ -7,7 +7,9 @@ cluster:
   replica, every request sent after the kill gets its 200 or a 503 in the JSON error format with
   `Retry-After` (none a 500, none waits until its client gives up) until the replacement
   answers; with two replicas, every one of them gets its 200. Only requests in flight at the
-  kill may be cut off.
+  kill may be cut off;
+- `stop_serve` shuts Serve down even where its controller answers too late for Serve's own
+  shutdown, which then gives up and leaves Serve running.
 
 The outcomes are printed as a table (`pytest -s`).
 """
@@ -16,10 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import json
+import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -30,7 +35,7 @@ import numpy as np
 import pytest
 import requests
 
-from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
+from deploy.serving.server import DEFAULT_INGRESS, deploy, serve_running, start_serve, stop_serve
 from deploy.serving.settings import AppArgs
 from huggy_agent.http_api import ACT_PATH, HEALTH_PATH, INFO_PATH, RETRY_AFTER_S
 from tests.support.processes import (
@@ -121,6 +126,51 @@ def healthz(url: str, wrong: list[str]) -> str:
     return "wrong"
 
 
+# --- shutdown ----------------------------------------------------------------------------------
+
+class _Seen(logging.Handler):
+    """Sets `event` when a record's message contains `text`."""
+
+    def __init__(self, text: str, event: threading.Event) -> None:
+        super().__init__()
+        self.text, self.event = text, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+def test_stop_serve_shuts_down_a_controller_that_answers_late(ray_cluster: RayCluster) -> None:
+    """Serve's own shutdown gives up on a controller that takes over 5 s to answer its liveness
+    check, and leaves Serve running (Ray 2.60: it logs the controller "unreachable", then
+    "Nothing to shut down"); `stop_serve` asks again and returns once the controller is gone.
+    The controller is frozen (SIGSTOP) until Serve's shutdown has logged it unreachable."""
+    port = free_port()
+    start_serve("127.0.0.1", port, DEFAULT_INGRESS)
+    [controller] = pids_titled("ray::ServeController", ray_cluster.temp_dir)
+    unreachable = threading.Event()
+    seen = _Seen("unreachable", unreachable)
+    serve_logger = logging.getLogger("ray.serve")
+    level = serve_logger.level
+    serve_logger.setLevel(logging.INFO)
+    serve_logger.addHandler(seen)
+    resume = threading.Thread(
+        target=lambda: unreachable.wait(WAIT_S) and os.kill(controller, signal.SIGCONT))
+    os.kill(controller, signal.SIGSTOP)
+    try:
+        resume.start()
+        stop_serve(port)
+        assert unreachable.is_set(), "Serve's shutdown never found the frozen controller unreachable"
+        assert not serve_running()
+    finally:
+        unreachable.set()
+        resume.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(controller, signal.SIGCONT)
+        serve_logger.removeHandler(seen)
+        serve_logger.setLevel(level)
+
+
 # --- a replica killed under load ---------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -160,19 +210,23 @@ async def _replica_id(session: aiohttp.ClientSession, base: str) -> str | None:
         return None
 
 
-def replica_pids(temp_dir: Path) -> list[int]:
-    """The processes of the app's replicas in the session cluster (whose open files name its
-    temp dir), by the title Ray gives a replica's process."""
-    title = f"ray::ServeReplica:{APP}:".encode()
+def pids_titled(title: str, temp_dir: Path) -> list[int]:
+    """The processes of the session cluster (whose open files name its temp dir) whose title,
+    as Ray sets it (`ray::<actor class>...`), starts with `title`."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if (proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(title)
+            if (proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(title.encode())
                     and mentions(proc, str(temp_dir))):
                 found.append(int(proc.name))
         except OSError:  # gone meanwhile
             continue
     return sorted(found)
+
+
+def replica_pids(temp_dir: Path) -> list[int]:
+    """The processes of the app's replicas in the session cluster."""
+    return pids_titled(f"ray::ServeReplica:{APP}:", temp_dir)
 
 
 @dataclass

@@ -203,14 +203,20 @@ def _local_url(host: str, port: int) -> str:
     return f"http://[{address}]:{port}" if address.version == 6 else f"http://{address}:{port}"
 
 
-def _refuse_running_serve() -> None:
-    """Raise RuntimeError if Serve already runs on the connected cluster."""
+def serve_running() -> bool:
+    """Whether Serve runs on the connected cluster: its controller actor exists."""
     try:
         ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
     except ValueError:
-        return
-    raise RuntimeError("Serve is already running on this cluster; stop it first "
-                       "(`serve shutdown`) so that it restarts with the chosen ingress")
+        return False
+    return True
+
+
+def _refuse_running_serve() -> None:
+    """Raise RuntimeError if Serve already runs on the connected cluster."""
+    if serve_running():
+        raise RuntimeError("Serve is already running on this cluster; stop it first "
+                           "(`serve shutdown`) so that it restarts with the chosen ingress")
 
 
 def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
@@ -280,38 +286,65 @@ def _status_messages(status: Any) -> str:
 
 
 def stop_serve(port: int, give_up: Callable[[], bool] | None = None) -> None:
-    """Shut Serve down on the connected cluster and remove the HAProxy files of `port`.
+    """Shut Serve down on the connected cluster (`shutdown_serve`) and remove the HAProxy files
+    of `port`.
 
     HAProxy on this machine is drained first (`drain_haproxy`): Serve's own shutdown kills it
-    outright, which would cut the requests in flight. Serve's shutdown is left unfinished as
-    soon as `give_up()` (asked every `GIVE_UP_POLL_S`) is true: for a cluster that is ending
-    anyway, where Serve's controller would wait 30 s for actors that no raylet reports stopped.
+    outright, which would cut the requests in flight.
     """
     global _haproxy_url, _haproxy_folder
     drain_haproxy(port)
-    if give_up is None:
-        serve.shutdown()
-    else:
-        asyncio.run(_shutdown_serve_unless(give_up))
-    shutil.rmtree(haproxy_dir(port), ignore_errors=True)
-    _haproxy_url = _haproxy_folder = None
+    try:
+        shutdown_serve(give_up)
+    finally:
+        shutil.rmtree(haproxy_dir(port), ignore_errors=True)
+        _haproxy_url = _haproxy_folder = None
 
+
+def shutdown_serve(give_up: Callable[[], bool] | None = None) -> None:
+    """Ask Serve's controller on the connected cluster to shut down until it is gone.
+
+    Asked again while the controller lives: Ray 2.60's `serve.shutdown()` returns without
+    shutting anything down when the controller takes over 5 s to answer its liveness check (a
+    loaded machine), and stops waiting after 30 s. Raises RuntimeError if the controller still
+    lives after `SERVE_STOP_TIMEOUT_S`. Left unfinished as soon as `give_up()` (asked every
+    `GIVE_UP_POLL_S`) is true: for a cluster that is ending anyway, where Serve's controller
+    would wait 30 s for actors that no raylet reports stopped.
+    """
+    deadline = time.monotonic() + SERVE_STOP_TIMEOUT_S
+    while True:
+        if give_up is None:
+            serve.shutdown()
+        elif asyncio.run(_shutdown_serve_unless(give_up)):
+            return
+        if not serve_running():
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Serve's controller still runs {SERVE_STOP_TIMEOUT_S:.0f} s "
+                               "after it was asked to shut down; see its log "
+                               "(logs/serve/controller_*.log in the head node's Ray session "
+                               "folder), then run `serve shutdown` again")
+
+
+SERVE_STOP_TIMEOUT_S = 120.0
+"""How long `shutdown_serve` keeps asking Serve's controller to shut down, seconds."""
 
 GIVE_UP_POLL_S = 0.1
-"""How often `stop_serve` asks its `give_up`, seconds."""
+"""How often `shutdown_serve` asks its `give_up`, seconds."""
 
 
-async def _shutdown_serve_unless(give_up: Callable[[], bool]) -> None:
-    """`serve.shutdown_async()`, cancelled once `give_up()` is true."""
+async def _shutdown_serve_unless(give_up: Callable[[], bool]) -> bool:
+    """`serve.shutdown_async()`, cancelled once `give_up()` is true; whether it was."""
     shutdown = asyncio.ensure_future(serve.shutdown_async())
     while not shutdown.done():
         if give_up():
             shutdown.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await shutdown
-            return
+            return True
         await asyncio.wait([shutdown], timeout=GIVE_UP_POLL_S)
     shutdown.result()
+    return False
 
 
 def a_child_process_ended() -> bool:

@@ -102,3 +102,18 @@ def two_node_cluster() -> Iterator[RayCluster]:
         ray.shutdown()
         kill_processes_mentioning(str(temp_dir))
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def stop_serve_left_running() -> bool:
+    """Shut Serve down where it runs on the cluster this process is connected to
+    (`deploy.serving.server.shutdown_serve`); whether it ran. Connects nothing and imports Ray
+    only where this process already did."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    from deploy.serving.server import serve_running, shutdown_serve  # Ray is imported by now
+
+    if not serve_running():
+        return False
+    shutdown_serve()
+    return True
