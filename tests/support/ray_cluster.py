@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,12 +94,7 @@ def two_node_cluster() -> Iterator[RayCluster]:
         yield RayCluster(address=address, head_node_id=head, worker_node_id=worker,
                          temp_dir=temp_dir)
     finally:
-        if ray.is_initialized():
-            from ray import serve
-
-            with suppress(Exception):  # best effort; the kill below is what counts
-                serve.shutdown()
-        ray.shutdown()
+        ray.shutdown()  # Serve was shut down at the end of each test module (conftest)
         kill_processes_mentioning(str(temp_dir))
         shutil.rmtree(temp_dir, ignore_errors=True)
 
