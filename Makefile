@@ -18,7 +18,7 @@ install: $(STAMP)
 # requirement fails the install.
 MLAGENTS_PINS := ^mlagents(-envs)? 1\.1\.0 (requires|has requirement)
 
-$(STAMP): pyproject.toml setup.py huggy_agent/_native.c
+$(STAMP): pyproject.toml setup.py huggy_agent/_native.c huggy_agent/json_act_body.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

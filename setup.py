@@ -13,4 +13,5 @@ COMPILE_ARGS = [] if sys.platform == "win32" else ["-O3", "-ffp-contract=off", "
                                                    "-fno-trapping-math"]
 
 setup(ext_modules=[Extension("huggy_agent._native", ["huggy_agent/_native.c"],
+                             depends=["huggy_agent/json_act_body.h"],
                              extra_compile_args=COMPILE_ARGS, optional=True)])

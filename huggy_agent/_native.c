@@ -1,5 +1,6 @@
 /* The package's compiled kernels: host noise, a single-observation MLP policy, and the reader
- * of the HTTP API's common act body (`json_obs_row`, further down).
+ * of the HTTP API's common act body (`json_obs_row`, further down; its core, with no Python API,
+ * is json_act_body.h, which the fuzz target in fuzz/ compiles too).
  *
  * Noise (`gaussian_noise`, `uniform_noise`) is the same computation as huggy_agent/noise.py,
  * operation for operation: 64-bit integer hashing, then float64 + - * / and sqrt, each correctly
@@ -44,6 +45,8 @@
 #define HUGGY_X86 1
 #include <immintrin.h>
 #endif
+
+#include "json_act_body.h"
 
 /* Whether this CPU runs the avx2 kernels: the noise's needs AVX2 only (it never fuses a
  * multiply-add), the MLP's AVX2 and FMA. */
@@ -956,222 +959,10 @@ static PyObject *noise_kernels(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(s)", "generic");
 }
 
-/* The common body of the serving API's act request, read straight into a float32 row.
- *
- * json_obs_row accepts only the plainest form: a JSON object holding "obs" (a list of exactly
- * len(row) numbers) and optionally "deterministic" (true or false), "seed" (null or an integer in
- * [0, 2**64)) and "row_offset" (an integer in [0, 2**64)), each key once and without escapes,
- * JSON whitespace anywhere between tokens. Anything else (another key or form, an escape, a
- * value out of range, a number not finite in float32, a number too long for the fast path
- * below and over 64 characters, an exponent of 100000 or more, a syntax error) is declined,
- * and the caller reads the body the slow way, which words any error. Each number becomes what
- * Python's float() reads, cast to float32 as numpy casts it (rounded to float64, then to
- * float32), except that an integer reads as a Python int does: -0 is +0. */
-
-/* 10**0 .. 10**22: every power of ten that float64 holds exactly. */
-static const double POWERS_OF_TEN[] = {
-    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
-    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
-};
-#define FLOAT32_OVERFLOW 0x1.ffffffp+127 /* the least magnitude that rounds to infinity */
-#define NUMBER_TEXT_MAX 64               /* longer numbers are declined */
-#define EXPONENT_MAX 100000              /* numbers with longer exponents are declined */
-
-static const char *json_space(const char *p, const char *end) {
-    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-    return p;
-}
-
-static int json_digit(const char *p, const char *end) { return p < end && *p >= '0' && *p <= '9'; }
-
-static int json_literal(const char **p, const char *end, const char *word) {
-    size_t length = strlen(word);
-    if ((size_t)(end - *p) < length || memcmp(*p, word, length) != 0) return 0;
-    *p += length;
-    return 1;
-}
-
-/* A JSON integer in [0, 2**64): no sign, fraction or exponent. 0 where the text is not one. */
-static int json_uint64(const char **p, const char *end, uint64_t *value) {
-    const char *q = *p;
-    uint64_t v = 0;
-    if (!json_digit(q, end)) return 0;
-    if (*q == '0') {
-        q++;
-    } else {
-        for (; json_digit(q, end); q++) {
-            unsigned digit = (unsigned)(*q - '0');
-            if (v > (UINT64_MAX - digit) / 10) return 0;
-            v = v * 10 + digit;
-        }
-    }
-    if (json_digit(q, end) || (q < end && (*q == '.' || *q == 'e' || *q == 'E'))) return 0;
-    *p = q;
-    *value = v;
-    return 1;
-}
-
-/* The magnitude of a number's text (sign excluded) rounded to float64, then to float32.
- *
- * The fast path: a significand w of at most 19 digits and a decimal exponent within +-22 give
- * x = w * 10**e (or w / 10**-e) within a relative 2**-52 of the exact value (w rounds once to
- * float64, 10**|e| is exact, the product or quotient rounds once), and so does the exact
- * value's float64 rounding. When x(1 - 2**-48) and x(1 + 2**-48) round to the same float32,
- * every value between them does (rounding is monotonic), that float64 rounding among them: the
- * result is exactly the slow path's. Otherwise (about one number in 2**23) strtod reads the
- * text, correctly rounded, as Python's float() does. 0 where the magnitude is not finite in
- * float32 or the text is too long. */
-static int json_magnitude(const char *text, size_t length, uint64_t w, int significant,
-                          int64_t scale, float *magnitude) {
-    if (significant <= 19 && scale >= -22 && scale <= 22) {
-        double x = scale >= 0 ? (double)w * POWERS_OF_TEN[scale]
-                              : (double)w / POWERS_OF_TEN[-scale];
-        double high = x * (1.0 + 0x1p-48);
-        if (high < FLOAT32_OVERFLOW) {
-            float rounded = (float)(x * (1.0 - 0x1p-48));
-            if (rounded == (float)high) {
-                *magnitude = rounded;
-                return 1;
-            }
-        }
-    }
-    char copy[NUMBER_TEXT_MAX + 1];
-    char *stop;
-    if (length > NUMBER_TEXT_MAX) return 0;
-    memcpy(copy, text, length);
-    copy[length] = '\0';
-    double value = strtod(copy, &stop);
-    if (stop != copy + length || !(value < FLOAT32_OVERFLOW)) return 0; /* a locale's comma */
-    *magnitude = (float)value;
-    return 1;
-}
-
-/* A JSON number as float32 (see json_magnitude). 0 where the text is not a JSON number or its
- * value is not finite in float32. */
-static int json_float32(const char **p, const char *end, float *value) {
-    const char *q = *p;
-    int negative = 0, integer = 1, significant = 0;
-    uint64_t w = 0;
-    int64_t scale = 0, exponent = 0;
-    if (q < end && *q == '-') {
-        negative = 1;
-        q++;
-    }
-    const char *digits = q;
-#define JSON_SIGNIFICAND_DIGIT()                                                               \
-    do {                                                                                       \
-        if ((w || *q != '0') && significant < 20 && ++significant <= 19)                       \
-            w = w * 10 + (uint64_t)(*q - '0');                                                 \
-    } while (0)
-    if (!json_digit(q, end)) return 0;
-    if (*q == '0') {
-        q++;
-    } else {
-        for (; json_digit(q, end); q++) JSON_SIGNIFICAND_DIGIT();
-    }
-    if (q < end && *q == '.') {
-        integer = 0;
-        if (!json_digit(++q, end)) return 0;
-        for (; json_digit(q, end); q++, scale--) JSON_SIGNIFICAND_DIGIT();
-    }
-#undef JSON_SIGNIFICAND_DIGIT
-    if (q < end && (*q == 'e' || *q == 'E')) {
-        int exponent_negative = 0;
-        integer = 0;
-        q++;
-        if (q < end && (*q == '+' || *q == '-')) exponent_negative = *q++ == '-';
-        if (!json_digit(q, end)) return 0;
-        for (; json_digit(q, end); q++) {
-            if (exponent >= EXPONENT_MAX) return 0; /* its value is 0 or infinite in float32 */
-            exponent = exponent * 10 + (*q - '0');
-        }
-        scale += exponent_negative ? -exponent : exponent;
-    }
-    float magnitude;
-    if (significant == 0) { /* every digit 0 */
-        magnitude = 0.0f;
-    } else if (!json_magnitude(digits, (size_t)(q - digits), w, significant, scale, &magnitude)) {
-        return 0;
-    }
-    *value = negative && !(integer && magnitude == 0.0f) ? -magnitude : magnitude;
-    *p = q;
-    return 1;
-}
-
-enum { FIELD_OBS = 1, FIELD_DETERMINISTIC = 2, FIELD_SEED = 4, FIELD_ROW_OFFSET = 8 };
-
-static unsigned json_field(const char *key, size_t length) {
-    static const struct { const char *name; unsigned field; } FIELDS[] = {
-        {"obs", FIELD_OBS}, {"deterministic", FIELD_DETERMINISTIC}, {"seed", FIELD_SEED},
-        {"row_offset", FIELD_ROW_OFFSET}};
-    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++)
-        if (strlen(FIELDS[i].name) == length && memcmp(FIELDS[i].name, key, length) == 0)
-            return FIELDS[i].field;
-    return 0;
-}
-
-/* A JSON list of exactly `count` numbers into row. */
-static int json_row(const char **p, const char *end, float *row, Py_ssize_t count) {
-    const char *q = *p;
-    if (q >= end || *q++ != '[') return 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        q = json_space(q, end);
-        if (!json_float32(&q, end, &row[i])) return 0;
-        q = json_space(q, end);
-        if (q >= end || *q++ != (i + 1 < count ? ',' : ']')) return 0;
-    }
-    *p = q;
-    return 1;
-}
-
-/* Reads an object of the plain form; 0 where the body is not one. */
-static int json_act_body(const char *p, const char *end, float *row, Py_ssize_t count,
-                         int *deterministic, int *has_seed, uint64_t *seed,
-                         uint64_t *row_offset) {
-    unsigned seen = 0;
-    p = json_space(p, end);
-    if (p >= end || *p++ != '{') return 0;
-    for (;;) {
-        p = json_space(p, end);
-        if (p >= end || *p++ != '"') return 0;
-        const char *key = p;
-        while (p < end && *p != '"' && *p != '\\') p++;
-        if (p >= end || *p != '"') return 0;
-        unsigned field = json_field(key, (size_t)(p++ - key));
-        if (field == 0 || (seen & field)) return 0;
-        seen |= field;
-        p = json_space(p, end);
-        if (p >= end || *p++ != ':') return 0;
-        p = json_space(p, end);
-        int read;
-        switch (field) {
-        case FIELD_OBS:
-            read = json_row(&p, end, row, count);
-            break;
-        case FIELD_DETERMINISTIC:
-            *deterministic = json_literal(&p, end, "true");
-            read = *deterministic || json_literal(&p, end, "false");
-            break;
-        case FIELD_SEED:
-            read = json_literal(&p, end, "null") || (*has_seed = json_uint64(&p, end, seed));
-            break;
-        default:
-            read = json_uint64(&p, end, row_offset);
-        }
-        if (!read) return 0;
-        p = json_space(p, end);
-        if (p < end && *p == ',') {
-            p++;
-            continue;
-        }
-        if (p >= end || *p++ != '}') return 0;
-        return json_space(p, end) == end && (seen & FIELD_OBS);
-    }
-}
-
-/* json_obs_row(body, row) -> (deterministic, seed, row_offset) | None: see above; row a
- * writable C-contiguous float32 buffer of the policy's observation size, filled on success
- * (left undefined on None); seed None where the body gives none or null. */
+/* json_obs_row(body, row) -> (deterministic, seed, row_offset) | None: json_act_read (see
+ * json_act_body.h) of the body's bytes; row a writable C-contiguous float32 buffer of the
+ * policy's observation size, filled on success (left undefined on None); seed None where the
+ * body gives none or null. */
 static PyObject *json_obs_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2) {
@@ -1192,19 +983,19 @@ static PyObject *json_obs_row(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyBuffer_Release(&row);
         return NULL;
     }
-    int deterministic = 1, has_seed = 0;
-    uint64_t seed = 0, row_offset = 0;
-    const char *text = (const char *)body.buf;
-    int read = json_act_body(text, text + body.len, (float *)row.buf, row.len / row.itemsize,
-                             &deterministic, &has_seed, &seed, &row_offset);
+    struct json_act_options options;
+    enum json_act_result read = json_act_read((const char *)body.buf, (size_t)body.len,
+                                              (float *)row.buf,
+                                              (size_t)(row.len / row.itemsize), &options);
     PyBuffer_Release(&body);
     PyBuffer_Release(&row);
-    if (!read) Py_RETURN_NONE;
+    if (read != JSON_ACT_READ) Py_RETURN_NONE;
     PyObject *seed_object = Py_None;
-    if (has_seed && !(seed_object = PyLong_FromUnsignedLongLong(seed))) return NULL;
-    if (!has_seed) Py_INCREF(Py_None);
-    return Py_BuildValue("(NNK)", PyBool_FromLong(deterministic), seed_object,
-                         (unsigned long long)row_offset);
+    if (options.has_seed && !(seed_object = PyLong_FromUnsignedLongLong(options.seed)))
+        return NULL;
+    if (!options.has_seed) Py_INCREF(Py_None);
+    return Py_BuildValue("(NNK)", PyBool_FromLong(options.deterministic), seed_object,
+                         (unsigned long long)options.row_offset);
 }
 
 static PyMethodDef methods[] = {
