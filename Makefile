@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-numerics lint docs bench clean
+.PHONY: install run test test-fast test-numerics lint fuzz docs bench clean
 
 install: $(STAMP)
 
@@ -68,6 +68,36 @@ test-numerics: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The fuzz target of the compiled act-body reader (fuzz/json_act_body_fuzz.c, the code of
+# huggy_agent/json_act_body.h; see docs/security.md): libFuzzer under AddressSanitizer and
+# UndefinedBehaviorSanitizer for FUZZ_SECONDS, from the bodies in fuzz/corpus (the new ones it
+# finds go to build/fuzz/corpus). A crash, a sanitizer report, a failed check or an input that
+# runs FUZZ_TIMEOUT seconds fails it and leaves that input in build/fuzz/crashes/. Where clang or
+# its libFuzzer runtime is missing, apt-get installs Debian's packages of them.
+FUZZ_SECONDS ?= 60
+FUZZ_TIMEOUT ?= 10
+FUZZ_BUILD := build/fuzz
+FUZZ_TARGET := $(FUZZ_BUILD)/json_act_body_fuzz
+FUZZ_CFLAGS := -g -O2 -ffp-contract=off -fno-math-errno -fno-trapping-math -Wall -Wextra \
+	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+fuzz: $(FUZZ_TARGET)
+	mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/crashes
+	UBSAN_OPTIONS=print_stacktrace=1 $(FUZZ_TARGET) -max_total_time=$(FUZZ_SECONDS) \
+		-timeout=$(FUZZ_TIMEOUT) -max_len=4096 -dict=fuzz/json.dict -print_final_stats=1 \
+		-artifact_prefix=$(FUZZ_BUILD)/crashes/ $(FUZZ_BUILD)/corpus fuzz/corpus
+
+$(FUZZ_TARGET): fuzz/json_act_body_fuzz.c huggy_agent/json_act_body.h
+	mkdir -p $(FUZZ_BUILD)
+	@echo 'int LLVMFuzzerTestOneInput(void) { return 0; }' > $(FUZZ_BUILD)/probe.c
+	@clang -fsanitize=fuzzer $(FUZZ_BUILD)/probe.c -o $(FUZZ_BUILD)/probe 2>/dev/null || { \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) apt-get install -y -q --no-install-recommends clang && \
+		$(SUDO) apt-get install -y -q --no-install-recommends \
+			"libclang-rt-$$(clang -dumpversion | cut -d. -f1)-dev"; }
+	clang $(FUZZ_CFLAGS) -I huggy_agent fuzz/json_act_body_fuzz.c -o $@
 
 # The documentation site into site/: mkdocs-material, strict (any warning fails: a broken link or
 # anchor, a page outside the navigation, a code block without its marker). The CLI and HTTP API
