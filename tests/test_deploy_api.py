@@ -5,6 +5,7 @@ bodies once more, over real HTTP to real Serve on the session cluster."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import socket
 import time
@@ -697,6 +698,96 @@ def test_the_compiled_reader_takes_json_s_grammar_and_leaves_the_rest() -> None:
         parse_act_request(huge.encode(), SPEC, 8)
     with pytest.raises(ValueError, match="float32"):
         KERNELS.json_obs_row(b'{"obs": [1]}', np.empty(1, np.float64))
+
+
+EDIT_TOKENS = [b"-", b"+", b".", b"0", b"1", b"9", b"e", b"E", b"e-", b"E+", b",", b" ", b"\t",
+               b"\n", b"[", b"]", b"{", b"}", b'"', b":", b"\\", b"\\u0062", b"true", b"false",
+               b"null", b"NaN", b"Infinity", b"\x00", b"\xff", b"\xc3\xa9", b'"seed": 7, ',
+               b'"seed": null, ', b'"row_offset": 1, ', b'"deterministic": false, ',
+               b'"session": "u", ', b'"obs": [1], ', b"1e22", b"1e23", b"7e-46", b"3.4028235e38",
+               b"3.4028236e38", b"16777217", b"9007199254740993", b"18446744073709551616",
+               b"e99999", b"e100000", b"0" * 30, b"9" * 25]
+"""What `mutated` splices into a body: JSON's tokens, keys, and numbers at the compiled reader's
+edges (float32's overflow, 2**24 + 1, the fast path's exponent 22, 2**64, the exponent it
+declines, long significands)."""
+
+
+def mutated(body: bytes, rng: random.Random) -> bytes:
+    """`body` after one to three random edits: a span of 1 to 3 bytes deleted, a token of
+    EDIT_TOKENS inserted, a byte replaced by one of those tokens' first bytes, a span of up to 12
+    bytes repeated in place, or a digit inserted 1 to 25 times."""
+    data = bytearray(body)
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(data) + 1)
+        edit = rng.randrange(5)
+        if edit == 0:
+            del data[at:at + rng.randint(1, 3)]
+        elif edit == 1:
+            data[at:at] = rng.choice(EDIT_TOKENS)
+        elif edit == 2 and at < len(data):
+            data[at] = rng.choice(EDIT_TOKENS)[0]
+        elif edit == 3:
+            data[at:at] = data[at:at + rng.randint(1, 12)]
+        else:
+            data[at:at] = bytes([rng.choice(b"0123456789")]) * rng.randint(1, 25)
+    return bytes(data)
+
+
+def leaves_to_the_full_reading(body: bytes) -> bool:
+    """Whether `body` holds a form that the compiled reader leaves to the full reading although
+    that reads it: an exponent of 100000 or more, a number over 64 characters, or a seed or
+    row_offset with a sign, fraction or exponent (JSON Schema counts 7.0 and -0 as integers)."""
+    numbers = list(re.finditer(rb"-?\d+(?:\.\d+)?(?:[eE][+-]?(\d+))?", body))
+    return (any(number[1] is not None and int(number[1]) >= 100_000 for number in numbers)
+            or any(len(number[0]) > 64 for number in numbers)
+            or re.search(rb'"(?:seed|row_offset)"\s*:\s*(?:-|\d+[.eE])', body) is not None)
+
+
+@pytest.mark.skipif(KERNELS is None, reason="the compiled kernels were not built (no C compiler "
+                    "at install)")
+def test_the_compiled_reader_agrees_with_the_full_reading_on_mutated_bodies() -> None:
+    """3,000 bodies mutated from the fuzz target's seed bodies (fuzz/corpus: real bodies as
+    `RemoteAgent` sends them and edge cases), each read for the row length of the body it came
+    from. Wherever `json_obs_row` accepts one, the full reading (`parse_act_request`) reads one
+    row with the same options and the same floats bit for bit, and so does the orjson and numpy
+    reader (`_plain_one_row_numpy`) wherever that accepts. Where the full reading accepts a
+    single row that the compiled reader declines, the body holds a form it leaves on purpose
+    (`leaves_to_the_full_reading`). And the full reading answers every body or raises ApiError."""
+    seeds = []
+    for path in sorted((REPO_ROOT / "fuzz" / "corpus").glob("*.json")):
+        body = path.read_bytes()
+        seeds.append((body, np.size(json.loads(body)["obs"])))
+    assert len(seeds) >= 5
+    rng = random.Random(11)
+    accepted = declined_by_design = 0
+    for _ in range(3000):
+        original, size = rng.choice(seeds)
+        body = mutated(original, rng)
+        spec = ActorSpec((ObservationInput("obs_0", (size,), "vector"),), continuous_size=2)
+        row = np.empty((1, size), np.float32)
+        options = KERNELS.json_obs_row(body, row)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy's overflow in the cast
+            try:
+                full = parse_act_request(body, spec, 8)
+            except ApiError:
+                full = None
+            plain = parsing._plain_one_row_numpy(body, size)
+        one_row = full is not None and full.single and full.session is None
+        if options is not None:
+            accepted += 1
+            assert one_row, body
+            assert (full.deterministic, full.seed, full.row_offset) == options, body
+            assert (full.obs.view(np.uint32) == row.view(np.uint32)).all(), body
+        elif one_row:
+            declined_by_design += 1
+            assert leaves_to_the_full_reading(body), body
+        if plain is not None:
+            assert one_row, body
+            assert (plain.deterministic, plain.seed, plain.row_offset) == (
+                full.deterministic, full.seed, full.row_offset), body
+            assert (plain.obs.view(np.uint32) == full.obs.view(np.uint32)).all(), body
+    assert accepted >= 100 and declined_by_design >= 1  # the edits reach both sides
 
 
 def test_the_one_pass_reader_reads_the_common_body_as_the_full_checks_do(reader: str) -> None:
