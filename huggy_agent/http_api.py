@@ -54,6 +54,8 @@ SESSION_KEY_LIMIT = 256
 """Longest accepted `"session"` key, in characters."""
 RETRY_AFTER_S = 1
 """The `Retry-After` of a 503: seconds until a retry may find the server answering."""
+ECHO_CHARS = 64
+"""The most characters of what a client sent that a server's error message quotes."""
 
 _HASH_PERSON = b"huggy-split"
 
@@ -116,9 +118,25 @@ def json_kind(value: Any) -> str:
     return kinds.get(type(value), f"a {type(value).__name__}")
 
 
+def shown(sent: str | bytes, limit: int = ECHO_CHARS) -> str:
+    """What a client sent, as an error message may quote it: escaped and short.
+
+    Args:
+        sent: text or bytes that came from a client (a path, a field name, an id).
+        limit: the most characters (or bytes) quoted.
+
+    Returns:
+        Python's `repr` of the first `limit` characters, followed by how many more there were
+        ("'/x/yyyy...' and 4,032 more") when `sent` is longer.
+    """
+    if len(sent) <= limit:
+        return repr(sent)
+    return f"{sent[:limit]!r}... and {len(sent) - limit:,} more"
+
+
 def unknown_policy_message(policy_id: str, known: Iterable[str]) -> str:
     """What a request for a policy that is not served is told: the id and the known ones."""
-    return f"no policy {policy_id!r} is served here; known policies: {', '.join(known)}"
+    return f"no policy {shown(policy_id)} is served here; known policies: {', '.join(known)}"
 
 
 def session_point(key: str) -> float:

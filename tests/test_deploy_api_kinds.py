@@ -305,3 +305,17 @@ def test_openapi_document_stays_small_at_any_row_limit(path) -> None:
     assert len(default) <= 32 * 1024
     larger = json.dumps(openapi_document(spec, 4096, 1 << 20))
     assert len(larger) - len(default) <= 4 * default.count("256")
+
+
+def test_a_large_integer_reads_as_the_float32_of_its_json_value_in_every_form() -> None:
+    """2**60 + 2**36 + 1 lies just past a float32 halfway point: read straight from int64 it
+    rounds up, read as JSON's value (a float64 first, as `np.float32(json.loads(token))`) it
+    rounds down. Every form of the body reads it the same way, as the one-input `obs` does."""
+    token = 2**60 + 2**36 + 1
+    expected = np.float32(json.loads(str(token)))
+    assert expected != np.array([token], dtype=np.int64).astype(np.float32)[0]  # the trap
+    row = [token] + [0] * 26
+    for document in ({"inputs": {"obs_0": row, "obs_1": [0] * 12}},
+                     {"instances": [{"obs_0": row, "obs_1": [0] * 12}]}):
+        request = parse_act_request(body(document), TARGET, 8)
+        assert request.inputs[0][0, 0] == expected, document.keys()

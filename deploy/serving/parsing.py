@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from deploy.serving.responses import ApiError
-from huggy_agent.http_api import SEED_LIMIT, check_session_key
+from huggy_agent.http_api import SEED_LIMIT, check_session_key, shown
 from huggy_agent.inputs import as_input_batch, as_mask_batch, as_memory_batch
 from huggy_agent.native import KERNELS
 from huggy_agent.spec import ActorSpec
@@ -39,6 +39,10 @@ _ACT_FIELD_SET = frozenset(ACT_FIELDS)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 """The smallest magnitude that rounds to infinity in float32 (halfway past FLOAT32_MAX)."""
+UNKNOWN_FIELDS_SHOWN = 5
+"""The most unknown fields an error message names."""
+UNKNOWN_NAME_CHARS = 32
+"""The most characters of each unknown field's name an error message quotes."""
 ONE_ROW_FIELDS = frozenset(("obs", "deterministic", "seed", "row_offset"))
 """The fields of the common body that `_one_row` reads on its own (after the options)."""
 
@@ -153,6 +157,7 @@ def read_act_document(body: bytes) -> tuple[dict, bool]:
     if not isinstance(document, dict):
         raise ApiError(422, "invalid_request", "request body must be a JSON object with an "
                        f"'obs', 'inputs' or 'instances' field, received {_describe(document)}")
+    _refuse_unknown_fields(document)  # before any second reading: a body of many keys is cheap
     if not exact and _may_hide_values(body, document):
         document, exact = _exact_json(body), True
     return document, exact
@@ -162,10 +167,7 @@ def act_from_document(document: dict, exact: bool, spec: ActorSpec, max_rows: in
                       ) -> ActRequest:
     """The request of a `read_act_document` result, validated for a policy of interface `spec`
     (see `parse_act_request`)."""
-    if not document.keys() <= _ACT_FIELD_SET:
-        unknown = sorted(set(document) - _ACT_FIELD_SET)
-        raise ApiError(422, "invalid_request", f"unknown field(s) {unknown}; expected only "
-                       f"{list(ACT_FIELDS)}")
+    _refuse_unknown_fields(document)
     deterministic = document.get("deterministic", True)
     if not isinstance(deterministic, bool):
         raise ApiError(422, "invalid_request", "'deterministic' must be true or false, received "
@@ -210,6 +212,19 @@ def act_from_document(document: dict, exact: bool, spec: ActorSpec, max_rows: in
     except ValueError as error:
         raise ApiError(422, "invalid_value", str(error)) from None
     return ActRequest(inputs, single, deterministic, seed, row_offset, mask, memory, session)
+
+
+def _refuse_unknown_fields(document: dict) -> None:
+    """422 naming the first few fields of `document` that an act request does not have (the
+    client's names quoted short: `shown`), and how many there are."""
+    if document.keys() <= _ACT_FIELD_SET:
+        return
+    unknown = [name for name in document if name not in _ACT_FIELD_SET]
+    named = ", ".join(shown(name, UNKNOWN_NAME_CHARS) for name in unknown[:UNKNOWN_FIELDS_SHOWN])
+    more = f" and {len(unknown) - UNKNOWN_FIELDS_SHOWN:,} more" \
+        if len(unknown) > UNKNOWN_FIELDS_SHOWN else ""
+    raise ApiError(422, "invalid_request", f"unknown field(s) {named}{more}; expected only "
+                   f"{list(ACT_FIELDS)}")
 
 
 def _one_row(document: dict, spec: ActorSpec) -> np.ndarray | None:
@@ -350,6 +365,9 @@ def _numbers(value: Any, field: str, exact: bool, booleans: bool = False) -> np.
             array = np.array(value)
     except (ValueError, TypeError):
         array = None
+    if array is not None and array.dtype.kind in "iu" and not booleans:
+        # through float64, as every other reading of a number: np.float32(json.loads(token))
+        array = array.astype(np.float64)
     if array is None or array.dtype.kind not in ("biuf" if booleans else "iuf") or \
             array.dtype.kind == "b" and not booleans:
         _check_nested(value, field, booleans)  # raises, naming what is wrong
@@ -429,12 +447,17 @@ def _exact_json(body: bytes) -> Any:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of `pairs`; 422 naming the first key that repeats, in one pass over them."""
     document = dict(pairs)
     if len(document) < len(pairs):
-        keys = [key for key, _ in pairs]
-        repeated = next(key for key in keys if keys.count(key) > 1)
+        seen: set[str] = set()
+        for repeated, _ in pairs:
+            if repeated in seen:
+                break
+            seen.add(repeated)
+        times = sum(key == repeated for key, _ in pairs)
         raise ApiError(422, "invalid_request", "each field may appear once in an object, "
-                       f"received {repeated!r} {keys.count(repeated)} times")
+                       f"received {shown(repeated, UNKNOWN_NAME_CHARS)} {times} times")
     return document
 
 

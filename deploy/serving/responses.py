@@ -16,7 +16,10 @@ import orjson
 from starlette.responses import Response
 
 from huggy_agent import Actions, HuggyAgent
-from huggy_agent.http_api import RETRY_AFTER_S
+from huggy_agent.http_api import RETRY_AFTER_S, shown
+
+INTERNAL_ERROR_CHARS = 200
+"""The most characters of an exception's text in a 500's message."""
 
 
 class ApiError(Exception):
@@ -47,8 +50,10 @@ def unavailable(message: str) -> ApiError:
 
 
 def internal_error(error: Exception) -> ApiError:
-    """500: answering failed with `error`, a bug of the server's (the replica serves on)."""
-    return ApiError(500, "internal_error", f"the server failed to answer: {error!r}")
+    """500: answering failed with `error`, a bug of the server's (the replica serves on). The
+    message names the error, cut short: an exception's text may quote what a client sent."""
+    return ApiError(500, "internal_error",
+                    f"the server failed to answer: {shown(repr(error), INTERNAL_ERROR_CHARS)}")
 
 
 def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
