@@ -45,7 +45,7 @@ from echo_pass import EchoPass
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deploy.serving import replica as replica_module
+from deploy.serving import runner as runner_module
 from deploy.serving.replica import HuggyPolicyDeployment
 from deploy.serving.settings import AppArgs
 from huggy_agent.tables import format_table
@@ -54,7 +54,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Replica(HuggyPolicyDeployment.func_or_class):  # type: ignore[misc,name-defined]
-    """The replica without Serve (its async `__del__` only stops a gRPC server never started)."""
+    """The replica without Serve (its async `__del__` only stops a listener never started)."""
 
     def __del__(self) -> None:
         pass
@@ -97,17 +97,17 @@ async def measure(args: argparse.Namespace) -> list[list[Any]]:
     spec = floor.agent.spec  # the bundled policy's, as the replica's default
     rows = np.random.default_rng(1).standard_normal((256, *spec.inputs[0].shape))
     bodies = [json.dumps({"obs": row.astype(np.float32).tolist()}).encode() for row in rows]
-    parsed = replica_module.plain_one_row(bodies[0], spec)
-    written = replica_module.act_response({"continuous": np.zeros((1, spec.continuous_size),
+    parsed = runner_module.plain_one_row(bodies[0], spec)
+    written = runner_module.act_response({"continuous": np.zeros((1, spec.continuous_size),
                                                                   np.float32)}, True, "", "")
     variants: dict[str, tuple[Handler, contextlib.AbstractContextManager[Any]]] = {
         "ours": (replica, contextlib.nullcontext()),
         "floor": (floor, contextlib.nullcontext())}
     if args.parts:
         variants["body parsed beforehand"] = (replica, mock.patch.object(
-            replica_module, "plain_one_row", lambda body, spec: parsed))
+            runner_module, "plain_one_row", lambda body, spec: parsed))
         variants["answer fixed"] = (replica, mock.patch.object(
-            replica_module, "act_response", lambda *_: written))
+            runner_module, "act_response", lambda *_: written))
     table = []
     for at_once in args.at_once:
         for handler, patch in variants.values():  # a round each unmeasured: warm caches

@@ -19,10 +19,10 @@ Series (each at 1, 16 and 64 concurrent clients; one aiohttp session per client,
                    which sends the requests to each replica's own socket
                    (deploy/serving/http_server.py), not through Serve's HTTP server
     ours@direct    our replica's own port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1), no proxy
-    ours@X-grpc    Serve's gRPC ingress (deploy/serving/grpc_ingress.py) next to proxy X, one
-                   observation
-    ours@replica-grpc  the replica's own gRPC server (`huggy serve --grpc-port`'s default), in
-                   the haproxy series, measured right after ours@haproxy-grpc
+    ours@proxy-grpc  Serve's gRPC ingress (deploy/serving/grpc_ingress.py) next to its proxy,
+                   one observation
+    ours@replica-grpc  HAProxy's HTTP/2 to the replicas' own listeners (`huggy serve
+                   --grpc-port`'s default), in the haproxy series, one observation
     ...-64obs      the same with 64 observations per request
     models         many policies behind HAProxy (`--series models --rounds 5` alone): p50/p99
                    of a resident policy among 15 against one policy served alone, 16 clients
@@ -381,12 +381,16 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
     if ingress == "direct":
         extra.update({"RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(direct_port),
                       "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(direct_port + 20)})
-    grpc_port, own_grpc_port = port + 2, port + 31  # direct ingress takes port + 1 to port + 21
+    # gRPC next to each ingress: Serve's own beside its proxy, HAProxy's HTTP/2 to the replicas'
+    # listeners beside HAProxy (`huggy serve --grpc-port`'s default)
+    grpc_port = port + 31  # direct ingress takes port + 1 to port + 21
+    grpc_series = {"proxy": ("serve", "ours@proxy-grpc"),
+                   "haproxy": ("replica", "ours@replica-grpc")}.get(ingress)
     start_serve("127.0.0.1", port, ingress, extra_env=extra,
-                grpc_port=None if ingress == "direct" else grpc_port)
+                grpc_port=grpc_port if grpc_series else None,
+                grpc_ingress=grpc_series[0] if grpc_series else "serve")
     try:
-        deploy(AppArgs(accelerator="cpu", ingress=ingress, grpc_port=own_grpc_port),
-               timeout_s=120)
+        deploy(AppArgs(accelerator="cpu", ingress=ingress), timeout_s=120)
         base = f"http://127.0.0.1:{direct_port if ingress == 'direct' else port}"
         wait_http(f"{base}/v1/act")
         echo, echo_pass = f"http://127.0.0.1:{port}/echo", f"http://127.0.0.1:{port}/echo-pass"
@@ -405,13 +409,10 @@ def run_serve(points: list[Point], args: argparse.Namespace, ingress: str, port:
                     points.append(measure(series_name(f"ours@{ingress}", rows),
                                           f"{base}/v1/act", rows, clients, args,
                                           f"{base}/v1/info"))
-        if ingress != "direct" and not args.quick:
+        if grpc_series and not args.quick:
             for clients in args.clients:
-                points.append(measure(f"ours@{ingress}-grpc", f"grpc://127.0.0.1:{grpc_port}", 1,
+                points.append(measure(grpc_series[1], f"grpc://127.0.0.1:{grpc_port}", 1,
                                       clients, args, f"{base}/v1/info"))
-                if ingress == "haproxy":
-                    points.append(measure("ours@replica-grpc", f"grpc://127.0.0.1:{own_grpc_port}",
-                                          1, clients, args, f"{base}/v1/info"))
     finally:
         stop_serve(port)
 
@@ -640,7 +641,7 @@ def summary(points: list[Point]) -> list[str]:
                   ("ours@proxy / echo+pass@proxy", "ours@proxy", "echo+pass@proxy"),
                   ("ours@haproxy / fastapi", "ours@haproxy", "fastapi"),
                   ("ours@direct / ours@haproxy", "ours@direct", "ours@haproxy"),
-                  ("ours@haproxy-grpc / ours@haproxy", "ours@haproxy-grpc", "ours@haproxy"),
+                  ("ours@proxy-grpc / ours@proxy", "ours@proxy-grpc", "ours@proxy"),
                   ("ours@replica-grpc / ours@haproxy", "ours@replica-grpc", "ours@haproxy")]
         for label, top, bottom in ratios:
             pairs = [(a.rps, b.rps) for a, b in zip(rounds(top), rounds(bottom), strict=False)

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deploy.serving.batching import BatchQueue
-from deploy.serving.replica import collect_young_objects_less_often, warmup_sizes
+from deploy.serving.runner import collect_young_objects_less_often, warmup_sizes
 from deploy.serving.settings import BatchSettings
 from huggy_agent import HuggyAgent
 

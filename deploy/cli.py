@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from deploy.serving.limits import parse_limit
 from envs.cli import add_env_parameter_option, output_folder
 from huggy_agent.cli.arguments import number, port_number, positive_int
 
@@ -200,6 +201,14 @@ def run_tournament(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def limit_setting(text: str) -> tuple[str, int | float]:
+    """An argparse type: one `--limit NAME=VALUE` (`deploy.serving.limits.parse_limit`)."""
+    try:
+        return parse_limit(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `huggy serve`."""
     parser = subparsers.add_parser(
@@ -258,7 +267,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                              "0, take what is queued)")
     parser.add_argument("--max-rows", type=positive_int, default=256,
                         help="most observations in one request (default: 256)")
-    parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20)
+    parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
+                        help="largest request body, HTTP or gRPC message (default: 1048576)")
+    parser.add_argument("--limit", metavar="NAME=VALUE", dest="limits", action="append",
+                        type=limit_setting, default=[],
+                        help="a cap of the replicas' own gRPC server and HTTP listener, e.g. "
+                             "max_concurrent_streams=50 or idle_timeout_s=120; repeatable "
+                             "(the names and defaults: docs/serving.md, Limits)")
     parser.add_argument("--start-timeout", type=number(0, above=True), default=180.0,
                         help="seconds to wait for the replicas to start (default: 180)")
     parser.add_argument("--api-key-file", metavar="PATH", default=None,

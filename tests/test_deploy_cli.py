@@ -64,13 +64,34 @@ def test_serve_arguments_are_checked_before_anything_starts(tmp_path, capsys, mo
     code, output = serve_in_process(capsys, monkeypatch, "--policy", str(tmp_path / "nope.onnx"))
     assert code == 2
     assert f"policy '{tmp_path / 'nope.onnx'}' not found" in output
-    with socket.socket() as listening:  # the replicas' gRPC servers would join it (SO_REUSEPORT)
+    code, output = serve_in_process(capsys, monkeypatch, "--limit", "max_glitches=0")
+    assert code == 2
+    assert "huggy serve: error: limit max_glitches must be an integer > 0, received 0" in output
+    code, output = serve_in_process(capsys, monkeypatch, "--limit", "max_streams")
+    assert code == 2
+    assert "expected NAME=NUMBER such as max_concurrent_streams=50, received 'max_streams'" \
+        in output
+    code, output = serve_in_process(capsys, monkeypatch, "--grpc-port", "9", "--ingress", "proxy")
+    assert code == 2
+    assert ("--grpc-ingress replica goes through HAProxy, not --ingress proxy: use --ingress "
+            "haproxy or --grpc-ingress serve") in output
+
+
+@pytest.mark.parametrize("option", ["--port", "--grpc-port"])
+def test_a_port_in_use_is_named_in_one_line_before_anything_starts(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, option: str) -> None:
+    """Before Ray or HAProxy start: one line naming the option and the port, no traceback."""
+    with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         busy = listening.getsockname()[1]
-        code, output = serve_in_process(capsys, monkeypatch, "--grpc-port", str(busy))
+        other = str(free_port())
+        ports = (["--port", str(busy), "--grpc-port", other] if option == "--port"
+                 else ["--port", other, "--grpc-port", str(busy)])
+        code, output = serve_in_process(capsys, monkeypatch, *ports)
     assert code == 2
-    assert f"huggy serve: error: --grpc-port 127.0.0.1:{busy} is not free (Address already in use)" in output
+    assert output == (f"huggy serve: error: {option} 127.0.0.1:{busy} is not free (Address "
+                      "already in use); choose another port or stop what listens there\n")
 
 
 def test_an_unreadable_or_empty_key_file_is_named_in_plain_words(tmp_path, capsys,
@@ -270,9 +291,9 @@ async def call_all(address: str, bodies: list[bytes], first_answer: threading.Ev
 
 @pytest.mark.ray  # starts a Ray cluster of its own
 def test_huggy_serve_answers_the_grpc_calls_in_flight_when_it_stops() -> None:
-    """`--grpc-port` (the replicas' own gRPC server): SIGTERM arrives while 50 calls are in
-    flight; each is answered, or refused before it was sent (UNAVAILABLE), none cut; then the
-    port is closed and no process is left."""
+    """`--grpc-port` (HAProxy's HTTP/2 to the replicas' listeners): SIGTERM arrives while 50
+    calls are in flight; each is answered, or refused before it was sent (UNAVAILABLE), none
+    cut; then the port is closed and no process is left."""
     grpc_port = free_port()
     with own_server((), "--grpc-port", str(grpc_port)) as server:
         assert f"gRPC {ACT_METHOD} on 127.0.0.1:{grpc_port} by replica" in server.output()

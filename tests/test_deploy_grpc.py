@@ -1,9 +1,9 @@
-"""gRPC (deploy/serving/grpc_ingress.py) on the session cluster, by both of its servers: Serve's
-gRPC ingress through Serve's own proxy (the app by the `application` metadata), and the replicas'
-own servers (`AppArgs.grpc_port`, a port per app, no metadata).
+"""gRPC (deploy/serving/grpc_ingress.py) on the session cluster, by both of its paths: Serve's
+gRPC ingress through Serve's own proxy, and HAProxy's HTTP/2 to the replicas' own listeners
+(`huggy serve --grpc-port`'s default); each app chosen by the `application` metadata.
 
-(Behind HAProxy, on this test cluster of two Ray nodes sharing one host, HAProxy drops the app's
-gRPC backend after its first health checks; HTTP is unaffected. See the deploy notes.)
+(Serve's own gRPC backend behind HAProxy, which neither path uses, is dropped by HAProxy after
+its first health checks on this test cluster of two Ray nodes sharing one host.)
 """
 
 from __future__ import annotations
@@ -35,34 +35,34 @@ class Target:
     metadata: tuple[tuple[str, str], ...]
 
 
-@pytest.fixture(scope="module")
-def grpc_targets(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[dict[tuple[str, str], Target]]:
-    """The bundled policy as app "huggy" (no key) and as app "keyed" (API key `KEY`), each by
-    Serve's gRPC ingress ("serve") and by its replica's own server ("replica")."""
+@pytest.fixture(scope="module", params=["serve", "replica"])
+def grpc_targets(request: pytest.FixtureRequest, ray_cluster: RayCluster,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Target]]:
+    """The bundled policy as app "huggy" (no key) and as app "keyed" (API key `KEY`), behind
+    one gRPC port: Serve's gRPC ingress ("serve", next to Serve's HTTP proxy) or HAProxy's, to
+    the replicas' listeners ("replica")."""
+    server = request.param
     key_file = tmp_path_factory.mktemp("grpc") / "key"
     key_file.write_text(KEY)
-    port, grpc_port, huggy_port, keyed_port = (free_port() for _ in range(4))
-    start_serve("127.0.0.1", port, "proxy", grpc_port=grpc_port)
+    port, grpc_port = free_port(), free_port()
+    ingress = "proxy" if server == "serve" else "haproxy"
+    start_serve("127.0.0.1", port, ingress, grpc_port=grpc_port, grpc_ingress=server)
     try:
-        deploy(AppArgs(accelerator="cpu", num_cpus=0.5, ingress="proxy", grpc_port=huggy_port),
-               timeout_s=120)
-        deploy(AppArgs(accelerator="cpu", num_cpus=0.25, ingress="proxy", grpc_port=keyed_port,
+        deploy(AppArgs(accelerator="cpu", num_cpus=0.5, ingress=ingress), timeout_s=120)
+        deploy(AppArgs(accelerator="cpu", num_cpus=0.25, ingress=ingress,
                        api_key_file=str(key_file)), name="keyed", route_prefix="/keyed",
                timeout_s=120)
-        serve_address = f"127.0.0.1:{grpc_port}"
-        yield {("huggy", "serve"): Target(serve_address, (("application", "huggy"),)),
-               ("keyed", "serve"): Target(serve_address, (("application", "keyed"),)),
-               ("huggy", "replica"): Target(f"127.0.0.1:{huggy_port}", ()),
-               ("keyed", "replica"): Target(f"127.0.0.1:{keyed_port}", ())}
+        address = f"127.0.0.1:{grpc_port}"
+        yield {"huggy": Target(address, (("application", "huggy"),)),
+               "keyed": Target(address, (("application", "keyed"),)),
+               # the replicas' path takes a call without the metadata to huggy serve's app
+               "default": Target(address, ())}
     finally:
         stop_serve(port)
 
 
-@pytest.mark.parametrize("server", ["serve", "replica"])
-def test_grpc_act_answers_like_in_process(grpc_targets: dict[tuple[str, str], Target],
-                                          server: str) -> None:
-    target = grpc_targets["huggy", server]
+def test_grpc_act_answers_like_in_process(grpc_targets: dict[str, Target]) -> None:
+    target = grpc_targets["huggy"]
     local = HuggyAgent(device="cpu")
     obs = np.random.default_rng(9).standard_normal((5, 59)).astype(np.float32)
     with grpc.insecure_channel(target.address) as channel:
@@ -88,10 +88,8 @@ def test_grpc_act_answers_like_in_process(grpc_targets: dict[tuple[str, str], Ta
     assert json.loads(unknown.value.details())["error"] == "unknown_policy"
 
 
-@pytest.mark.parametrize("server", ["serve", "replica"])
-def test_grpc_takes_the_api_key_as_metadata(grpc_targets: dict[tuple[str, str], Target],
-                                            server: str) -> None:
-    target = grpc_targets["keyed", server]
+def test_grpc_takes_the_api_key_as_metadata(grpc_targets: dict[str, Target]) -> None:
+    target = grpc_targets["keyed"]
     keyed = target.metadata
     local = HuggyAgent(device="cpu")
     obs = np.random.default_rng(10).standard_normal((2, 59)).astype(np.float32)
@@ -110,3 +108,19 @@ def test_grpc_takes_the_api_key_as_metadata(grpc_targets: dict[tuple[str, str], 
                                 timeout=30))
     np.testing.assert_allclose(np.asarray(answer["actions"], dtype=np.float32),
                                local.compute_action(obs), rtol=0, atol=FP32_ACTION_ATOL)
+
+
+def test_a_call_without_the_application_metadata(grpc_targets: dict[str, Target],
+                                                 request: pytest.FixtureRequest) -> None:
+    """With two apps, Serve's gRPC ingress refuses a call that names none (NOT_FOUND); HAProxy
+    sends it to `huggy serve`'s app, "huggy", which answers it."""
+    body = json.dumps({"obs": [0.0] * 59}).encode()
+    with grpc.insecure_channel(grpc_targets["default"].address) as channel:
+        act = channel.unary_unary(ACT_METHOD)
+        if request.node.callspec.params["grpc_targets"] == "serve":
+            with pytest.raises(grpc.RpcError) as refused:
+                act(body, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        else:
+            answer = json.loads(act(body, timeout=30))
+            assert answer["model"] == HuggyAgent(device="cpu").fingerprint

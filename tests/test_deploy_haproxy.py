@@ -8,11 +8,11 @@ tests/test_deploy_serve.py."""
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import http.server
 import io
 import json
+import resource
 import shutil
 import socket
 import subprocess
@@ -22,89 +22,25 @@ from collections.abc import Iterator
 from email.message import Message
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import pytest
-from starlette.responses import Response
 
 from deploy.ray_internals import SUPPORTED_RAY
 from deploy.serving.haproxy import (
     HELD,
     HOLD_S,
+    Front,
     HAProxyConfigError,
     error_page,
     patch_config,
     real_binary,
     replica_socket,
 )
-from deploy.serving.http_server import UnixHttpServer
-from deploy.serving.server import (
-    UNAVAILABLE,
-    _HAProxyAdmin,
-    drain_haproxy,
-    free_ports_other_than,
-    haproxy_dir,
-    ingress_env_vars,
-)
+from deploy.serving.haproxy_admin import HAProxyAdmin, drain_haproxy, haproxy_dir
+from deploy.serving.limits import ServingLimits
+from deploy.serving.server import UNAVAILABLE, free_ports_other_than, ingress_env_vars
 from tests.support.processes import free_port, free_ports, port_open
-
-# a configuration with the sections and lines of one that Ray 2.60 writes for one app
-# (ray/serve/_private/haproxy_templates.py), shortened: ports and the error page are filled in
-RAY_CONFIG = """global
-    maxconn 64
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    option redispatch 1
-    retry-on conn-failure empty-response
-    # Normalize 502/503/504 to 500 per Serve's default behavior.
-    errorfile 502 {ray_page}
-    errorfile 503 {ray_page}
-    errorfile 504 {ray_page}
-    balance leastconn
-frontend prometheus
-    bind :{metrics}
-    mode http
-    http-request use-service prometheus-exporter if {{ path /metrics }}
-    no log
-frontend http_frontend
-    bind {host}:{port}
-    acl healthcheck path -i /-/healthz
-    acl backend_http-huggy_server_up nbsrv(http-huggy) ge 1
-    http-request return status 503 content-type text/plain string "Service Unavailable" if healthcheck
-    acl is_http-huggy path_beg /
-    acl is_http-huggy path /
-    # Static routing based on path prefixes in decreasing length then alphabetical order
-    use_backend http-huggy if is_http-huggy
-    default_backend default_backend
-backend default_backend
-    http-request return status 404 content-type text/plain lf-string "Path '%[path]' not found."
-backend http-huggy
-    http-reuse always
-    option httpchk GET /-/healthz
-    http-check expect status 200
-    default-server fastinter 250ms downinter 250ms fall 2 rise 2 inter 5s check
-    # Servers in this backend
-    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:{replica} check observe layer4 error-limit 3
-    # Fallback to head node's Serve proxy when no ingress replicas are available
-    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:{fallback} check backup
-backend grpc-huggy
-    mode http
-    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:{fallback} proto h2 check backup
-listen stats
-  bind *:{stats}
-  stats enable
-  stats uri /stats
-"""
-
-
-def ray_config(tmp_path: Path, port: int = 18000, replica: int = 30000, fallback: int = 8500,
-               host: str = "127.0.0.1", metrics: int = 18001, stats: int = 18002) -> str:
-    ray_page = tmp_path / "500.http"
-    ray_page.write_bytes(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
-    return RAY_CONFIG.format(ray_page=ray_page, port=port, replica=replica, fallback=fallback,
-                             host=host, metrics=metrics, stats=stats)
+from tests.support.serving import KEY, FrontDoor, ray_config
 
 
 @pytest.fixture
@@ -134,10 +70,20 @@ def test_the_error_page_is_the_api_503_as_an_http_parser_reads_it(page: Path) ->
     assert document["error"] == "unavailable" and set(document) == {"error", "message"}
 
 
+def haproxy_accepts(config: Path) -> None:
+    """HAProxy's own check of a configuration (`haproxy -c`)."""
+    checked = subprocess.run([real_binary(), "-c", "-f", str(config)],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
         tmp_path: Path, page: Path) -> None:
     original = ray_config(tmp_path)
-    patched = patch_config(original, page)
+    limits = ServingLimits(max_connections=100, max_connections_per_replica=7,
+                           queue_timeout_s=0.25, request_timeout_s=3, idle_timeout_s=4,
+                           client_timeout_s=5, max_concurrent_streams=6, max_glitches=9)
+    patched = patch_config(original, page, Front(limits))
     lines = patched.splitlines()
     assert [line for line in lines if "errorfile 50" in line] == [
         f"    errorfile {code} {page}" for code in (502, 503, 504)]
@@ -145,6 +91,8 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
     assert "404" not in patched
     backend = lines[lines.index("backend http-huggy"):lines.index("backend grpc-huggy")]
     assert not any("backup" in line for line in backend)
+    assert ("    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:30000 check observe layer4 "
+            "error-limit 3 maxconn 7") in backend  # change 6: requests past 7 wait in a queue
     held = lines[lines.index(f"backend http-huggy{HELD}"):]
     assert f"    timeout server {HOLD_S}s" in held
     assert "    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:8500" in held
@@ -153,15 +101,33 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
                                 "!{ nbsrv(http-huggy) ge 1 }")
     assert [line for line in lines if "bind " in line] == [
         "    bind 127.0.0.1:18001", "    bind 127.0.0.1:18000", "  bind 127.0.0.1:18002"]
+    # change 6: Ray's global maxconn and client timeout replaced by the limits' settings
+    assert lines[lines.index("global") + 1:lines.index("global") + 5] == [
+        "    # huggy: the caps of deploy/serving/limits.py", "    maxconn 100",
+        "    tune.h2.fe.max-concurrent-streams 6", "    tune.h2.fe.glitches-threshold 9"]
+    assert lines[lines.index("defaults") + 1:lines.index("defaults") + 6] == [
+        "    # huggy: the caps of deploy/serving/limits.py", "    timeout client 5s",
+        "    timeout http-request 3s", "    timeout http-keep-alive 4s",
+        "    timeout queue 250ms"]
+    assert [line for line in lines if "maxconn 64" in line or "timeout client 30s" in line] == []
     kept = [line for line in original.splitlines()
             if "errorfile 50" not in line and "404" not in line and ":8500 check" not in line
-            and "bind " not in line]
+            and "bind " not in line and "maxconn" not in line and "timeout client" not in line
+            and "SERVE_REPLICA" not in line]
     assert [line for line in lines if line in kept] == kept  # in the same order
-    assert patch_config(patched, page) == patched
+    assert patch_config(patched, page, Front(limits)) == patched
     (tmp_path / "haproxy.cfg").write_text(patched)
-    checked = subprocess.run([real_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")],
-                             capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    haproxy_accepts(tmp_path / "haproxy.cfg")
+
+
+def test_maxconn_is_what_the_open_file_limit_allows() -> None:
+    """HAProxy refuses to start where `maxconn` needs more descriptors than its hard limit
+    allows: the default is lowered to (limit - spare) / 3, worked out here by hand from the
+    limit this process has (HAProxy inherits it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    expected = 8192 if hard == resource.RLIM_INFINITY else min(8192, (hard - 256) // 3)
+    assert ServingLimits().connections_allowed() == expected
+    assert ServingLimits(max_connections=5).connections_allowed() == min(5, expected)
 
 
 def test_a_replica_with_its_own_socket_gets_its_requests_there_and_its_checks_on_its_port(
@@ -169,44 +135,39 @@ def test_a_replica_with_its_own_socket_gets_its_requests_there_and_its_checks_on
     """Change 5, by the text: only the replica's line of the HTTP backend changes, and only
     where its socket (named by the id that ends Ray's server name) is in the page's folder."""
     original = ray_config(tmp_path, replica=30007)
-    assert patch_config(original, page) == patch_config(original.replace("30007", "30007"), page)
     unchanged = patch_config(original, page)
     assert "    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:30007 check observe layer4 " \
-        "error-limit 3" in unchanged.splitlines()  # no socket yet
+        "error-limit 3 maxconn 256" in unchanged.splitlines()  # no socket yet
     sock = replica_socket(page.parent, "1")
     sock.parent.mkdir()
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(sock))
         patched = patch_config(original, page)
+        with_grpc = patch_config(original, page, Front(grpc=("127.0.0.1", 18050)))
     lines = patched.splitlines()
     assert (f"    server SERVE_REPLICA_huggy-HuggyPolicy-1 unix@{sock} check addr 127.0.0.1 "
-            "port 30007 observe layer4 error-limit 3") in lines
+            "port 30007 observe layer4 error-limit 3 maxconn 256") in lines
     assert [line for line in lines if "unix@" in line] == [
-        line for line in lines if "SERVE_REPLICA" in line]  # the gRPC backend has none
+        line for line in lines if "SERVE_REPLICA" in line]  # Ray's gRPC backend has none
     assert [line for line in lines if "unix@" not in line] == [
         line for line in unchanged.splitlines() if "SERVE_REPLICA" not in line]
     assert patch_config(patched, page) == patched
-    (tmp_path / "haproxy.cfg").write_text(patched)
-    checked = subprocess.run([real_binary(), "-c", "-f", str(tmp_path / "haproxy.cfg")],
-                             capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-
-
-class _ServePort(http.server.BaseHTTPRequestHandler):
-    """Stands for Serve's HTTP server in a replica: answers HAProxy's health checks, and counts
-    the paths asked."""
-
-    protocol_version = "HTTP/1.1"
-    paths: list[str] = []
-
-    def do_GET(self) -> None:
-        type(self).paths.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
+    # change 7: gRPC on its own port, to the same socket, the server tracking its HTTP twin
+    assert with_grpc.startswith(patched)
+    assert with_grpc[len(patched):].splitlines() == [
+        "frontend huggy_grpc",
+        "    # huggy: gRPC over HTTP/2 here, to the replicas' listeners as HTTP/1.1",
+        "    bind 127.0.0.1:18050 proto h2",
+        "    use_backend huggy_grpc:http-huggy if { req.hdr(application) -m str huggy }",
+        "    default_backend huggy_grpc:http-huggy",
+        "backend huggy_grpc:http-huggy",
+        "    http-reuse always",
+        f"    server SERVE_REPLICA_huggy-HuggyPolicy-1 unix@{sock} maxconn 256 track "
+        "http-huggy/SERVE_REPLICA_huggy-HuggyPolicy-1"]
+    assert patch_config(with_grpc, page, Front(grpc=("127.0.0.1", 18050))) == with_grpc
+    for name, text in (("patched", patched), ("with_grpc", with_grpc)):
+        (tmp_path / f"{name}.cfg").write_text(text)
+        haproxy_accepts(tmp_path / f"{name}.cfg")
 
 
 def test_a_live_haproxy_sends_requests_to_the_replicas_socket_and_checks_its_serve_port(
@@ -215,52 +176,21 @@ def test_a_live_haproxy_sends_requests_to_the_replicas_socket_and_checks_its_ser
     listener (`deploy.serving.http_server`) whole, while the replica's Serve port gets only
     HAProxy's health checks; once that port stops answering, as Serve's does when a replica
     drains, HAProxy takes the replica out (the JSON 503)."""
-    handed: list[tuple[str, bytes]] = []
-
-    async def handler(scope: dict[str, Any], body: bytes) -> Response:
-        handed.append((scope["path"], body))
-        return Response(b'{"from": "socket"}', media_type="application/json")
-
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    server = UnixHttpServer(handler, 1000)
-    sock = replica_socket(page.parent, "1")
-    sock.parent.mkdir()
-    asyncio.run_coroutine_threadsafe(server.start(sock), loop).result(timeout=30)
-    serve_port = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ServePort)
-    threading.Thread(target=serve_port.serve_forever, daemon=True).start()
-    port, fallback, metrics, stats = free_ports(4)
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(patch_config(ray_config(
-        tmp_path, port, serve_port.server_address[1], fallback, metrics=metrics, stats=stats,
-    ).replace("inter 5s", "inter 250ms"), page))  # Ray's checks, every 250 ms instead of 5 s
-    haproxy = subprocess.Popen([real_binary(), "-db", "-f", str(config)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not port_open(port) or not _ServePort.paths:  # up, and checking
-            assert haproxy.poll() is None and time.monotonic() < deadline, "no HAProxy"
-            time.sleep(0.05)
-        connection = http.client.HTTPConnection(f"127.0.0.1:{port}", timeout=30)
+    with FrontDoor(tmp_path, page) as door:
+        connection = http.client.HTTPConnection(f"127.0.0.1:{door.port}", timeout=30)
         for body in (b'{"obs": [1]}', b'{"obs": [2]}'):
-            connection.request("POST", "/v1/act", body=body)
+            connection.request("POST", "/v1/act", body=body, headers={"Authorization": KEY})
             reply = connection.getresponse()
-            assert (reply.status, reply.read()) == (200, b'{"from": "socket"}')
+            assert reply.status == 200 and json.loads(reply.read())["body"] == body.decode()
         connection.close()
-        assert handed == [("/v1/act", b'{"obs": [1]}'), ("/v1/act", b'{"obs": [2]}')]
-        serve_port.shutdown()
-        serve_port.server_close()
-        while _get(f"127.0.0.1:{port}", "/v1/act")[0] != 503:
+        assert door.recorder.handed == [("/v1/act", b'{"obs": [1]}'),
+                                        ("/v1/act", b'{"obs": [2]}')]
+        door.serve_port.shutdown()
+        door.serve_port.server_close()
+        deadline = time.monotonic() + 30
+        while _get(f"127.0.0.1:{door.port}", "/v1/act")[0] != 503:
             assert time.monotonic() < deadline, "the replica was not taken out"
             time.sleep(0.05)
-        assert set(_ServePort.paths) == {"/-/healthz"}
-        assert set(handed[2:]) <= {("/v1/act", b"")}  # GETs sent before it was out
-    finally:
-        haproxy.terminate()
-        haproxy.wait(timeout=30)
-        serve_port.server_close()
-        asyncio.run_coroutine_threadsafe(server.stop(grace=5), loop).result(timeout=30)
-        loop.call_soon_threadsafe(loop.stop)
 
 
 def test_the_pages_beside_a_frontend_on_every_interface_stay_there(tmp_path: Path,
@@ -402,7 +332,7 @@ class _HeldBackend(http.server.BaseHTTPRequestHandler):
 def _admin_pid(socket_path: Path) -> int | None:
     """The pid HAProxy's admin socket at `socket_path` reports, or None while it does not answer."""
     try:
-        with _HAProxyAdmin(socket_path) as admin:
+        with HAProxyAdmin(socket_path) as admin:
             return admin.pid()
     except OSError:
         return None

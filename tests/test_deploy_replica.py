@@ -1,6 +1,7 @@
 """A replica's own request path in process, without Ray: requests that arrive together share one
 forward pass and each gets the actions of its own rows, seed and offset; a request whose heads
-fail is answered 500 alone; a batch in flight starts no collection of young objects.
+fail is answered 500 alone; a batch in flight starts no collection of young objects; the
+replica's service through its own listener answers HTTP and gRPC as `compute_action` does.
 Concurrency comes from one event loop's turns, never from timing."""
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from starlette.requests import Request
 
+from deploy.serving.http_server import UnixHttpServer
 from deploy.serving.metrics import BucketCounters
-from deploy.serving.replica import YOUNG_GC_THRESHOLD, HuggyPolicyDeployment
+from deploy.serving.replica import HuggyPolicyDeployment
+from deploy.serving.runner import YOUNG_GC_THRESHOLD
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
@@ -54,7 +58,7 @@ def request(document: dict[str, Any]) -> Request:
 
 class InProcessReplica(HuggyPolicyDeployment.func_or_class):  # type: ignore[misc,name-defined]
     """The replica without Serve: nothing to stop at collection (Serve awaits the async
-    `__del__`, which only stops the own gRPC server, never started here)."""
+    `__del__`, which only stops the own listener, never started here)."""
 
     def __del__(self) -> None:
         pass
@@ -89,9 +93,10 @@ def expected(agent: HuggyAgent, document: dict[str, Any]) -> np.ndarray:
 def test_requests_that_arrive_together_share_a_pass_and_keep_their_own_actions(
         replica: Any) -> None:
     agent = HuggyAgent(device="cpu")
-    passes = replica.counters["forward_passes"]
+    passes = replica.runner.metrics.counters["forward_passes"]
     answers = answer_all(replica)
-    assert replica.counters["forward_passes"] - passes == 1  # one batch for all of them
+    # one batch for all of them
+    assert replica.runner.metrics.counters["forward_passes"] - passes == 1
     for document, (status, answer) in zip(DOCUMENTS, answers, strict=True):
         assert status == 200
         # One pass over 12 rows against each request's own compute_action: other matmul
@@ -107,14 +112,15 @@ def test_the_row_helper_is_woken_only_for_a_request_that_follows_a_lone_one(
     latest pass was a lone request's, not after a batch (under load a helper woken on a busy
     machine takes the replica's own CPU), nor before any pass."""
     (policy_id,) = replica.held()
-    agent = replica._held[policy_id].agent
+    agent = replica.runner._held[policy_id].agent
     woken: list[int] = []
-    agent.expect_row = lambda: woken.append(replica.counters["forward_passes"])
+    agent.expect_row = lambda: woken.append(replica.runner.metrics.counters["forward_passes"])
 
     def alone() -> None:
         assert asyncio.run(replica(request(DOCUMENTS[0]))).status_code == 200
 
-    passes = replica.counters["forward_passes"]  # the warm-up ran no request alone
+    # the warm-up ran no request alone
+    passes = replica.runner.metrics.counters["forward_passes"]
     alone()
     assert woken == []  # no lone pass before it
     alone()
@@ -125,8 +131,8 @@ def test_the_row_helper_is_woken_only_for_a_request_that_follows_a_lone_one(
     assert woken == [passes + 1, passes + 2]
     alone()
     assert woken == [passes + 1, passes + 2, passes + 4]
-    assert replica.counters["forward_passes"] == passes + 5
-    assert replica.counters["requests_alone"] == 4
+    assert replica.runner.metrics.counters["forward_passes"] == passes + 5
+    assert replica.runner.metrics.counters["requests_alone"] == 4
 
 
 def test_a_batch_in_flight_starts_no_collection_of_young_objects(replica: Any) -> None:
@@ -162,7 +168,7 @@ def test_a_batch_in_flight_starts_no_collection_of_young_objects(replica: Any) -
 def test_a_request_whose_heads_fail_is_answered_alone(replica: Any,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     agent = HuggyAgent(device="cpu")
-    served = replica._held[replica.held()[0]].agent
+    served = replica.runner._held[replica.held()[0]].agent
     actions_from = served.actions_from
 
     def failing(outputs: Any, deterministic: bool = True, seed: int | None = None,
@@ -215,7 +221,7 @@ def test_a_body_in_several_messages_is_read_whole_and_bounded_as_it_arrives(
     got = np.asarray(json.loads(response.body)["continuous"], np.float32)
     assert np.abs(got - expected(agent, DOCUMENTS[1])).max() <= FP32_ACTION_ATOL
     # No Content-Length: the limit is checked on what arrives, one byte past it refused.
-    limit = replica.settings.max_body_bytes
+    limit = replica.runner.settings.max_body_bytes
     for declared in (None, limit):
         response = asyncio.run(replica(chunked_request([b" " * limit, b" "], declared)))
         assert response.status_code == 413, declared
@@ -231,7 +237,7 @@ def test_a_client_that_leaves_before_its_body_arrives_is_counted_not_logged_as_a
     with caplog.at_level(logging.WARNING):
         response = asyncio.run(replica(chunked_request([body[:40]], len(body), then_leave=True)))
     assert response.status_code == 499
-    assert replica.counters["disconnected"] == 1
+    assert replica.runner.metrics.counters["disconnected"] == 1
     assert not caplog.records
     # It served on: the next request is answered as compute_action answers it.
     response = asyncio.run(replica(request(DOCUMENTS[0])))
@@ -249,3 +255,60 @@ def test_bucket_counters_count_what_is_at_most_each_bound() -> None:
     counters.add([1, 1, 2, 3, 8, 9])  # without a cluster Ray keeps the counts to itself
     with pytest.raises(ValueError, match=r"boundaries must increase, got \[1, 4, 2\]"):
         BucketCounters("huggy_test_bad", "test", [1, 4, 2])
+
+
+def test_the_replicas_service_through_its_own_listener_answers_http_and_grpc_alike(
+        replica: Any, tmp_path: Path) -> None:
+    """The listener HAProxy talks to, with the replica's real service behind it: an HTTP request
+    and a gRPC call (as HAProxy hands one over: HTTP/1.1, chunked, one message) of the same
+    body get the actions `compute_action` gives (one row each, alone), and the same refusal for
+    the same bad body: a 422 and the gRPC status INVALID_ARGUMENT with the API's JSON."""
+    agent = HuggyAgent(device="cpu")
+    document = DOCUMENTS[1]
+    body = json.dumps(document).encode()
+
+    async def http_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0])
+        return head, await reader.readexactly(length)
+
+    async def grpc_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert b"content-type: application/grpc" in head
+        message = b""
+        while (size := int(await reader.readuntil(b"\r\n"), 16)) > 0:
+            message += (await reader.readexactly(size + 2))[:-2]
+        return message, await reader.readuntil(b"\r\n\r\n")  # the trailers
+
+    async def run() -> list[tuple[bytes, bytes]]:
+        server = UnixHttpServer(replica.service)
+        await server.start(tmp_path / "replica.sock")
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(server.path))
+            answers = []
+            for payload in (body, b'{"obs": [1, 2]}'):
+                writer.write(b"POST /v1/act HTTP/1.1\r\ncontent-length: %d\r\n\r\n"
+                             % len(payload) + payload)
+                answers.append(await http_answer(reader))
+                framed = b"\x00" + len(payload).to_bytes(4, "big") + payload
+                writer.write(b"POST /huggy.v1.Policy/Act HTTP/1.1\r\ncontent-type: "
+                             b"application/grpc\r\ntransfer-encoding: chunked\r\n\r\n"
+                             + b"%x\r\n" % len(framed) + framed + b"\r\n0\r\n\r\n")
+                answers.append(await grpc_answer(reader))
+            writer.close()
+            return answers
+        finally:
+            await server.stop(grace=5)
+
+    (http_head, http_ok), (grpc_ok, grpc_trailers), (http_refused_head, http_refused), \
+        (grpc_refused, grpc_refused_trailers) = asyncio.run(run())
+    want = expected(agent, document)
+    assert http_head.startswith(b"HTTP/1.1 200 ") and grpc_trailers == b"grpc-status: 0\r\n\r\n"
+    assert grpc_ok[:5] == b"\x00" + (len(grpc_ok) - 5).to_bytes(4, "big")
+    for answer in (http_ok, grpc_ok[5:]):
+        actions = np.asarray(json.loads(answer)["continuous"], np.float32)
+        assert np.abs(actions - want).max() <= FP32_ACTION_ATOL
+    assert http_refused_head.startswith(b"HTTP/1.1 422 ")
+    assert json.loads(http_refused)["error"] == "invalid_shape"
+    assert grpc_refused == b"" and grpc_refused_trailers.startswith(b"grpc-status: 3\r\n")
+    assert b'grpc-message: {"error": "invalid_shape"' in grpc_refused_trailers

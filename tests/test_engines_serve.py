@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import requests
 
-from deploy.serving.replica import warmup_sizes
+from deploy.serving.runner import warmup_sizes
 from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent

@@ -67,7 +67,6 @@ def build_app(args: AppArgs, policies: PolicySet | None = None,
     key = load_api_key(args.api_key_file)
     init_args = (placement.device, args.precision, args.ingress, args.models_per_replica,
                  None if key is None else ApiKey.of(key),
-                 None if args.grpc_port is None else (args.grpc_host, args.grpc_port),
                  # autoscaling counts the requests that Serve's HTTP server hands over
                  None if args.autoscale else args.haproxy_folder, args.route_prefix)
     deployment = HuggyPolicyDeployment.options(**options)

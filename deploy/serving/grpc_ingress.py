@@ -1,42 +1,64 @@
 """The gRPC ingress: one unary method, `/huggy.v1.Policy/Act`, carrying the same JSON documents as
-`POST /v1/act` (no .proto to compile: request and answer are raw bytes). Two servers carry it:
+`POST /v1/act` (no .proto to compile: request and answer are raw bytes). Two paths carry it:
 
-- the replicas' own (`start_replica_server`, the default of `huggy serve --grpc-port`): each
-  replica runs a gRPC server on its event loop, next to its HTTP server, all of a node's
-  replicas on one port (SO_REUSEPORT: the kernel spreads the connections over them). It reads
-  HTTP/2 as the bytes arrive (`deploy.serving.grpc_server`), so the calls that reach a replica
-  together meet in its batch queue as HTTP requests do; a call that finds the replica otherwise
-  idle runs alone at once. It reaches the replicas of the node it runs on.
+- the replicas' own (`huggy serve --grpc-port`'s default): HAProxy speaks HTTP/2 to the client
+  on that port and hands each call to a replica's own listener as HTTP/1.1
+  (`deploy.serving.http_server`), which reads gRPC's message framing (this module) and answers
+  with the gRPC status in the answer's trailers; HAProxy turns them back into HTTP/2 trailers.
+  HAProxy's caps (`deploy.serving.limits`) apply, and no replica parses HTTP/2. Calls reach the
+  replicas on the head node, where HAProxy runs, and meet in their batch queues as HTTP
+  requests do.
 - Serve's gRPC ingress (`GRPC_SERVICER_FUNCTION`, `huggy serve --grpc-ingress serve`): Serve's
-  proxy or HAProxy on the head node routes to every replica of the cluster, by the
-  `application` metadata.
+  proxy (gRPC's C core) routes to every replica of the cluster, by the `application` metadata.
 
     channel = grpc.insecure_channel("127.0.0.1:9000")
     act = channel.unary_unary(ACT_METHOD)            # bytes in, bytes out
     answer = act(b'{"obs": [...]}')                  # Serve's: metadata=(("application", "huggy"),)
 
 With an API key, send it as metadata: `("authorization", "Bearer <key>")`; without it (or with
-a wrong one) the call ends with UNAUTHENTICATED. Refused requests end with INVALID_ARGUMENT (400,
-422), NOT_FOUND (a `multiplexed_model_id` metadata naming no served policy) or RESOURCE_EXHAUSTED
-(413) and the API's message as the status details.
+a wrong one) the call ends with UNAUTHENTICATED, checked on the call's headers before its
+message is read. Refused requests end with INVALID_ARGUMENT (400, 422), NOT_FOUND (a
+`multiplexed_model_id` metadata naming no served policy) or RESOURCE_EXHAUSTED (413: a message
+over `max_body_bytes`, refused from its length prefix), the API's JSON error as the details.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import grpc
 
-from deploy.serving.grpc_server import Handler, UnaryServer
-
 SERVICE = "huggy.v1.Policy"
 ACT_METHOD = f"/{SERVICE}/Act"
 GRPC_SERVICER_FUNCTION = "deploy.serving.grpc_ingress:add_PolicyServicer_to_server"
-MAX_MESSAGE_BYTES = 64 << 20
-"""The largest message the replicas' own server takes in or sends; a request over the served
-`max_body_bytes` (at most this) gets RESOURCE_EXHAUSTED with the API's message."""
-STATUS_FOR_HTTP = {401: grpc.StatusCode.UNAUTHENTICATED, 404: grpc.StatusCode.NOT_FOUND,
-                   413: grpc.StatusCode.RESOURCE_EXHAUSTED}
+POLICY_ID_METADATA = "multiplexed_model_id"
+"""The metadata that names the policy to answer (Serve's multiplexed model id)."""
+CONTENT_TYPE = b"application/grpc"
+MESSAGE_PREFIX = struct.Struct(">BI")
+"""gRPC's 5-byte message prefix: compressed flag, length."""
+OK, UNIMPLEMENTED, INTERNAL = 0, 12, 13
+STATUS_FOR_HTTP = {400: 3, 401: 16, 404: 5, 413: 8, 422: 3, 500: INTERNAL, 503: 14}
+"""The gRPC status code of each HTTP status the API answers (grpc/doc/statuscodes.md):
+INVALID_ARGUMENT, UNAUTHENTICATED, NOT_FOUND, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE."""
+
+
+def grpc_status(http_status: int) -> int:
+    """The gRPC status code of a reply with HTTP status `http_status` (not 200)."""
+    return STATUS_FOR_HTTP.get(http_status, STATUS_FOR_HTTP[400])
+
+
+def grpc_code(http_status: int) -> grpc.StatusCode:
+    """`grpc_status` as grpcio's enum, for Serve's gRPC context."""
+    status = grpc_status(http_status)
+    return next(code for code in grpc.StatusCode if code.value[0] == status)
+
+
+def percent_encoded(details: str) -> bytes:
+    """`details` as gRPC's `grpc-message` carries it: UTF-8, every byte outside printable
+    ASCII and every '%' percent-encoded."""
+    return "".join(chr(byte) if 0x20 <= byte <= 0x7E and byte != 0x25 else f"%{byte:02X}"
+                   for byte in details.encode("utf-8")).encode("ascii")
 
 
 class RawMessage(bytes):
@@ -51,22 +73,3 @@ def add_PolicyServicer_to_server(servicer: Any, server: Any) -> None:  # noqa: N
     handler = grpc.unary_unary_rpc_method_handler(servicer.Act)  # no (de)serializers: raw bytes
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE,
                                                                           {"Act": handler}),))
-
-
-def grpc_status(http_status: int) -> grpc.StatusCode:
-    """The gRPC status code of a refused request with HTTP status `http_status`."""
-    return STATUS_FOR_HTTP.get(http_status, grpc.StatusCode.INVALID_ARGUMENT)
-
-
-async def start_replica_server(act: Handler, host: str, port: int) -> UnaryServer:
-    """Start the replica's own gRPC server (`deploy.serving.grpc_server`) on the running event
-    loop, serving `act` as `ACT_METHOD` on `host:port`, that port shared with the other
-    processes of this user that bind it the same way (SO_REUSEPORT). Raises RuntimeError if
-    the port cannot be bound."""
-    server = UnaryServer({ACT_METHOD: act}, MAX_MESSAGE_BYTES)
-    try:
-        await server.start(host, port, reuse_port=True)
-    except OSError as error:
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise RuntimeError(f"the gRPC server cannot listen on {address}: {error}") from None
-    return server

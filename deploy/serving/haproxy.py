@@ -27,6 +27,16 @@ plain-text 404, or a wait of up to its own timeout:
        port (`check addr HOST port PORT`), where Serve reports a replica that drains. A replica
        without a socket here (on another node, or not yet listening when Ray wrote the
        configuration) keeps its Serve port.
+    6. The caps of `deploy.serving.limits.ServingLimits`: the global `maxconn` (within the
+       open-file limit HAProxy inherits), HTTP/2 streams per connection and glitches, the
+       client, request, keep-alive and queue timeouts (Ray's own, in any section, replaced),
+       and a `maxconn` on each replica server of an HTTP backend: past it requests wait in
+       HAProxy's queue rather than reach the replica.
+    7. With a gRPC address, a frontend that speaks HTTP/2 there, whose calls go to the replicas'
+       own listeners on this node as HTTP/1.1 (the gRPC status in the answer's trailers, which
+       HAProxy turns back into HTTP/2 trailers): a backend of their sockets per app, chosen by
+       the call's `application` metadata as Serve's gRPC ingress chooses, each server tracking
+       the health of its HTTP twin. The replicas never parse HTTP/2.
 
 The wrapper is Ray's public hook for the HAProxy executable (`RAY_SERVE_HAPROXY_BINARY_PATH`):
 Ray writes the whole configuration, then runs the wrapper with HAProxy's arguments (`-f CONFIG
@@ -36,29 +46,36 @@ arguments. The rewriting relies on the text that Ray `SUPPORTED_RAY` generates: 
 configuration without the expected lines HAProxy is not started and the reason names the Ray
 version. The gRPC backends keep Ray's configuration.
 
-`install` writes the wrapper and its error page into a folder only this user can enter
-(`private_folder`), where the replicas' sockets lie too. This module imports only the standard
-library: the wrapper runs it at every HAProxy reload.
+`install` writes the wrapper, its error page and its settings (`Front`: the caps and the gRPC
+address) into a folder only this user can enter (`private_folder`), where the replicas' sockets
+lie too. This module imports only the standard library and `deploy.serving.limits`: the wrapper
+runs it at every HAProxy reload.
 """
 
 from __future__ import annotations
 
 import http
+import json
 import os
 import re
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
 
 from deploy.ray_internals import SUPPORTED_RAY
+from deploy.serving.limits import ServingLimits, haproxy_time
 
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 """Ray's setting for the HAProxy executable: the wrapper's path."""
 WRAPPER_NAME = "haproxy"
 ERROR_PAGE_NAME = "unavailable.http"
+FRONT_NAME = "front.json"
+GRPC_FRONTEND = "huggy_grpc"
+"""The frontend and the backend of gRPC to the replicas' listeners (change 7)."""
 
 HOLD_S = 2
 """The longest a request that finds no replica waits for one (in Serve's proxy), seconds."""
@@ -69,7 +86,6 @@ REPLICA_SOCKETS = "replicas"
 """The subfolder of HAProxy's folder where replicas listen on Unix sockets of their own."""
 
 _ERROR_FILE = re.compile(r"^(?P<directive>[ \t]*errorfile 50[234]) \S+[ \t]*$", re.MULTILINE)
-_SECTION = re.compile(r"^backend (?P<name>\S+)[ \t]*$")
 _BACKUP_SERVER = re.compile(r"^[ \t]*server (?P<server>\S+ \S+) check backup[ \t]*$")
 _NOT_FOUND = re.compile(r"^(?P<indent>[ \t]*)http-request return status 404 .*$", re.MULTILINE)
 _FRONTEND_BIND = re.compile(r"^frontend http_frontend[ \t]*\n[ \t]*bind (?P<host>\S+):\d+",
@@ -79,12 +95,41 @@ _ANY_ADDRESS = {"*", "0.0.0.0", "::", "[::]"}
 _REPLICA_SERVER = re.compile(r"^(?P<indent>[ \t]*)server (?P<name>SERVE_REPLICA\S*-(?P<id>[0-9A-Za-z]+)) "
                              r"(?P<host>[0-9.]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d+) check"
                              r"(?P<rest>( .*)?)$")
+_GLOBAL_MAXCONN = re.compile(r"^[ \t]*maxconn \d+[ \t]*$")
+_OWN_SETTINGS = re.compile(r"^[ \t]*(timeout (client|http-request|http-keep-alive|queue)"
+                           r"|tune\.h2\.fe\.(max-concurrent-streams|glitches-threshold))\b")
+"""Lines of Ray's that change 6 replaces, in any section."""
+_LIMITS_MARK = "    # huggy: the caps of deploy/serving/limits.py\n"
+_SOCKET_SERVER = re.compile(r"^[ \t]*server (?P<name>SERVE_REPLICA\S*) unix@(?P<socket>\S+) check"
+                            r".*?(?P<maxconn> maxconn \d+)")
 _UNAVAILABLE = "http-request deny deny_status 503"
 """HAProxy's 503 for every request, with the 503 error page (change 3)."""
 
 
 class HAProxyConfigError(RuntimeError):
     """Ray generated an HAProxy configuration without the lines this module changes."""
+
+
+@dataclass(frozen=True)
+class Front:
+    """What `huggy serve` asks of HAProxy beyond Ray's configuration: its caps (change 6), the
+    address where gRPC reaches the replicas' listeners (change 7; None: no gRPC there), and the
+    app that answers a call without `application` metadata."""
+
+    limits: ServingLimits = field(default_factory=ServingLimits)
+    grpc: tuple[str, int] | None = None
+    app: str = "huggy"
+
+    def to_json(self) -> str:
+        return json.dumps({"limits": asdict(self.limits), "grpc": self.grpc, "app": self.app})
+
+    @classmethod
+    def from_json(cls, text: str) -> Front:
+        """The settings `to_json` wrote. Raises ValueError for a bad limit."""
+        data = json.loads(text)
+        grpc = data.get("grpc")
+        return cls(ServingLimits.from_mapping(data.get("limits")),
+                   None if grpc is None else (str(grpc[0]), int(grpc[1])), str(data["app"]))
 
 
 def error_page(status: int, headers: dict[str, str], body: bytes) -> bytes:
@@ -113,12 +158,26 @@ def replica_socket(folder: Path, replica_id: str) -> Path:
     return folder / REPLICA_SOCKETS / f"{replica_id}.sock"
 
 
-def patch_config(text: str, page: Path) -> str:
-    """Ray's HAProxy configuration `text` with the five changes of the module docstring, its
-    502, 503 and 504 answered with the error page at `page`, the replicas' sockets looked for
-    in `page`'s folder. Applying it twice changes nothing more. Raises HAProxyConfigError
-    when `text` lacks the error files, the not-found answer or the HTTP frontend's address, or
-    routes to a backend with a backup server by no rule this module knows."""
+def patch_config(text: str, page: Path, front: Front | None = None) -> str:
+    """Ray's HAProxy configuration with the changes of the module docstring.
+
+    Applying it twice changes nothing more.
+
+    Args:
+        text: the configuration Ray wrote.
+        page: the error page that answers HAProxy's 502, 503 and 504; the replicas' sockets
+            are looked for in its folder.
+        front: the caps and the gRPC address; None: the default caps, no gRPC.
+
+    Returns:
+        The changed configuration.
+
+    Raises:
+        HAProxyConfigError: `text` lacks the error files, the not-found answer or the HTTP
+            frontend's address, or routes to a backend with a backup server by no rule this
+            module knows.
+    """
+    front = front or Front()
     text, error_files = _ERROR_FILE.subn(lambda match: f"{match['directive']} {page}", text)
     frontend = _FRONTEND_BIND.search(text)
     if frontend and frontend["host"] not in _ANY_ADDRESS:
@@ -126,7 +185,8 @@ def patch_config(text: str, page: Path) -> str:
             lambda match: f"{match['indent']}bind {frontend['host']}:{match['port']}", text)
     text = _NOT_FOUND.sub(lambda match: match["indent"] + _UNAVAILABLE, text)
     text, backups = _without_backup_servers(text)
-    text = _to_replica_sockets(text, page.parent)
+    text = _to_replica_sockets(text, page.parent, front.limits.max_connections_per_replica)
+    text = _with_limits(_without_grpc_sections(text), front.limits)
     missing = []
     if error_files != 3:
         missing.append(f"'errorfile 50x' lines (found {error_files} of 3)")
@@ -154,19 +214,27 @@ def patch_config(text: str, page: Path) -> str:
             f"huggy serve changes: {' and '.join(missing)}. huggy-agent supports Ray "
             f"{SUPPORTED_RAY}.x (pip install 'ray[serve]=={SUPPORTED_RAY}.0'); or serve with "
             "--ingress proxy")
+    if front.grpc is not None:
+        text += _grpc_sections(text, front.grpc, front.app)
     return text
+
+
+def _lines_by_section(text: str) -> Iterator[tuple[str, str, str]]:
+    """Each line of `text` (its line end kept) with the kind ("global", "defaults",
+    "frontend", "backend", "listen"; "" before any) and name of the section it lies in."""
+    kind = name = ""
+    for line in text.splitlines(keepends=True):
+        if line[:1] not in (" ", "\t", "#", "\n", "\r", ""):
+            kind, _, name = line.strip().partition(" ")
+            name = name.strip()
+        yield kind, name, line
 
 
 def _lines_by_backend(text: str) -> Iterator[tuple[str, str]]:
     """Each line of `text` (its line end kept) with the name of the backend section it lies in,
     "" outside any backend."""
-    backend = ""
-    for line in text.splitlines(keepends=True):
-        if section := _SECTION.match(line):
-            backend = section["name"]
-        elif line[:1] not in (" ", "\t", "#", "\n", ""):
-            backend = ""  # another kind of section
-        yield backend, line
+    for kind, name, line in _lines_by_section(text):
+        yield (name if kind == "backend" else ""), line
 
 
 def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
@@ -181,19 +249,82 @@ def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
     return "".join(lines), backups
 
 
-def _to_replica_sockets(text: str, folder: Path) -> str:
-    """`text` with each replica server of an HTTP backend whose socket is in `folder` routed
-    there, its health checks still on its Serve port (change 5)."""
+def _to_replica_sockets(text: str, folder: Path, maxconn: int) -> str:
+    """`text` with each replica server of an HTTP backend limited to `maxconn` requests at
+    once, and routed to its socket where that is in `folder`, its health checks still on its
+    Serve port (changes 5 and 6)."""
     lines = []
     for backend, line in _lines_by_backend(text):
         content = line.rstrip("\r\n")
         server = _REPLICA_SERVER.match(content) if backend.startswith("http-") else None
-        if server and (socket := replica_socket(folder, server["id"])).exists():
-            line = (f"{server['indent']}server {server['name']} unix@{socket} check addr "
-                    f"{server['host'].strip('[]')} port {server['port']}{server['rest']}"
+        if server:
+            rest = server["rest"] if " maxconn " in server["rest"] else (
+                f"{server['rest']} maxconn {maxconn}")
+            address = f"{server['host']}:{server['port']} check"
+            if (socket := replica_socket(folder, server["id"])).exists():
+                address = (f"unix@{socket} check addr {server['host'].strip('[]')} "
+                           f"port {server['port']}")
+            line = (f"{server['indent']}server {server['name']} {address}{rest}"
                     + line[len(content):])
         lines.append(line)
     return "".join(lines)
+
+
+def _with_limits(text: str, limits: ServingLimits) -> str:
+    """`text` with the global and default settings of change 6 (the per-server `maxconn` is
+    `_to_replica_sockets`'s)."""
+    settings = {
+        "global": [f"maxconn {limits.connections_allowed()}",
+                   f"tune.h2.fe.max-concurrent-streams {limits.max_concurrent_streams}",
+                   f"tune.h2.fe.glitches-threshold {limits.max_glitches}"],
+        "defaults": [f"timeout client {haproxy_time(limits.client_timeout_s)}",
+                     f"timeout http-request {haproxy_time(limits.request_timeout_s)}",
+                     f"timeout http-keep-alive {haproxy_time(limits.idle_timeout_s)}",
+                     f"timeout queue {haproxy_time(limits.queue_timeout_s)}"],
+    }
+    lines = []
+    for kind, _, line in _lines_by_section(text):
+        if (_OWN_SETTINGS.match(line) or line == _LIMITS_MARK
+                or (kind == "global" and _GLOBAL_MAXCONN.match(line))):
+            continue
+        lines.append(line)
+        if line.strip() in settings:
+            lines.append(_LIMITS_MARK)
+            lines.extend(f"    {setting}\n" for setting in settings.pop(line.strip()))
+    return "".join(lines)
+
+
+def _without_grpc_sections(text: str) -> str:
+    """`text` without the sections of change 7."""
+    return "".join(line for _, section, line in _lines_by_section(text)
+                   if section.partition(":")[0] != GRPC_FRONTEND)
+
+
+def _grpc_sections(text: str, address: tuple[str, int], app: str) -> str:
+    """The frontend and backends of change 7, for the replica servers on sockets in `text`: a
+    backend per app, chosen by the call's `application` metadata (as Serve's gRPC ingress
+    chooses), `app`'s without it."""
+    host, port = address
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    servers: dict[str, list[str]] = {}
+    for backend, line in _lines_by_backend(text):
+        server = _SOCKET_SERVER.match(line.rstrip("\r\n")) if backend.startswith("http-") \
+            else None
+        if server:
+            servers.setdefault(backend, []).append(
+                f"    server {server['name']} unix@{server['socket']}{server['maxconn']} "
+                f"track {backend}/{server['name']}\n")
+    sections = [f"frontend {GRPC_FRONTEND}\n",
+                "    # huggy: gRPC over HTTP/2 here, to the replicas' listeners as HTTP/1.1\n",
+                f"    bind {bind} proto h2\n"]
+    sections += [f"    use_backend {GRPC_FRONTEND}:{backend} if "
+                 f"{{ req.hdr(application) -m str {backend.removeprefix('http-')} }}\n"
+                 for backend in servers]
+    sections.append(f"    default_backend {GRPC_FRONTEND}:http-{app}\n")
+    for backend in {*servers, f"http-{app}"}:
+        sections += [f"backend {GRPC_FRONTEND}:{backend}\n", "    http-reuse always\n",
+                     *servers.get(backend, [])]
+    return "".join(sections)
 
 
 def _ray_version() -> str:
@@ -218,11 +349,22 @@ def real_binary() -> str | None:
         return shutil.which("haproxy")
 
 
-def install(folder: Path, page: bytes, binary: str) -> Path:
-    """Write the error page `page` and the wrapper (running HAProxy `binary`) into `folder`,
-    which only this user may enter; the wrapper's path, for `BINARY_ENV`."""
+def install(folder: Path, page: bytes, binary: str, front: Front | None = None) -> Path:
+    """Write the wrapper and what it reads into `folder`, which only this user may enter.
+
+    Args:
+        folder: `huggy serve`'s HAProxy folder.
+        page: the error page (a whole HTTP response) for HAProxy's 502, 503 and 504.
+        binary: the HAProxy executable the wrapper runs.
+        front: the caps and the gRPC address (change 6 and 7); None: the default caps.
+
+    Returns:
+        The wrapper's path, for `BINARY_ENV`.
+    """
     page_path = folder / ERROR_PAGE_NAME
     page_path.write_bytes(page)
+    front_path = folder / FRONT_NAME
+    front_path.write_text((front or Front()).to_json())
     root = Path(__file__).resolve().parents[2]
     wrapper = folder / WRAPPER_NAME
     wrapper.write_text(
@@ -231,22 +373,25 @@ def install(folder: Path, page: bytes, binary: str) -> Path:
         "import sys\n"
         f"sys.path.insert(0, {str(root)!r})\n"
         "from deploy.serving.haproxy import run\n"
-        f"run(sys.argv[1:], binary={binary!r}, page={str(page_path)!r})\n")
+        f"run(sys.argv[1:], binary={binary!r}, page={str(page_path)!r}, "
+        f"front={str(front_path)!r})\n")
     wrapper.chmod(0o700)
     return wrapper
 
 
-def run(argv: list[str], binary: str, page: str) -> NoReturn:
-    """The wrapper: patch the configuration that `-f` names in `argv` (in place), then replace
-    this process with HAProxy `binary` and the same arguments. Exits with the reason (HAProxy
-    does not start; Ray reports it) on a configuration this module cannot change."""
+def run(argv: list[str], binary: str, page: str, front: str) -> NoReturn:
+    """The wrapper: patch the configuration that `-f` names in `argv` (in place) with the
+    settings in the file `front`, then replace this process with HAProxy `binary` and the same
+    arguments. Exits with the reason (HAProxy does not start; Ray reports it) on a configuration
+    this module cannot change."""
     try:
         config = Path(argv[argv.index("-f") + 1])
     except (ValueError, IndexError):
         sys.exit(f"huggy serve's HAProxy wrapper expects '-f CONFIG' among {argv}")
     try:
-        patched = patch_config(config.read_text(), Path(page))
-    except HAProxyConfigError as error:
+        patched = patch_config(config.read_text(), Path(page),
+                               Front.from_json(Path(front).read_text()))
+    except (HAProxyConfigError, ValueError) as error:
         sys.exit(f"huggy serve: {error}")
     staged = config.with_name(config.name + ".huggy")
     staged.write_text(patched)

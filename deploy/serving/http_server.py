@@ -1,19 +1,24 @@
 """The replica's own HTTP/1.1 listener, on a Unix socket that `huggy serve`'s HAProxy routes to
-(`deploy.serving.haproxy`): the same ASGI requests and answers as through Serve's HTTP server in
-the replica, without uvicorn's and Serve's per-request layers.
+(`deploy.serving.haproxy`): requests parsed by `httptools` (llhttp, the parser uvicorn uses) and
+handed to the replica's service (`deploy.serving.service`) as bytes, answered as bytes. HAProxy
+sends it HTTP requests and gRPC calls alike, the calls as HTTP/1.1 requests whose body is one
+gRPC message (`content-type: application/grpc`), answered with the gRPC status in the answer's
+chunked trailers.
 
-Each request is parsed (`httptools`, the parser uvicorn uses), handed to the replica as an ASGI
-scope and its whole body, and answered with the starlette `Response` the replica returns, in
-order, one request at a time per connection (HAProxy keeps a connection per request in flight,
-so requests of many connections still meet in the replica's batch queue). A body larger than
-`max_body_bytes` is not kept: the handler gets its first `max_body_bytes + 1` bytes (and the
-declared Content-Length, which it refuses with 413), and the connection closes after that
-answer. `Expect: 100-continue` is answered once the headers are read. A request that cannot be
-parsed is answered 400 in the API's JSON, and its connection closed. A request whose connection
-closes before its body is whole (its client left) is not handed over; `abandoned` is called.
+Each request is admitted on its head, as its headers end: one without its key, to no route or
+declaring a body over the limit is answered at once, none of its body read, and its connection
+closed after the answer. An admitted request's body is kept up to the service's
+`max_body_bytes` (413, or RESOURCE_EXHAUSTED from a gRPC message's length prefix, past it, and
+the connection closed); `Expect: 100-continue` is answered once it is admitted. Requests are
+answered in order, one at a time per connection (HAProxy keeps a connection per request in
+flight, so requests of many connections still meet in the replica's batch queue). A request
+that is not HTTP/1.1 is answered 400, one whose URL and headers exceed `MAX_HEAD_BYTES` 431,
+both in the API's JSON, and the connection closed. A request whose connection closes before its
+body is whole (its client left) is not answered; the service counts it.
 
 Only HAProxy, as the same user, reaches the socket: it lies in a folder only this user can
-enter (`deploy.serving.haproxy.private_folder`).
+enter (`deploy.serving.haproxy.private_folder`). The listen backlog holds every connection that
+HAProxy may open to one replica (its `maxconn` per server), so a burst never overflows it.
 """
 
 from __future__ import annotations
@@ -21,43 +26,107 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
-import logging
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple, Protocol, cast
 
 import httptools
-from starlette.responses import Response
 
-from deploy.serving.responses import ApiError, error_response, internal_error
+from deploy.serving.grpc_ingress import (
+    ACT_METHOD,
+    CONTENT_TYPE,
+    INTERNAL,
+    MESSAGE_PREFIX,
+    OK,
+    POLICY_ID_METADATA,
+    UNIMPLEMENTED,
+    grpc_status,
+    percent_encoded,
+)
+from deploy.serving.responses import ApiError
+from deploy.serving.service import Admission, Reply, RequestHead, request_head
+from huggy_agent.http_api import ACT_PATH, shown
 
-Handler = Callable[[dict[str, Any], bytes], Awaitable[Response]]
-"""The replica's side: (ASGI scope, body) -> the answer. Expected never to raise; an exception
-is answered 500 in the API's JSON."""
+LISTEN_BACKLOG = 1024
+"""Connections waiting to be accepted: more than HAProxy opens to one replica at once."""
+MAX_HEAD_BYTES = 16 << 10
+"""The longest URL and headers of a request: HAProxy's buffer, which holds a whole head."""
+MAX_UNSENT_BYTES = 1 << 20
+"""Answer bytes waiting for HAProxy to read them; past it the connection is not read."""
 _STATUS_LINES = {status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode()
                  for status in http.HTTPStatus}
-logger = logging.getLogger("ray.serve")
+_GRPC_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+              b"transfer-encoding: chunked\r\n")
+
+
+class HttpService(Protocol):
+    """What the listener needs of the replica's service (`deploy.serving.service.ActService`)."""
+
+    def admit(self, method: str, path: str, head: RequestHead) -> Admission: ...
+
+    def check_size(self, size: int, declared: bool = False) -> None: ...
+
+    async def reply(self, admission: Admission, body: bytes,
+                    may_run_alone: bool = True) -> Reply: ...
+
+    def refusal(self, error: ApiError) -> Reply: ...
+
+    def abandoned(self) -> None: ...
+
+
+class GrpcEnd(NamedTuple):
+    """How a gRPC call ends: its status code and details."""
+
+    code: int
+    details: str
+
+
+class _Answer(NamedTuple):
+    """A request to answer, in order: what answers it, its body, whether its connection stays
+    open after it, and its form ("http", "head": HTTP without the body, or "grpc")."""
+
+    answer: Admission | Reply | GrpcEnd
+    body: bytes
+    keep_alive: bool
+    form: str
 
 
 def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Status\r\n".encode()
 
 
-class _Request:
-    """A request being read: its scope's parts and body."""
+def grpc_answer(message: bytes | None, end: GrpcEnd, close: bool) -> bytes:
+    """A gRPC call's answer as HTTP/1.1: `message` (None: none) in one chunk, then the status
+    as trailers; `close`: the connection closes after it."""
+    parts = [_GRPC_HEAD, b"connection: close\r\n\r\n" if close else b"\r\n"]
+    if message is not None:
+        framed = MESSAGE_PREFIX.pack(0, len(message)) + message
+        parts += (b"%x\r\n" % len(framed), framed, b"\r\n")
+    parts += (b"0\r\ngrpc-status: %d\r\n" % end.code,
+              b"grpc-message: %s\r\n" % percent_encoded(end.details) if end.details else b"",
+              b"\r\n")
+    return b"".join(parts)
 
-    __slots__ = ("url", "headers", "chunks", "size", "oversized", "in_body")
+
+class _Request:
+    """A request being read: its head, then its body."""
+
+    __slots__ = ("url", "headers", "head_bytes", "chunks", "size", "admission", "in_body",
+                 "grpc", "declared")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
         self.chunks: list[bytes] = []
         self.size = 0
-        self.oversized = False
+        self.admission: Admission | None = None
         self.in_body = False
-        """Its headers are read, its body not yet whole."""
+        """Its head is admitted, its body not yet whole."""
+        self.grpc = False
+        self.declared: int | None = None
+        """A gRPC message's length, from its prefix."""
 
 
 class _Connection(asyncio.Protocol):
@@ -68,21 +137,38 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.reading = _Request()
-        self.pending: deque[tuple[dict[str, Any], bytes, bool]] = deque()
+        self.pending: deque[_Answer] = deque()
         self.task: asyncio.Task[None] | None = None
         self.discarding = False
-        """The rest of an oversized body (the connection closes after its answer)."""
+        """Nothing more is read: the connection closes after the answers queued."""
+        self.unread = False
+        """More than `MAX_UNSENT_BYTES` of answers wait for the client: nothing is read."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=MAX_UNSENT_BYTES)
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.transport = None
-        if self.reading.in_body and not self.reading.oversized:
+        if self.reading.in_body:
             self.reading.in_body = False
-            self.server.abandoned()
+            self.server.service.abandoned()
+
+    def pause_writing(self) -> None:
+        self.unread = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.unread = False
+        self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        """Read again, unless the connection ends or its client leaves answers unread."""
+        if self.transport is not None and not self.discarding and not self.unread:
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.discarding:
@@ -90,14 +176,26 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._refuse("upgrades (such as WebSocket) are not served here")
+            self._refuse(ApiError(400, "invalid_request",
+                                  "upgrades (such as WebSocket) are not served here"))
         except httptools.HttpParserError as error:
-            self._refuse(f"the request is not valid HTTP/1.1: {error}")
+            if not self.discarding:  # else a callback refused the request already
+                self._refuse(ApiError(400, "invalid_request",
+                                      f"the request is not valid HTTP/1.1: {str(error)[:80]}"))
 
-    def _refuse(self, message: str) -> None:
-        self._respond(error_response(ApiError(400, "invalid_request", message)), head=False,
-                      keep_alive=False)
-        self.close()
+    def _refuse(self, refusal: ApiError | GrpcEnd) -> None:
+        """Answer the request being read with `refusal` after the requests queued, read
+        nothing more, then close."""
+        request = self.reading
+        request.in_body = False
+        if isinstance(refusal, ApiError):
+            reply = self.server.service.refusal(refusal)
+            if request.grpc:
+                refusal = GrpcEnd(grpc_status(reply.status), reply.body.decode())
+            else:
+                self._queue(reply, b"", keep_alive=False)
+                return
+        self._queue(refusal, b"", keep_alive=False)
 
     # httptools' callbacks
 
@@ -106,73 +204,121 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.reading.url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.reading.headers.append((name.lower(), value))
+        self._count_head(len(name) + len(value))
+
+    def _count_head(self, size: int) -> None:
+        """Count `size` bytes of the request's head; past `MAX_HEAD_BYTES`, refuse it (431) and
+        stop the parser."""
+        request = self.reading
+        request.head_bytes += size
+        if request.head_bytes > MAX_HEAD_BYTES and not self.discarding:
+            self._refuse(ApiError(431, "headers_too_large", "the request's URL and headers "
+                                  f"exceed {MAX_HEAD_BYTES} bytes"))
+            raise httptools.HttpParserCallbackError("headers too large")
 
     def on_headers_complete(self) -> None:
-        declared = next((int(value) for name, value in self.reading.headers
-                         if name == b"content-length" and value.isdigit()), None)
-        self.reading.in_body = True
-        if declared is not None and declared > self.server.max_body_bytes:
-            self.reading.oversized = True
-            self._dispatch()  # the handler refuses it by its Content-Length
-        elif (b"expect", b"100-continue") in self.reading.headers:
+        if self.discarding:
+            return
+        request = self.reading
+        path = request.url.partition(b"?")[0].decode("latin-1")
+        method = self.parser.get_method().decode("latin-1")
+        head = request_head(request.headers)
+        headers = dict(request.headers)
+        request.grpc = headers.get(b"content-type", b"").startswith(CONTENT_TYPE)
+        if request.grpc:
+            if method != "POST" or path != ACT_METHOD:
+                self._refuse(GrpcEnd(UNIMPLEMENTED, f"unknown method {shown(path)}"))
+                return
+            if headers.get(b"grpc-encoding", b"identity") != b"identity":
+                self._refuse(GrpcEnd(UNIMPLEMENTED, "compressed messages are not supported; "
+                                     "send uncompressed ones"))
+                return
+            named = headers.get(POLICY_ID_METADATA.encode())
+            method, path = "POST", ACT_PATH
+            head = RequestHead(head.authorization, None,
+                               None if not named else named.decode("latin-1"))
+        elif self.server.root_path and path.startswith(self.server.root_path):
+            path = path[len(self.server.root_path):]
+        try:
+            request.admission = self.server.service.admit(method, path, head)
+        except ApiError as error:
+            self._refuse(error)
+            return
+        request.in_body = True
+        if (b"expect", b"100-continue") in request.headers:
             self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         request = self.reading
-        if request.oversized:
+        if not request.in_body:
             return
         request.chunks.append(body)
         request.size += len(body)
-        if request.size > self.server.max_body_bytes:
-            request.oversized = True
-            self._dispatch()
+        try:
+            if not request.grpc:
+                self.server.service.check_size(request.size)
+            elif request.declared is None and request.size >= MESSAGE_PREFIX.size:
+                compressed, request.declared = MESSAGE_PREFIX.unpack_from(
+                    b"".join(request.chunks))
+                if compressed:
+                    self._refuse(GrpcEnd(UNIMPLEMENTED, "compressed messages are not "
+                                         "supported; send uncompressed ones"))
+                    return
+                self.server.service.check_size(request.declared, declared=True)
+        except ApiError as error:
+            self._refuse(error)
+            return
+        if request.declared is not None and request.size > MESSAGE_PREFIX.size + request.declared:
+            self._refuse(GrpcEnd(INTERNAL, "expected one message, received more"))
 
     def on_message_complete(self) -> None:
-        self.reading.in_body = False
-        if not self.reading.oversized:
-            self._dispatch()
-
-    def _dispatch(self) -> None:
-        """Queue the request read so far for an answer; an oversized one ends the connection."""
         request = self.reading
-        path, _, query = request.url.partition(b"?")
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": self.parser.get_method().decode("latin-1"),
-                 "scheme": "http", "path": path.decode("latin-1"), "raw_path": path,
-                 "query_string": query, "root_path": self.server.root_path,
-                 "headers": request.headers,
-                 "client": None, "server": None}
-        keep_alive = not request.oversized and self.parser.should_keep_alive()
+        if not request.in_body:
+            return
+        request.in_body = False
         body = b"".join(request.chunks)
-        if request.oversized:
+        keep_alive = self.parser.should_keep_alive()
+        if not request.grpc:
+            self._queue(cast(Admission, request.admission), body, keep_alive)
+        elif request.declared is None or len(body) != MESSAGE_PREFIX.size + request.declared:
+            self._refuse(GrpcEnd(INTERNAL, "expected exactly one message"))
+        else:
+            self._queue(cast(Admission, request.admission), body[MESSAGE_PREFIX.size:],
+                        keep_alive)
+
+    def _queue(self, answer: Admission | Reply | GrpcEnd, body: bytes, keep_alive: bool
+               ) -> None:
+        """Queue a request's answer; one that ends the connection stops its reading."""
+        form = ("grpc" if self.reading.grpc
+                else "head" if self.parser.get_method() == b"HEAD" else "http")
+        self.pending.append(_Answer(answer, body, keep_alive, form))
+        if not keep_alive:
             self.discarding = True
-            self.transport.pause_reading()  # type: ignore[union-attr]
-        self.pending.append((scope, body, keep_alive))
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._answer_pending())
             self.server.tasks.add(self.task)
-        elif len(self.pending) > 1 and self.transport is not None:
+        if (self.discarding or len(self.pending) > 1) and self.transport is not None:
             self.transport.pause_reading()  # a client that pipelines waits for its answers
 
     async def _answer_pending(self) -> None:
         try:
             while self.pending:
-                scope, body, keep_alive = self.pending.popleft()
-                try:
-                    response = await self.server.handler(scope, body)
-                except Exception as error:  # the replica serves on; the request gets a 500
-                    logger.exception("request %s %s failed", scope["method"], scope["path"])
-                    response = error_response(internal_error(error))
-                    keep_alive = False
-                self._respond(response, scope["method"] == "HEAD", keep_alive)
-                if not keep_alive:
+                answer, body, keep_alive, form = self.pending.popleft()
+                if isinstance(answer, Admission):
+                    answer = await self.server.service.reply(answer, body)
+                close = not keep_alive or self.server.stopping
+                if form == "grpc":
+                    self._write(self._grpc_answer(answer, close))
+                else:
+                    self._write(self._http_answer(cast(Reply, answer), form == "head", close))
+                if close:
                     self.close()
                     return
-                if self.transport is not None and not self.discarding:
-                    self.transport.resume_reading()
+                self._resume_reading()
         finally:
             if self.task is not None:
                 self.server.tasks.discard(self.task)
@@ -180,16 +326,27 @@ class _Connection(asyncio.Protocol):
             if self.server.stopping:
                 self.close()
 
-    def _respond(self, response: Response, head: bool, keep_alive: bool) -> None:
-        parts = [_status_line(response.status_code)]
-        for name, value in response.raw_headers:
-            parts += (name, b": ", value, b"\r\n")
-        if not keep_alive or self.server.stopping:
+    @staticmethod
+    def _http_answer(reply: Reply, head_only: bool, close: bool) -> bytes:
+        parts = [_status_line(reply.status), b"content-type: application/json\r\n",
+                 b"content-length: %d\r\n" % len(reply.body)]
+        for name, value in reply.headers:
+            parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+        if close:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
-        if not head:
-            parts.append(bytes(response.body))
-        self._write(b"".join(parts))
+        if not head_only:
+            parts.append(reply.body)
+        return b"".join(parts)
+
+    @staticmethod
+    def _grpc_answer(answer: Reply | GrpcEnd, close: bool) -> bytes:
+        if isinstance(answer, GrpcEnd):
+            return grpc_answer(None, answer, close)
+        if answer.status == 200:
+            return grpc_answer(answer.body, GrpcEnd(OK, ""), close)
+        return grpc_answer(None, GrpcEnd(grpc_status(answer.status), answer.body.decode()),
+                           close)
 
     def _write(self, data: bytes) -> None:
         if self.transport is not None:
@@ -205,18 +362,17 @@ class _Connection(asyncio.Protocol):
 
 
 class UnixHttpServer:
-    """Serves `handler` over HTTP/1.1 on a Unix socket, on the running event loop, with
-    `root_path` in each scope; calls `abandoned` for each request whose client left before its
-    body was whole."""
+    """Serves `service` over HTTP/1.1 on a Unix socket, on the running event loop.
 
-    def __init__(self, handler: Handler, max_body_bytes: int,
-                 abandoned: Callable[[], None] = lambda: None, root_path: str = "") -> None:
-        self.handler = handler
-        self.abandoned = abandoned
+    Args:
+        service: the replica's service.
+        root_path: the app's route prefix, which the HTTP requests' paths keep (as under
+            Serve); gRPC paths have none.
+    """
+
+    def __init__(self, service: HttpService, root_path: str = "") -> None:
+        self.service = service
         self.root_path = root_path
-        """The scopes' `root_path`: the app's route prefix (paths keep it, as under Serve)."""
-        self.max_body_bytes = max_body_bytes
-        """The largest body kept; the replica updates it when its settings change."""
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
@@ -224,12 +380,16 @@ class UnixHttpServer:
         self._server: asyncio.Server | None = None
 
     async def start(self, path: Path) -> None:
-        """Listen on the Unix socket `path` (a file left there is replaced). OSError if it
-        cannot be created."""
+        """Listen on the Unix socket `path` (a file left there is replaced).
+
+        Raises:
+            OSError: the socket cannot be created.
+        """
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: _Connection(self), str(path))
+        self._server = await loop.create_unix_server(lambda: _Connection(self), str(path),
+                                                     backlog=LISTEN_BACKLOG)
         os.chmod(path, 0o600)
         self.path = path
 

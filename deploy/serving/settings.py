@@ -92,11 +92,6 @@ class AppArgs(BaseModel):
     max_body_bytes: int = BatchSettings.max_body_bytes
     max_ongoing_requests: int = Field(512, ge=1)
     ingress: str = Field("", description="recorded in /v1/info; set by deploy.runner")
-    grpc_port: int | None = Field(None, ge=1, le=65535, description=(
-        "each replica's own gRPC server (deploy.serving.grpc_ingress) on this port of its node, "
-        "shared by the node's replicas; None: none"))
-    grpc_host: str = Field("127.0.0.1", description="the address the replicas' gRPC server "
-                           "binds (0.0.0.0: every interface)")
     haproxy_folder: str | None = Field(None, description=(
         "huggy serve's HAProxy folder (deploy.serving.haproxy): a replica on the node where it "
         "exists listens on a Unix socket of its own there, where HAProxy sends its requests; "

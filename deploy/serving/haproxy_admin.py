@@ -1,0 +1,103 @@
+"""The HAProxy of `huggy serve` while it runs: its admin socket (`HAProxyAdmin`), and its
+draining before Serve's shutdown (`drain_haproxy`), which would otherwise kill it outright."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from deploy.serving.processes import processes_configured_in
+
+
+def haproxy_dir(port: int) -> Path:
+    """Where HAProxy keeps its config, sockets and state for the Serve HTTP port `port`."""
+    return Path(f"/tmp/huggy-haproxy-{port}")
+
+
+def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
+    """Soft-stop every HAProxy of HTTP port `port`; return when none has a request in flight, or
+    after `timeout_s`.
+
+    Soft stop (SIGUSR1): HAProxy closes its listening sockets at once, so new connections are
+    refused, answers the requests in flight, and closes each client connection after its next
+    answer. The requests in flight of the HAProxy that listens now are counted (`show sess`) on
+    an admin session opened before the soft stop, which survives it. The ones that Serve
+    displaced (each configuration change starts a new HAProxy with `-sf`; the old one goes on
+    answering the requests it had accepted, then exits) have no admin socket left: they are
+    waited for until they exit. HAProxy is found through its files under `haproxy_dir(port)`, so
+    only a HAProxy on this machine; with none (another ingress, or the head node elsewhere) this
+    does nothing.
+    """
+    deadline = time.monotonic() + timeout_s
+    folder = haproxy_dir(port)
+    with contextlib.ExitStack() as stack:
+        sessions = []
+        for path in folder.glob("*/admin.sock"):
+            try:
+                admin = stack.enter_context(HAProxyAdmin(path))
+                sessions.append((admin, admin.pid()))
+            except OSError:  # a stale socket, or HAProxy gone: nothing in flight there
+                continue
+        listening = {pid for _, pid in sessions}
+        displaced = processes_configured_in(folder) - listening
+        for pid in displaced | listening:
+            with contextlib.suppress(ProcessLookupError):  # the displaced ones had it: no harm
+                os.kill(pid, signal.SIGUSR1)
+        for admin, _ in sessions:
+            with contextlib.suppress(OSError):  # HAProxy gone: nothing in flight there
+                while admin.requests_in_flight() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+    while displaced & processes_configured_in(folder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+class HAProxyAdmin:
+    """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command,
+    each ending with a prompt line)."""
+
+    def __init__(self, path: Path) -> None:
+        self._sock = socket.socket(socket.AF_UNIX)
+        self._sock.settimeout(5)
+        try:
+            self._sock.connect(str(path))
+            self._sock.sendall(b"prompt\n")
+            self._reply()
+        except OSError:
+            self._sock.close()
+            raise
+
+    def __enter__(self) -> HAProxyAdmin:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._sock.close()
+
+    def command(self, text: str) -> str:
+        """HAProxy's reply to the CLI command `text`."""
+        self._sock.sendall(text.encode() + b"\n")
+        return self._reply()
+
+    def pid(self) -> int:
+        """HAProxy's process id (`show info`)."""
+        for line in self.command("show info").splitlines():
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+        raise ConnectionError("HAProxy's `show info` has no Pid line")
+
+    def requests_in_flight(self) -> int:
+        """Streams (one per request being handled) of any frontend but the CLI's own."""
+        return sum(line.startswith("0x") and " fe=GLOBAL " not in line
+                   for line in self.command("show sess").splitlines())
+
+    def _reply(self) -> str:
+        reply = b""
+        while not reply.endswith(b"\n> "):
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("HAProxy closed its admin session")
+            reply += chunk
+        return reply[:-3].decode(errors="replace")
