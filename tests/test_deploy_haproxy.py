@@ -158,6 +158,9 @@ def test_a_replica_with_its_own_socket_gets_its_requests_there_and_its_checks_on
         "frontend huggy_grpc",
         "    # huggy: gRPC over HTTP/2 here, to the replicas' listeners as HTTP/1.1",
         "    bind 127.0.0.1:18050 proto h2",
+        "    http-request return status 200 content-type application/grpc hdr grpc-status 5 hdr "
+        'grpc-message "no app of that name (the application metadata)" if '
+        "{ req.hdr(application) -m found } !{ req.hdr(application) -m str huggy }",
         "    use_backend huggy_grpc:http-huggy if { req.hdr(application) -m str huggy }",
         "    default_backend huggy_grpc:http-huggy",
         "backend huggy_grpc:http-huggy",

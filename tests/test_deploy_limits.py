@@ -98,7 +98,8 @@ def test_grpc_through_haproxy_reaches_the_listener_and_a_call_without_its_key_is
     """A gRPC client (gRPC's C core) calls through HAProxy's HTTP/2 and gets the listener's
     answer; a call without its key, with a message of 3 MB, is refused with UNAUTHENTICATED and
     the listener admitted and read none of it; a message declaring more than the service's
-    limit ends with RESOURCE_EXHAUSTED from its prefix."""
+    limit ends with RESOURCE_EXHAUSTED from its prefix; a call naming an app that is not
+    served ends with NOT_FOUND."""
     with FrontDoor(tmp_path, page, grpc=True) as door, \
             grpc.insecure_channel(f"127.0.0.1:{door.grpc_port}") as channel:
         act = channel.unary_unary(ACT)
@@ -115,6 +116,10 @@ def test_grpc_through_haproxy_reaches_the_listener_and_a_call_without_its_key_is
             act(b"x" * 5000, metadata=(("authorization", KEY),), timeout=WAIT_S)
         assert too_large.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert json.loads(too_large.value.details())["message"] == "5000 bytes (declared)"
+        with pytest.raises(grpc.RpcError) as no_app:  # never another app than the one named
+            act(b"{}", metadata=(("authorization", KEY), ("application", "other")),
+                timeout=WAIT_S)
+        assert no_app.value.code() == grpc.StatusCode.NOT_FOUND
     assert door.recorder.handed == [("/v1/act", b'{"obs": [1]}')]
     assert len(door.recorder.admitted) == 2  # the first call and the one too large
 

@@ -301,29 +301,38 @@ def _without_grpc_sections(text: str) -> str:
 
 
 def _grpc_sections(text: str, address: tuple[str, int], app: str) -> str:
-    """The frontend and backends of change 7, for the replica servers on sockets in `text`: a
-    backend per app, chosen by the call's `application` metadata (as Serve's gRPC ingress
-    chooses), `app`'s without it."""
+    """The frontend and backends of change 7: a backend per app of `text` (each HTTP backend),
+    of its replica servers on sockets, chosen by the call's `application` metadata as Serve's
+    gRPC ingress chooses (`app`'s without it). A call never reaches another app than it
+    names: an app without a replica on a socket here has a backend without servers (HAProxy's
+    503, which gRPC clients read as UNAVAILABLE), and a name no app has ends with NOT_FOUND."""
     host, port = address
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     servers: dict[str, list[str]] = {}
     for backend, line in _lines_by_backend(text):
-        server = _SOCKET_SERVER.match(line.rstrip("\r\n")) if backend.startswith("http-") \
-            else None
+        if not backend.startswith("http-") or backend.endswith(HELD):
+            continue
+        servers.setdefault(backend, [])
+        server = _SOCKET_SERVER.match(line.rstrip("\r\n"))
         if server:
-            servers.setdefault(backend, []).append(
+            servers[backend].append(
                 f"    server {server['name']} unix@{server['socket']}{server['maxconn']} "
                 f"track {backend}/{server['name']}\n")
+    servers.setdefault(f"http-{app}", [])
     sections = [f"frontend {GRPC_FRONTEND}\n",
                 "    # huggy: gRPC over HTTP/2 here, to the replicas' listeners as HTTP/1.1\n",
                 f"    bind {bind} proto h2\n"]
-    sections += [f"    use_backend {GRPC_FRONTEND}:{backend} if "
-                 f"{{ req.hdr(application) -m str {backend.removeprefix('http-')} }}\n"
-                 for backend in servers]
+    named = {backend: f"{{ req.hdr(application) -m str {backend.removeprefix('http-')} }}"
+             for backend in servers}
+    sections.append("    http-request return status 200 content-type application/grpc hdr "
+                    "grpc-status 5 hdr grpc-message \"no app of that name (the application "
+                    "metadata)\" if { req.hdr(application) -m found } "
+                    + " ".join(f"!{condition}" for condition in named.values()) + "\n")
+    sections += [f"    use_backend {GRPC_FRONTEND}:{backend} if {condition}\n"
+                 for backend, condition in named.items()]
     sections.append(f"    default_backend {GRPC_FRONTEND}:http-{app}\n")
-    for backend in {*servers, f"http-{app}"}:
-        sections += [f"backend {GRPC_FRONTEND}:{backend}\n", "    http-reuse always\n",
-                     *servers.get(backend, [])]
+    for backend, lines in servers.items():
+        sections += [f"backend {GRPC_FRONTEND}:{backend}\n", "    http-reuse always\n", *lines]
     return "".join(sections)
 
 
