@@ -55,7 +55,7 @@ def serve(kind: str) -> None:
         _repository_on_path()
         from envs.http2 import UnaryServer
 
-        own = UnaryServer("127.0.0.1", 0)
+        own = UnaryServer("127.0.0.1", 0, METHOD)
         print("ready", own.address[1], flush=True)
         while True:
             own.receive()

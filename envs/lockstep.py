@@ -20,6 +20,9 @@ from typing import Any
 from envs.http2 import UnaryServer
 
 LISTEN_HOST = "127.0.0.1"
+EXCHANGE_PATH = "/communicator_objects.UnityToExternalProto/Exchange"
+"""The one method a Unity player calls (`UnityToExternalProto.Exchange`); the server answers a
+call to any other path with UNIMPLEMENTED."""
 
 
 class MessageChannel:
@@ -73,7 +76,7 @@ def _communicator_class() -> type:
         def create_server(self) -> None:
             self.check_port(self.port)
             try:
-                self.server = UnaryServer(LISTEN_HOST, self.port)
+                self.server = UnaryServer(LISTEN_HOST, self.port, EXCHANGE_PATH)
             except OSError as error:
                 raise UnityWorkerInUseException(self.worker_id) from error
             self.unity_to_external = _Servicer(MessageChannel(self.server))

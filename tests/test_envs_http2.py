@@ -21,7 +21,7 @@ import pytest
 
 from envs.http2 import MAX_STREAM, PREFACE, ExchangeError, UnaryClient, UnaryServer, frame
 from envs.spin_wait import DEFAULT_BUDGET_US, ENVIRONMENT_VARIABLE
-from tests.support.http2 import frames_of, read_frames_until
+from tests.support.http2 import frames_of, read_frames_until, request_block
 from tests.support.processes import free_port
 
 METHOD = "/test.Echo/Exchange"
@@ -178,7 +178,7 @@ class _Served:
 
     def __init__(self) -> None:
         self.port = free_port()
-        self.server = UnaryServer("127.0.0.1", self.port)
+        self.server = UnaryServer("127.0.0.1", self.port, METHOD)
         self.held, self.release, self._stop = threading.Event(), threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -252,11 +252,11 @@ def test_a_compressed_call_is_refused_and_the_server_goes_on(served: _Served) ->
 
 
 def test_poll_gives_up_after_its_timeout_and_a_taken_port_is_refused() -> None:
-    server = UnaryServer("127.0.0.1", free_port())
+    server = UnaryServer("127.0.0.1", free_port(), METHOD)
     try:
         assert server.poll(0.05) is False
         with pytest.raises(OSError):
-            UnaryServer("127.0.0.1", server.address[1])
+            UnaryServer("127.0.0.1", server.address[1], METHOD)
     finally:
         server.close()
 
@@ -265,7 +265,7 @@ def test_the_clients_settings_and_pings_are_acknowledged() -> None:
     """A client's SETTINGS and PINGs, written by hand: the server answers with its own
     SETTINGS, a SETTINGS ACK (type 4, flag 1) and PING ACKs (type 6, flag 1, stream 0) echoing
     each 8-byte payload (RFC 9113 sections 6.5 and 6.7), all while it waits for a call."""
-    server = UnaryServer("127.0.0.1", free_port())
+    server = UnaryServer("127.0.0.1", free_port(), METHOD)
     pings = [bytes([k]) * 8 for k in range(1, 4)]
     try:
         with socket.create_connection(server.address) as sock:
@@ -356,42 +356,37 @@ def _hand_client_call(server: UnaryServer, window: int) -> socket.socket:
     (request b"call"); the server has taken the call."""
     sock = socket.create_connection(server.address)
     settings = (4).to_bytes(2, "big") + window.to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE
-    sock.sendall(PREFACE + frame(4, 0, 0, settings) + frame(1, 4, 1, b"\x83")  # HEADERS
+    sock.sendall(PREFACE + frame(4, 0, 0, settings) + frame(1, 4, 1, request_block(METHOD))
                  + frame(0, 1, 1, b"\x00" + (4).to_bytes(4, "big") + b"call"))  # DATA, END_STREAM
     assert server.receive() == b"call"
     return sock
 
 
 @pytest.mark.parametrize("then", ["window update", "reset"])
-def test_an_answer_waits_for_the_clients_window(then: str) -> None:
-    """A client granting 10 bytes per stream: the server sends the answer's first 10 bytes and
-    waits; a WINDOW_UPDATE lets the rest through (the whole answer, then trailers ending the
-    stream), a RST_STREAM ends the wait with nothing more sent."""
-    server = UnaryServer("127.0.0.1", free_port())
-    answered = threading.Event()
+def test_an_answer_waits_for_the_clients_window_without_holding_the_server(then: str) -> None:
+    """A client granting 10 bytes per stream: `answer` returns at once, the answer's first 10
+    bytes sent; as the server polls, a WINDOW_UPDATE lets the rest through (the whole answer,
+    then trailers ending the stream), and after a RST_STREAM nothing more is sent on it."""
+    server = UnaryServer("127.0.0.1", free_port(), METHOD)
     answer = bytes(range(100))
+    prefix = b"\x00" + (100).to_bytes(4, "big")  # one uncompressed 100-byte message
     try:
         with _hand_client_call(server, window=10) as sock:
-            thread = threading.Thread(target=lambda: (server.answer(answer), answered.set()),
-                                      daemon=True)
-            thread.start()
+            server.answer(answer)
             first = read_frames_until(sock, lambda frames: any(f[0] == 0 for f in frames))
-            prefix = b"\x00" + (100).to_bytes(4, "big")  # one uncompressed 100-byte message
             assert b"".join(f[3] for f in first if f[0] == 0) == prefix + answer[:5]
             if then == "reset":
                 sock.sendall(frame(3, 0, 1, (8).to_bytes(4, "big")))  # RST_STREAM, CANCEL
-                assert answered.wait(30)
-                thread.join()
+                assert server.poll(0.2) is False
                 server.close(linger=0.0)
                 rest = read_frames_until(sock, lambda frames: False)  # until the server closes
                 assert not [f for f in rest if f[2] == 1]  # nothing more on the reset stream
                 return
             sock.sendall(frame(8, 0, 1, (1_000).to_bytes(4, "big")))  # WINDOW_UPDATE, stream 1
-            assert answered.wait(30)
+            assert server.poll(0.2) is False  # no call came, but the window update was read
             frames = first + read_frames_until(
                 sock, lambda frames: any(f[0] == 1 and f[1] & 1 for f in frames))
             body = b"".join(f[3] for f in frames if f[0] == 0 and f[2] == 1)
             assert body == prefix + answer
-            thread.join()
     finally:
         server.close(linger=0.0)

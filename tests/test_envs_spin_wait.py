@@ -160,7 +160,7 @@ def test_without_affinity_or_a_load_count_the_ends_are_made_and_block(
     monkeypatch.setattr(spin_wait, "_RUNNABLE", None)
     assert environment_for_instances(4, {}) == (
         {} if (os.cpu_count() or 1) >= 8 else {ENVIRONMENT_VARIABLE: "0"})
-    server = UnaryServer("127.0.0.1", 0)
+    server = UnaryServer("127.0.0.1", 0, "/test.Echo/Exchange")
     try:
         assert not server._spin.enabled
         assert not server.poll(0.01)

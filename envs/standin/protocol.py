@@ -25,12 +25,12 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from envs.http2 import UnaryClient
+from envs.lockstep import EXCHANGE_PATH
 from envs.standin.wire import empty_message
 
 COMMUNICATION_VERSION = "1.5.0"
 PACKAGE_VERSION = "2.2.1-exp.1"
 ENVIRONMENT_PARAMETERS_CHANNEL = uuid.UUID("534c891e-810f-11ea-a9d0-822485860400")
-EXCHANGE = "/communicator_objects.UnityToExternalProto/Exchange"
 CONNECT_TIMEOUT_S = 60.0
 
 
@@ -152,7 +152,7 @@ def run(standin: Any, port: int, log: TextIO, connect: Callable[[int], Any] | No
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     try:
         client = (connect(port) if connect is not None
-                  else UnaryClient("127.0.0.1", port, EXCHANGE, CONNECT_TIMEOUT_S))
+                  else UnaryClient("127.0.0.1", port, EXCHANGE_PATH, CONNECT_TIMEOUT_S))
     except OSError as error:
         log.write(f"exiting: no Python side on port {port} ({error})\n")
         return 1
