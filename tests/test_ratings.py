@@ -17,6 +17,7 @@ from scipy import optimize
 from scipy import stats as scipy_stats
 
 from deploy.evaluation import matchmaking as mm
+from deploy.evaluation import rating_charts as rc
 from deploy.evaluation import ratings as rt
 from deploy.evaluation.matchmaking import Fixture, Schedule, ScheduleConfig, simulate
 from deploy.evaluation.ratings import Match
@@ -567,10 +568,10 @@ def test_selection_outcome_names_the_rule() -> None:
 
 
 def test_label_lines_by_hand() -> None:
-    assert rt.label_lines("hf://someone/SoccerTwos-poca@main/SoccerTwos.onnx") == \
+    assert rc.label_lines("hf://someone/SoccerTwos-poca@main/SoccerTwos.onnx") == \
         "hf://someone/\nSoccerTwos-poca@main/\nSoccerTwos.onnx"
-    assert rt.label_lines("heuristic:chaser") == "heuristic:chaser"
-    assert rt.label_lines("a" * 30, width=12) == "a" * 12 + "\n" + "a" * 12 + "\n" + "a" * 6
+    assert rc.label_lines("heuristic:chaser") == "heuristic:chaser"
+    assert rc.label_lines("a" * 30, width=12) == "a" * 12 + "\n" + "a" * 12 + "\n" + "a" * 6
 
 
 def test_figures_draw_ratings_curves_and_the_matrix(tmp_path) -> None:
@@ -581,7 +582,7 @@ def test_figures_draw_ratings_curves_and_the_matrix(tmp_path) -> None:
     _, played = simulate(list(elos), ScheduleConfig(400), _sampler(elos, 0))
     found = rt.rate(played, resamples=300)
     checkpoints = {f"run@{k}": ("run", 100_000 * k) for k in range(1, 5)}
-    figure = rt.ratings_figure(found, checkpoints, title="builtin:soccertwos")
+    figure = rc.ratings_figure(found, checkpoints, title="builtin:soccertwos")
     labels = {axes.get_label() for axes in figure.axes}
     assert labels == {"policies", "curves"}
     curves = next(axes for axes in figure.axes if axes.get_label() == "curves")
@@ -592,8 +593,8 @@ def test_figures_draw_ratings_curves_and_the_matrix(tmp_path) -> None:
                                                  for k in range(1, 5)]
     assert list(lines["heuristic:random"].get_ydata()) == \
         [found.policies["heuristic:random"].elo] * 2
-    assert {axes.get_label() for axes in rt.ratings_figure(found).axes} == {"policies"}
-    matrix = rt.win_rate_figure(found)
+    assert {axes.get_label() for axes in rc.ratings_figure(found).axes} == {"policies"}
+    matrix = rc.win_rate_figure(found)
     cells = [text.get_text() for text in matrix.axes[0].texts]
     assert len(cells) == 5 * 4
     best = list(found.policies)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.evaluation import ratings
+from deploy.evaluation.rating_charts import ratings_figure, win_rate_figure
 from deploy.evaluation.sinks import card_folder, save_card, write_scalars
 from deploy.evaluation.tournament import Contender, TournamentResult
 from huggy_agent.tables import format_table
@@ -146,10 +147,10 @@ def write_tournament_report(report: TournamentReport, out_dir: str | Path) -> di
     if report.ratings is not None:
         title = f"Tournament: {env_title(report)}"
         paths["ratings_png"] = out / RATINGS_PNG
-        ratings.ratings_figure(report.ratings, checkpoints(report), title).savefig(
+        ratings_figure(report.ratings, checkpoints(report), title).savefig(
             paths["ratings_png"])
         paths["win_rate_png"] = out / WIN_RATE_PNG
-        ratings.win_rate_figure(report.ratings, title).savefig(paths["win_rate_png"])
+        win_rate_figure(report.ratings, title).savefig(paths["win_rate_png"])
     return paths
 
 
