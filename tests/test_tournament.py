@@ -123,6 +123,34 @@ def test_tensorboard_and_model_cards_carry_the_elo(tmp_path: Path) -> None:
     assert card_path.read_text().count("<!-- huggy tournament: start -->") == 1
 
 
+def test_a_model_card_names_the_opponents_its_policy_played_and_counts_its_matches(
+        tmp_path: Path) -> None:
+    """A policy file (no run) among scripted players, as `huggy tournament results/SoccerTwos
+    heuristic:...` has it: 8 matches, of which the policy played 4, against chaser and random
+    (never idle). The card says so, in its text and in its metadata."""
+    from huggingface_hub import ModelCard
+
+    folder = tmp_path / "SoccerTwos"
+    folder.mkdir()
+    entrants = [Contender("SoccerTwos/SoccerTwos.onnx", path=str(folder / "SoccerTwos.onnx")),
+                *(Contender(name, heuristic=name) for name in HEURISTICS)]
+    policy, chaser, random, idle = (c.label for c in entrants)
+    pairings = [(policy, chaser), (chaser, policy), (policy, random), (random, policy),
+                (chaser, random), (random, chaser), (chaser, idle), (idle, chaser)]
+    matches = [ratings.Match(index, index, team0, team1, [1.0, 0.5, 0.0][index % 3])
+               for index, (team0, team1) in enumerate(pairings)]
+    result = TournamentResult(entrants, TournamentConfig(matches=8), TournamentEnv(), matches,
+                              {"mode": "round-robin", "budget": 8})
+    (card_path,) = write_model_cards(build_tournament_report(result), tmp_path / "cards")
+    assert card_path == folder / "README.md"
+    card = ModelCard.load(card_path)
+    assert (f"Bradley-Terry Elo of `{policy}` over its 4 matches (of 8 in the tournament) "
+            f"against {chaser}, {random}, 95% bootstrap intervals") in " ".join(card.text.split())
+    (elo,) = card.data.eval_results
+    assert elo.metric_args["matches"] == 4
+    assert elo.metric_args["opponents"] == [chaser, random]
+
+
 @pytest.mark.standin
 def test_matches_are_the_schedule_and_replay_alike(tmp_path: Path) -> None:
     """Two round-robin rounds of three scripted players: every pair plays both sides each round,
