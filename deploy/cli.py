@@ -168,9 +168,10 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
                              "a policy that is not the strongest (default 0.95)")
     parser.add_argument("--anchor", metavar="LABEL=ELO", type=anchor, default=None,
                         help="fix one policy's Elo (default: the mean is 1200)")
-    parser.add_argument("--arenas", metavar="K", type=positive_int, default=8,
-                        help="matches a runner plays at once, one per arena (the stand-in's "
-                             "num_arenas; default 8)")
+    parser.add_argument("--arenas", metavar="K", type=positive_int, default=None,
+                        help="matches a runner plays at once, one per arena (default: for the "
+                             "stand-in 8, its num_arenas; for a build, every arena its scene "
+                             "has, counted when a runner starts)")
     parser.add_argument("--runners", metavar="K", type=positive_int, default=1,
                         help="Ray runners, each with its own environment (default 1)")
     parser.add_argument("--address", metavar="ADDRESS", default=None,
