@@ -95,8 +95,8 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model-card", action="store_true",
                         help="write a Hugging Face model card (README.md with model-index "
                              "results) into each evaluated run's folder, with replay.mp4 (the "
-                             "replay of its last checkpoint's median episode) where the "
-                             "environment renders")
+                             "replay of its last checkpoint's median episode, also kept in "
+                             "--out/videos) where the environment renders")
     parser.add_argument("--video", metavar="DIR", nargs="?", const="", default=None,
                         help="write, per policy, an MP4 replay of its median-return episode, "
                              "played again from its item's seed, to DIR (default --out/videos); "
