@@ -17,7 +17,6 @@ from scipy import optimize
 from scipy import stats as scipy_stats
 
 from deploy.evaluation import matchmaking as mm
-from deploy.evaluation import rating_charts as rc
 from deploy.evaluation import ratings as rt
 from deploy.evaluation.matchmaking import Fixture, Schedule, ScheduleConfig, simulate
 from deploy.evaluation.ratings import Match
@@ -561,46 +560,3 @@ def test_selection_outcome_names_the_rule() -> None:
     assert outcome["margin"] > 0 and outcome["looks"] == outcome["rounds"] - 1
     assert outcome["comparison_level"] == pytest.approx(0.05 / (2 * 99))
     assert outcome["matches_spent"] == len(played) == 6 * outcome["rounds"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Figures
-
-
-def test_label_lines_by_hand() -> None:
-    assert rc.label_lines("hf://someone/SoccerTwos-poca@main/SoccerTwos.onnx") == \
-        "hf://someone/\nSoccerTwos-poca@main/\nSoccerTwos.onnx"
-    assert rc.label_lines("heuristic:chaser") == "heuristic:chaser"
-    assert rc.label_lines("a" * 30, width=12) == "a" * 12 + "\n" + "a" * 12 + "\n" + "a" * 6
-
-
-def test_figures_draw_ratings_curves_and_the_matrix(tmp_path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    elos = {f"run@{k}": 1000 + 50.0 * k for k in range(1, 5)} | {"heuristic:random": 1050.0}
-    _, played = simulate(list(elos), ScheduleConfig(400), _sampler(elos, 0))
-    found = rt.rate(played, resamples=300)
-    checkpoints = {f"run@{k}": ("run", 100_000 * k) for k in range(1, 5)}
-    figure = rc.ratings_figure(found, checkpoints, title="builtin:soccertwos")
-    labels = {axes.get_label() for axes in figure.axes}
-    assert labels == {"policies", "curves"}
-    curves = next(axes for axes in figure.axes if axes.get_label() == "curves")
-    lines = {line.get_label(): line for line in curves.lines}
-    assert set(lines) == {"run", "heuristic:random"}  # the run's curve, the other as a reference
-    assert lines["run"].get_xdata().tolist() == [100_000, 200_000, 300_000, 400_000]
-    assert lines["run"].get_ydata().tolist() == [found.policies[f"run@{k}"].elo
-                                                 for k in range(1, 5)]
-    assert list(lines["heuristic:random"].get_ydata()) == \
-        [found.policies["heuristic:random"].elo] * 2
-    assert {axes.get_label() for axes in rc.ratings_figure(found).axes} == {"policies"}
-    matrix = rc.win_rate_figure(found)
-    cells = [text.get_text() for text in matrix.axes[0].texts]
-    assert len(cells) == 5 * 4
-    best = list(found.policies)
-    pair = found.pair(best[0], best[1])
-    assert pair.observed is not None
-    assert cells[0].startswith(f"{pair.observed.value:.2f}\n[{pair.observed.low:.2f}, ")
-    path = tmp_path / "ratings.png"
-    figure.savefig(path)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

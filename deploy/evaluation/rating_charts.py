@@ -44,13 +44,41 @@ def label_lines(label: str, width: int = LABEL_LINE_CHARS) -> str:
     return "\n".join(lines)
 
 
+def reference_text(found: Ratings) -> tuple[float, str]:
+    """Where the ratings figure's dashed line stands and what it says.
+
+    Args:
+        found: the tournament's ratings.
+
+    Returns:
+        (Elo, text): the mean, 1200, as "mean Elo 1200" when no policy is anchored, else the
+        anchored policy's Elo as "<label> anchored at <Elo>".
+    """
+    if found.anchor is None:
+        return MEAN_ELO, f"mean Elo {MEAN_ELO:.0f}"
+    (label, value), = found.anchor.items()
+    return value, f"{label} anchored at {value:.0f}"
+
+
 def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | None = None,
                    title: str = "Tournament") -> Figure:
-    """Elo with its interval per policy, best at the top, each with its record (wins-draws-
-    losses); a dashed line marks the mean (1200) or the anchor. With `checkpoints` (label ->
-    (run, training step)), every run with two or more rated checkpoints is drawn beside it as a
-    curve of Elo against training step with its interval as a band, the other policies as
-    dotted horizontal lines. The axes carry the labels "policies" and "curves"."""
+    """Elo with its interval per policy, best at the top, each with its record.
+
+    The title names the intervals (the confidence, and that they are stratified-bootstrap
+    percentile intervals); each policy's mark is labelled with its Elo and wins-draws-losses; a
+    dashed vertical line, labelled on the plot and in the legend (`reference_text`), marks the
+    mean (1200) or the anchor.
+
+    Args:
+        found: the tournament's ratings.
+        checkpoints: label -> (run, training step). Every run with two or more rated
+            checkpoints is drawn beside the ratings as a curve of Elo against training step
+            with its interval as a band, the other policies as dotted horizontal lines.
+        title: the first part of the figure's title.
+
+    Returns:
+        The figure; its axes carry the labels "policies" and, with curves, "curves".
+    """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
@@ -62,10 +90,11 @@ def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | 
             for run, points in runs.items() if len(points) >= 2}
     policies = list(found.policies.values())
     names = [label_lines(p.label) for p in policies]
-    height = max(3.0, 0.2 * sum(max(2, name.count("\n") + 1) for name in names) + 1.6)
+    height = max(3.4, 0.2 * sum(max(2, name.count("\n") + 1) for name in names) + 2.0)
     width = 7.0 + (6.0 if runs else 0.0)
     figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    figure.suptitle(f"{title}: Bradley-Terry Elo, {found.confidence:.0%} bootstrap intervals")
+    figure.suptitle(f"{title}: Bradley-Terry Elo\nbars: {found.confidence:.0%} bootstrap "
+                    "percentile intervals (matches resampled within each pair)", fontsize=11)
     if runs:
         axes, curves = figure.subplots(1, 2, gridspec_kw={"width_ratios": [7.0, 6.0]})
     else:
@@ -77,20 +106,24 @@ def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | 
                        [p.elo_ci[1] - p.elo for p in policies]])
     # a percentile interval need not hold its point estimate to the last bit (an anchor)
     axes.errorbar(elos, rows, xerr=np.clip(errors, 0.0, None), fmt="o", color="C0", capsize=4,
-                  markersize=5)
+                  markersize=5, label=f"Elo, {found.confidence:.0%} interval")
     for row, policy in zip(rows, policies, strict=True):
         axes.annotate(f"{policy.elo:.0f}  ({policy.wins}-{policy.draws}-{policy.losses})",
                       (policy.elo_ci[1], row), xytext=(6, 0), textcoords="offset points",
                       va="center", fontsize=8)
-    reference = MEAN_ELO if found.anchor is None else next(iter(found.anchor.values()))
-    axes.axvline(reference, color="grey", linestyle="--", linewidth=1)
+    reference, meaning = reference_text(found)
+    axes.axvline(reference, color="grey", linestyle="--", linewidth=1, label=meaning)
+    axes.annotate(meaning, (reference, 1.0), xycoords=("data", "axes fraction"),
+                  xytext=(3, -3), textcoords="offset points", ha="left", va="top", fontsize=8,
+                  color="dimgrey")
     axes.set_yticks(rows, names, fontsize=8)
     low, high = min(p.elo_ci[0] for p in policies), max(p.elo_ci[1] for p in policies)
     span = max(high - low, 50.0)
     axes.set_xlim(min(low, reference) - 0.05 * span, max(high, reference) + 0.3 * span)
-    axes.set_ylim(-0.7, len(policies) - 0.3)
-    axes.set_xlabel("Elo (wins-draws-losses)" if found.anchor is None else
-                    f"Elo, {next(iter(found.anchor))} at {reference:.0f} (wins-draws-losses)")
+    axes.set_ylim(-0.7, len(policies) - 0.1)  # room above the top policy for the line's label
+    axes.set_xlabel("Elo (wins-draws-losses)")
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2, fontsize=8,
+                frameon=False)
     axes.grid(alpha=0.3, axis="x")
     if curves is not None:
         in_runs = {policy.label for points in runs.values() for _, policy in points}
@@ -119,7 +152,7 @@ def _draw_curves(curves: Axes, runs: Mapping[str, list[tuple[int, PolicyRating]]
                   title_fontsize=8)
     curves.set_xlabel("training step")
     curves.set_ylabel("Elo")
-    curves.set_title("checkpoints by training step", fontsize=9)
+    curves.set_title("checkpoints by training step (band: the interval)", fontsize=9)
     curves.grid(alpha=0.3)
 
 
