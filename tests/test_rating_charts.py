@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import matplotlib
 import numpy as np
+import pytest
 
 from deploy.evaluation import rating_charts as rc
 from deploy.evaluation import ratings as rt
@@ -84,4 +85,35 @@ def test_the_ratings_figure_labels_its_dashed_line_and_names_its_intervals() -> 
         assert legend is not None and meaning in [t.get_text() for t in legend.get_texts()]
         assert "95% bootstrap percentile intervals" in figure.get_suptitle()
         assert "resampled within each pair" in figure.get_suptitle()
+
+
+def test_the_win_rate_colour_is_the_observed_share_its_first_number_shows() -> None:
+    """Cell (i, j): colour and first number are (wins + draws / 2) / matches of i against j,
+    counted here from the matches; the colour bar names it; a pair that never played is grey
+    (no colour) and says so. A and C never meet: 2 matches A-B, 3 matches B-C."""
+    matches = [rt.Match(0, 0, "A", "B", 1.0), rt.Match(1, 1, "B", "A", 0.5),
+               rt.Match(2, 2, "B", "C", 1.0), rt.Match(3, 3, "C", "B", 0.0),
+               rt.Match(4, 4, "C", "B", 0.5)]
+    found = rt.rate(matches, resamples=200)
+    share = {("A", "B"): 0.75, ("B", "A"): 0.25, ("B", "C"): 5 / 6, ("C", "B"): 1 / 6}
+    labels = list(found.policies)
+    assert labels == ["A", "B", "C"]
+    figure = rc.win_rate_figure(found)
+    axes = _axes(figure, "win rate")
+    (image,) = axes.images
+    colours = np.ma.filled(image.get_array(), np.nan)
+    (bar,) = [a for a in figure.axes if a is not axes]
+    assert bar.get_ylabel().startswith("observed P(row beats column)")
+    cells = {(round(text.get_position()[1]), round(text.get_position()[0])): text.get_text()
+             for text in axes.texts}
+    for i, row in enumerate(labels):
+        for j, column in enumerate(labels):
+            if i == j:
+                assert np.isnan(colours[i, j]) and (i, j) not in cells
+            elif (row, column) in share:
+                assert colours[i, j] == pytest.approx(share[row, column])
+                assert cells[i, j].split("\n")[0] == f"{share[row, column]:.2f}"
+            else:
+                assert np.isnan(colours[i, j]) and cells[i, j].startswith("no matches")
+    assert "model" in cells[0, 1] and "(the colour)" in axes.get_title()
 

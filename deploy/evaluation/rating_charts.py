@@ -22,9 +22,12 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 MATRIX_TEXT_LIMIT = 8
-"""Policies up to which the win-rate matrix writes the counts and intervals into its cells."""
+"""Policies up to which the win-rate matrix writes the intervals, counts and the model's P into
+its cells (beyond, only the observed share)."""
 LABEL_LINE_CHARS = 24
 """Figures break policy labels into lines of at most this many characters."""
+OBSERVED_LABEL = "observed P(row beats column): (wins + draws / 2) / matches"
+"""The win-rate matrix's colour bar: what the colour of a cell means."""
 
 
 def label_lines(label: str, width: int = LABEL_LINE_CHARS) -> str:
@@ -156,11 +159,42 @@ def _draw_curves(curves: Axes, runs: Mapping[str, list[tuple[int, PolicyRating]]
     curves.grid(alpha=0.3)
 
 
+def observed_matrix(found: Ratings) -> np.ndarray:
+    """The observed share of every ordered pair, policies in rating order (best first).
+
+    Args:
+        found: the tournament's ratings.
+
+    Returns:
+        (K, K) float64: cell (i, j) is (wins + draws / 2) / matches of policy i against
+        policy j, NaN on the diagonal and for a pair that played no match.
+    """
+    labels = list(found.policies)
+    matrix = np.full((len(labels), len(labels)), np.nan)
+    for i, row in enumerate(labels):
+        for j, column in enumerate(labels):
+            observed = None if i == j else found.pair(row, column).observed
+            if observed is not None:
+                matrix[i, j] = observed.value
+    return matrix
+
+
 def win_rate_figure(found: Ratings, title: str = "Tournament") -> Figure:
     """The matrix of P(row beats column), a draw counting half, policies in rating order (best
-    first): the colour is the model's P (from the Elo difference); with at most
-    MATRIX_TEXT_LIMIT policies each cell writes the observed share with its Wilson interval,
-    the match count and the model's P, otherwise the model's P alone."""
+    first).
+
+    One channel, one meaning: a cell's colour and its first number are both the observed share
+    (`observed_matrix`), which the colour bar names; a pair without matches is grey and says
+    so. With at most MATRIX_TEXT_LIMIT policies a cell also writes the share's Wilson interval,
+    the match count and, labelled "model", the Bradley-Terry P from the Elo difference.
+
+    Args:
+        found: the tournament's ratings.
+        title: the first line of the title.
+
+    Returns:
+        The figure; its matrix axes carry the label "win rate".
+    """
     from matplotlib.figure import Figure
 
     labels = list(found.policies)
@@ -169,37 +203,35 @@ def win_rate_figure(found: Ratings, title: str = "Tournament") -> Figure:
     side = max(5.5, (1.3 if detailed else 0.65) * size + 2.2)
     figure = Figure(figsize=(side + 1.2, side), dpi=100, layout="constrained")
     axes = figure.add_subplot(label="win rate")
-    matrix = np.full((size, size), np.nan)
-    for i, row in enumerate(labels):
-        for j, column in enumerate(labels):
-            if i != j:
-                matrix[i, j] = found.pair(row, column).model.value
+    matrix = observed_matrix(found)
     image = axes.imshow(matrix, cmap="RdBu", vmin=0.0, vmax=1.0)
-    axes.set_facecolor("0.9")  # the diagonal (no value) in grey
-    figure.colorbar(image, ax=axes, label="model P(row beats column)", shrink=0.8)
+    axes.set_facecolor("0.9")  # the diagonal and unplayed pairs (no value) in grey
+    figure.colorbar(image, ax=axes, label=OBSERVED_LABEL, shrink=0.8)
     for i, row in enumerate(labels):
         for j, column in enumerate(labels):
             if i == j:
                 continue
             pair = found.pair(row, column)
-            if not detailed:
-                text = f"{pair.model.value:.2f}"
-            elif pair.observed is None:
-                text = f"no matches\nmodel {pair.model.value:.2f}"
+            if pair.observed is None:
+                text = f"no matches\nmodel {pair.model.value:.2f}" if detailed else "-"
+            elif not detailed:
+                text = f"{pair.observed.value:.2f}"
             else:
                 text = (f"{pair.observed.value:.2f}\n[{pair.observed.low:.2f}, "
                         f"{pair.observed.high:.2f}]\nn={pair.matches}, model "
                         f"{pair.model.value:.2f}")
+            dark = not np.isnan(matrix[i, j]) and abs(matrix[i, j] - 0.5) > 0.3
             axes.text(j, i, text, ha="center", va="center", fontsize=8 if detailed else 7,
-                      color="white" if abs(pair.model.value - 0.5) > 0.3 else "black")
+                      color="white" if dark else "black")
     names = [label_lines(label) for label in labels]
     axes.set_xticks(range(size), names, rotation=30, ha="right", rotation_mode="anchor",
                     fontsize=8)
     axes.set_yticks(range(size), names, fontsize=8)
     axes.set_xlabel("column (opponent)")
     axes.set_ylabel("row")
-    what = (f"observed share, {found.confidence:.0%} Wilson interval,\nmatches, model"
-            if detailed else "model")
+    what = (f"observed share (the colour), its {found.confidence:.0%} Wilson interval,\n"
+            "matches n, the Bradley-Terry model's P" if detailed
+            else "observed share (the colour)")
     axes.set_title(f"{title}\nP(row beats column), a draw counting half\ncells: {what}",
                    fontsize=10)
     return figure
