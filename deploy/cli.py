@@ -96,8 +96,8 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model-card", action="store_true",
                         help="write a Hugging Face model card (README.md with model-index "
                              "results) into each evaluated run's folder, with replay.mp4 (the "
-                             "replay of its last checkpoint's median episode) where the "
-                             "environment renders")
+                             "replay of its last checkpoint's median episode, also kept in "
+                             "--out/videos) where the environment renders")
     parser.add_argument("--video", metavar="DIR", nargs="?", const="", default=None,
                         help="write, per policy, an MP4 replay of its median-return episode, "
                              "played again from its item's seed, to DIR (default --out/videos); "
@@ -169,9 +169,10 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
                              "a policy that is not the strongest (default 0.95)")
     parser.add_argument("--anchor", metavar="LABEL=ELO", type=anchor, default=None,
                         help="fix one policy's Elo (default: the mean is 1200)")
-    parser.add_argument("--arenas", metavar="K", type=positive_int, default=8,
-                        help="matches a runner plays at once, one per arena (the stand-in's "
-                             "num_arenas; default 8)")
+    parser.add_argument("--arenas", metavar="K", type=positive_int, default=None,
+                        help="matches a runner plays at once, one per arena (default: for the "
+                             "stand-in 8, its num_arenas; for a build, every arena its scene "
+                             "has, counted when a runner starts)")
     parser.add_argument("--runners", metavar="K", type=positive_int, default=1,
                         help="Ray runners, each with its own environment (default 1)")
     parser.add_argument("--address", metavar="ADDRESS", default=None,

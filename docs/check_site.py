@@ -3,13 +3,14 @@ DevTools protocol (aiohttp's websocket client, from the `serve` extra).
 
     make docs && python docs/check_site.py --out site-check
 
-It serves site/ on 127.0.0.1, then:
+It opens site/ both ways a reader does: from the file system (`file://.../site/index.html`, as
+the README says) and served over HTTP on 127.0.0.1. Each way, in a fresh browser, it:
 1. opens every page of the navigation: it must render its title, the navigation and the search
    box, every code block must have its copy button, and no page may log a console error or an
-   uncaught exception, nor ask for anything outside 127.0.0.1;
+   uncaught exception, nor ask for anything outside the site;
 2. types a query into the search box and waits for results;
 3. clicks a code block's copy button and reads the clipboard back: it must hold the block's code;
-4. clicks a link in the navigation and checks where it lands;
+4. clicks a link in the navigation and checks that it lands on that page (not on a folder);
 5. saves screenshots of what it saw in --out.
 Exits 1 with the list of problems, 0 when there are none. Needs `apt-get install -y chromium`.
 """
@@ -49,7 +50,9 @@ def free_port() -> int:
 
 
 def nav_pages(config: Path) -> list[str]:
-    """The site paths of every page in mkdocs.yml's navigation, in order."""
+    """The site paths of every page in mkdocs.yml's navigation, in order, as the site built
+    with its `use_directory_urls` names them: "serving/" and "" for index.md with directory
+    URLs, "serving.html" and "index.html" without."""
 
     def walk(items: list[Any]) -> list[str]:
         pages = []
@@ -62,7 +65,10 @@ def nav_pages(config: Path) -> list[str]:
         pass
 
     Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # !!python/name tags
-    paths = walk(yaml.load(config.read_text(), Loader=Loader)["nav"])
+    settings = yaml.load(config.read_text(), Loader=Loader)
+    paths = walk(settings["nav"])
+    if not settings.get("use_directory_urls", True):
+        return [path[:-3] + ".html" for path in paths]
     return [path[:-len("index.md")] if path.endswith("index.md") else path[:-3] + "/"
             for path in paths]
 
@@ -172,9 +178,26 @@ class Page:
 
 
 async def check(site: Path, out: Path, chromium: str) -> list[str]:
+    """Every check, from the file system and over HTTP; the problems found, each prefixed
+    with the way it was seen ("file://" or "http://")."""
+    problems: list[str] = []
+    with serve_folder(site) as served:
+        for base in (site.resolve().as_uri() + "/", served):
+            way = base.split(":", 1)[0] + "://"
+            print(f"== the site opened over {way}")
+            folder = out / way.rstrip(":/")
+            folder.mkdir(parents=True, exist_ok=True)
+            problems += [f"{way} {problem}" for problem in
+                         await check_in_browser(base, folder, chromium)]
+    return problems
+
+
+async def check_in_browser(base: str, out: Path, chromium: str) -> list[str]:
+    """Every check of the site at `base` (a folder URL ending in "/"), in a fresh browser."""
     problems: list[str] = []
     port = free_port()
-    with tempfile.TemporaryDirectory() as profile, serve_folder(site) as base:
+    # Chromium's helpers may still write the profile as it ends: what is left stays in /tmp
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         browser = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                                     f"--remote-debugging-port={port}", "about:blank"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -193,25 +216,43 @@ async def check(site: Path, out: Path, chromium: str) -> list[str]:
                     page = Page(socket_)
                     for domain in ("Page", "Runtime", "Log", "Network"):
                         await page.send(f"{domain}.enable")
-                    await page.send("Browser.grantPermissions", origin=base.rstrip("/"),
+                    origin = "file://" if base.startswith("file:") else base.rstrip("/")
+                    await page.send("Browser.grantPermissions", origin=origin,
                                     permissions=["clipboardReadWrite", "clipboardSanitizedWrite"])
                     await page.send("Emulation.setFocusEmulationEnabled", enabled=True)
-                    problems += await check_pages(page, base, out)
-                    problems += await check_search(page, base, out)
-                    problems += await check_copy(page, base)
-                    problems += await check_navigation(page, base, out)
+                    for name, step in (("pages", check_pages), ("search", check_search),
+                                       ("copy", check_copy), ("navigation", check_navigation)):
+                        try:
+                            problems += await step(page, base, out)
+                        except RuntimeError as error:  # an element it needs is not there
+                            problems.append(f"{name}: {error}")
         finally:
             browser.terminate()
             browser.wait(timeout=30)
     return problems
 
 
+PAGES = nav_pages(REPO_ROOT / "mkdocs.yml")
+"""Every page of the navigation, as the built site names it."""
+HOME = "index.html"
+"""Where search and navigation start: the file the README says to open."""
+SCREENSHOT_PAGES = ("index", "getting-started", "serving", "evaluation", "reference/http-api",
+                    "reference/cli", "reference/python/huggy_agent")
+
+
+def page_path(name: str) -> str:
+    """The site path of the page `name` ("serving", "index", "reference/cli") in PAGES."""
+    return next(path for path in PAGES if path.removesuffix(".html").removesuffix("/")
+                in (name, name.removesuffix("index").rstrip("/")))
+
+
 async def check_pages(page: Page, base: str, out: Path) -> list[str]:
     problems = []
-    for path in nav_pages(REPO_ROOT / "mkdocs.yml"):
+    shots = {page_path(name): name for name in SCREENSHOT_PAGES}
+    for path in PAGES:
         await page.goto(base + path)
         state = await page.evaluate(
-            "({title: document.querySelector('.md-content h1')?.textContent, "
+            "({title: document.querySelector('.md-content h1')?.textContent ?? null, "
             "nav: document.querySelectorAll('.md-nav__link').length, "
             "search: !!document.querySelector('.md-search__input'), "
             "blocks: document.querySelectorAll('.md-content pre > code').length, "
@@ -224,15 +265,14 @@ async def check_pages(page: Page, base: str, out: Path) -> list[str]:
         problems += [f"{where}: {problem}" for problem in page.problems(base)]
         print(f"{where}: {state['title']!r}, {state['blocks']} code blocks, "
               f"{state['nav']} navigation links")
-        if path in ("", "getting-started/", "serving/", "evaluation/", "reference/http-api/",
-                    "reference/cli/", "reference/python/huggy_agent/"):
-            name = path.strip("/").replace("/", "-") or "home"
+        if path in shots:
+            name = shots[path].replace("/", "-").replace("index", "home")
             await page.screenshot(out / f"page-{name}.png")
     return problems
 
 
 async def check_search(page: Page, base: str, out: Path) -> list[str]:
-    await page.goto(base)
+    await page.goto(base + HOME)
     await page.click(".md-search__input")
     await page.send("Input.insertText", text="tournament")
     found = await page.wait_for("document.querySelectorAll('.md-search-result__item').length")
@@ -243,8 +283,8 @@ async def check_search(page: Page, base: str, out: Path) -> list[str]:
     return [] if found else ["search: no results for 'tournament'"]
 
 
-async def check_copy(page: Page, base: str) -> list[str]:
-    await page.goto(base + "getting-started/")
+async def check_copy(page: Page, base: str, out: Path) -> list[str]:
+    await page.goto(base + page_path("getting-started"))
     expected = await page.evaluate("document.querySelector('.md-content pre > code').innerText")
     await page.click(".md-content .md-code__button[data-md-type=copy]")
     await asyncio.sleep(0.5)
@@ -257,9 +297,12 @@ async def check_copy(page: Page, base: str) -> list[str]:
 
 
 async def check_navigation(page: Page, base: str, out: Path) -> list[str]:
-    await page.goto(base)
-    await page.click(".md-nav--primary a.md-nav__link[href$='serving/']")
-    landed = await page.wait_for("location.pathname.endsWith('/serving/') && "
+    """From the home page, a click on "Serving" in the navigation must open the Serving page
+    (its heading), not a folder listing."""
+    serving = page_path("serving")
+    await page.goto(base + HOME)
+    await page.click(f".md-nav--primary a.md-nav__link[href$={json.dumps(serving)}]")
+    landed = await page.wait_for(f"location.href === {json.dumps(base + serving)} && "
                                  "document.querySelector('.md-content h1')?.textContent")
     await page.screenshot(out / "navigated-serving.png")
     print(f"navigation: clicked Serving, landed on {landed!r}")

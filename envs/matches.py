@@ -77,6 +77,28 @@ def arena_of(group_id: np.ndarray) -> np.ndarray:
     return (np.asarray(group_id, np.int64) - 1) // 2
 
 
+def arenas_in(rows: Mapping[str, BehaviorRows], behaviors: Sequence[str]) -> int:
+    """How many arenas have an agent of `behaviors` deciding among `rows` (after a reset:
+    every arena of the scene)."""
+    return len(np.unique(np.concatenate([arena_of(rows[b].group_id[:rows[b].deciding])
+                                         for b in behaviors])))
+
+
+def count_arenas(env: TeamsEnv) -> int:
+    """The arenas of `env`'s scene, counted from the agents of a reset.
+
+    Args:
+        env: an open environment of a scene whose two teams share a behavior.
+
+    Returns:
+        How many arenas have agents deciding after the reset (`arenas_in`).
+
+    Raises:
+        ValueError: the scene is not one of two teams sharing a behavior (`team_behaviors`).
+    """
+    return arenas_in(env.reset(), team_behaviors(env.behaviors))
+
+
 def play_matches(env: TeamsEnv, plans: Sequence[MatchPlan], agents: Mapping[str, Agent],
                  deterministic: bool = False) -> list[MatchOutcome]:
     """Play `plans` at once, plan k on arena k (the scene needs at least as many arenas), each
@@ -90,8 +112,7 @@ def play_matches(env: TeamsEnv, plans: Sequence[MatchPlan], agents: Mapping[str,
     behaviors = team_behaviors(env.behaviors)
     env.set_parameters({f"{ARENA_SEED}{k}": plan.seed for k, plan in enumerate(plans)})
     rows = env.reset()
-    arenas = len(np.unique(np.concatenate([arena_of(rows[b].group_id[:rows[b].deciding])
-                                           for b in behaviors])))
+    arenas = arenas_in(rows, behaviors)
     if arenas < len(plans):  # the matches beyond the scene's arenas would never end
         raise ValueError(f"{len(plans)} matches at once need {len(plans)} arenas; the scene has "
                          f"{arenas} (lower --arenas, or give the scene more)")

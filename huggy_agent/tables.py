@@ -4,13 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+MISSING = "-"
+"""How a table shows a missing value (None)."""
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Columns padded to their widest cell; numbers right-aligned, text left-aligned."""
+    """A plain-text table: columns padded to their widest cell.
+
+    Args:
+        headers: one title per column.
+        rows: one value per column each. Floats are written with 4 decimals (3 significant
+            digits in scientific notation when tiny or huge), integers with thousands
+            separators, None as MISSING ("-"), anything else as `str` writes it.
+
+    Returns:
+        The header line, a rule and one line per row, joined by newlines, without trailing
+        spaces; a column whose values are all numbers or None is right-aligned, any other
+        left-aligned.
+    """
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h)
               for i, h in enumerate(headers)]
-    numeric = [bool(cells) and all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
+    numeric = [any(_is_number(row[i]) for row in rows)
+               and all(_is_number(row[i]) or row[i] is None for row in rows)
+               for i in range(len(headers))]
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(v.rjust(w) if num else v.ljust(w)
@@ -25,6 +42,8 @@ def _is_number(value: object) -> bool:
 
 
 def _cell(value: object) -> str:
+    if value is None:
+        return MISSING
     if isinstance(value, float):
         if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
             return f"{value:.3e}"

@@ -17,6 +17,7 @@ import huggy_agent
 from huggy_agent import benchmark
 from huggy_agent.cli import build_parser, main
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from huggy_agent.tables import format_table
 from tests.support.fixtures import fixtures_dir, mlagents_fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
@@ -61,6 +62,21 @@ def test_info_shows_the_three_parameter_counts(capsys) -> None:
     assert (counts["log_sigma"], counts["normalizer"]) == (21, 118)
     assert info["step"] == 2_000_343
     assert info["spec"]["inputs"] == [{"name": "obs_0", "shape": [59], "kind": "vector"}]
+
+
+def test_info_of_a_results_folder_shows_a_missing_step_as_a_dash(capsys) -> None:
+    """The final export of a results folder has no training step in its name: the table shows
+    "-", as every other table does for a missing value."""
+    assert main(["info", "--device", "cpu", "--policy", str(BASELINE)]) == 0
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1)
+                for line in capsys.readouterr().out.splitlines()[2:])
+    assert rows["source"] == str(BASELINE / "Huggy.onnx") and rows["step"] == "-"
+
+
+def test_tables_show_a_missing_value_as_a_dash_aligned_with_the_numbers() -> None:
+    table = format_table(["run", "step"], [("a", 1_000), ("b", None), ("c", 20)])
+    assert table.splitlines() == ["run   step", "---  -----", "a    1,000", "b        -",
+                                  "c       20"]
 
 
 def test_act_matches_onnxruntime(capsys) -> None:

@@ -143,6 +143,33 @@ def test_every_huggy_command_on_the_site_parses(block: Block) -> None:
     check_huggy_commands(block)
 
 
+SEED_SENT = re.compile(r'\\?"seed\\?":\s*\d')
+STOCHASTIC_ASKED = re.compile(r'\\?"deterministic\\?":\s*false')
+
+
+def test_a_request_that_sends_a_seed_asks_for_stochastic_actions() -> None:
+    """A seed only draws the noise of stochastic actions; with deterministic actions (the
+    default) it changes nothing, so a request on the site that sends one must also send
+    `"deterministic": false`, or a reader assumes the seed mattered."""
+    commands = [(block, command) for block in BLOCKS if block.language == "bash"
+                for command in block.code.replace("\\\n", " ").splitlines()]
+    requests = [(block, command) for block, command in commands if "/act" in command]
+    assert len(requests) > 3  # the README's and the serving guide's among them
+    pointless = [f"{block.name}: {command.strip()}" for block, command in requests
+                 if SEED_SENT.search(command) and not STOCHASTIC_ASKED.search(command)]
+    assert pointless == []
+
+
+def test_the_quick_start_is_two_commands_and_names_the_fast_lane() -> None:
+    """`make run` and `make test`, what the whole suite costs, and the lane for every day."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    (block,) = blocks_of(quick_start, "README.md")
+    assert [line.split("#")[0].strip() for line in block.code.splitlines()] == [
+        "make run", "make test"]
+    assert "`make test-fast`" in quick_start and re.search(r"\d+-\d+ minutes", quick_start)
+
+
 def test_every_figure_on_the_site_is_made_by_the_figures_script() -> None:
     """Each image a page shows is a PNG in docs/figures that make_figures.py makes, and each PNG
     there is shown somewhere."""

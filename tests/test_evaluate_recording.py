@@ -27,6 +27,7 @@ from deploy.evaluation.replays import check_renderable, median_episode, record_r
 from deploy.evaluation.results import ItemResult, PolicyResult
 from deploy.evaluation.scheduling import evaluate_plain
 from deploy.evaluation.sources import policy_specs
+from huggy_agent.cli import main
 from tests.support.fixtures import REPO_ROOT, fixtures_dir
 
 ENV = EnvSpec(num_agents=3, max_steps=80)
@@ -162,3 +163,33 @@ def test_huggy_evaluate_video_dataset_and_model_card(tmp_path) -> None:
                             "cli/eval-v0"], capture_output=True, text=True, timeout=120, env=env)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "Total Episodes" in shown.stdout and "huggy evaluate of ppo_baseline" in shown.stdout
+
+
+@pytest.mark.standin
+def test_model_card_alone_writes_the_report_the_replay_and_the_card(tmp_path, capsys) -> None:
+    """`--model-card` without `--video`: the report's five files, the replay of the run's last
+    checkpoint in --out/videos (a `replay:` line says so) and the card with its copy beside it,
+    nothing else; and the course workflow names every one of those files."""
+    run = tmp_path / "results" / "Huggy"
+    shutil.copytree(fixtures_dir() / "ppo_baseline", run)
+    before = {path.relative_to(run) for path in run.rglob("*")}
+    out = tmp_path / "out" / "evaluate"
+    assert main(["evaluate", str(run), "--no-ray", "--episodes", "5", "--episodes-per-item", "3",
+                 "--num-agents", "3", "--max-steps", "60", "--no-progress", "--out", str(out),
+                 "--model-card"]) == 0
+    replay_lines = [line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith("replay: ")]
+    video = Path("videos") / "Huggy-2000343.mp4"
+    assert len(replay_lines) == 1 and replay_lines[0].endswith(f"-> {out / video}")
+    report = {"evaluation.json", "evaluation.csv", "learning_curve.png",
+              "probability_of_improvement.png", "performance_profile.png"}
+    assert {str(path.relative_to(out)) for path in out.rglob("*") if path.is_file()} == \
+        report | {str(video)}
+    assert {path.relative_to(run) for path in run.rglob("*")} - before == \
+        {Path("README.md"), Path("replay.mp4")}
+    assert (run / "replay.mp4").read_bytes() == (out / video).read_bytes()
+    workflow = (REPO_ROOT / "docs" / "course-workflow.md").read_text()
+    section = workflow.split("### 2. Evaluate", 1)[1].split("\n### ", 1)[0]
+    named = report | {"out/evaluate/videos/<policy>.mp4", "results/<run>/README.md",
+                      "results/<run>/replay.mp4", "replay:"}
+    assert {name for name in named if f"`{name}" not in section} == set()

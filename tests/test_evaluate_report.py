@@ -16,6 +16,7 @@ from deploy.evaluation.on_ray import runner_options
 from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, plan_items
 from deploy.evaluation.report import format_table, write_report
 from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult
+from deploy.evaluation.selection import SelectionOutcome
 from deploy.evaluation.sources import policy_specs
 from deploy.evaluation.statistics import t_quantile
 from deploy.evaluation.summary import build_report, summarize, summarize_all
@@ -343,6 +344,74 @@ def test_chart_two_runs_with_one_final_checkpoint_each_are_not_a_curve() -> None
     figure, axes = _figure(result)
     assert "curves" not in axes
     _assert_policies(axes, result, ["ppo_baseline@2000010", "ppo_gamma_0.8@2000057"])
+    _assert_readable(figure, axes)
+
+
+def _selection(best: str, dropped: dict[str, int], remaining: list[str]) -> SelectionOutcome:
+    return SelectionOutcome(best=best, statistic="mean", confidence=0.95, episodes_spent=216,
+                            budget=216, dropped=dropped, remaining=remaining, rounds=4,
+                            max_rounds=4, comparison_level=0.004)
+
+
+def _selection_figure(result: EvaluationResult, selection: SelectionOutcome):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = learning_curve_figure(summarize_all(result), env_name(result.env),
+                                   selection=selection)
+    FigureCanvasAgg(figure).draw()
+    return figure, {axes.get_label(): axes for axes in figure.axes}
+
+
+def _is_white(color) -> bool:
+    from matplotlib.colors import to_rgba
+
+    return to_rgba(color) == to_rgba("white")
+
+
+def test_chart_marks_the_pick_of_select_best_and_the_runs_it_dropped() -> None:
+    """Three runs of one checkpoint each, as `huggy evaluate results/Huggy results/Huggy2
+    results/Huggy3 --select-best` has them: no curve, each a point with its interval; the pick
+    carries a star on its mean, the dropped run a hollow mark and its episode count, and a
+    legend says what the star and the hollow mark mean."""
+    result = _evaluation([(_checkpoint("Huggy", 2000343), 3.5),
+                          (_checkpoint("Huggy2", 2000139), 3.0),
+                          (_checkpoint("Huggy3", 2000073), 2.0)])
+    labels = ["Huggy@2000343", "Huggy2@2000139", "Huggy3@2000073"]
+    selection = _selection("Huggy@2000343", {"Huggy3@2000073": 18}, labels[:2])
+    figure, axes = _selection_figure(result, selection)
+    assert "curves" not in axes
+    policies = axes["policies"]
+    marks = [c for c in policies.containers if c.get_label() in labels]
+    assert [c.get_label() for c in marks] == labels
+    for mark in marks:  # a point with its interval, no line
+        assert mark.has_yerr and mark.lines[0].get_marker() == "o"
+        assert mark.lines[0].get_linestyle() == "None" and len(mark.lines[0].get_xdata()) == 1
+    assert [_is_white(m.lines[0].get_markerfacecolor()) for m in marks] == [False, False, True]
+    (star,) = [line for line in policies.lines if line.get_marker() == "*"]
+    picked = marks[0].lines[0]
+    assert (star.get_xdata()[0], star.get_ydata()[0]) == (picked.get_xdata()[0],
+                                                          picked.get_ydata()[0])
+    assert "dropped after 18 episodes" in [t.get_text().replace("\n", " ") for t in policies.texts]
+    (legend,) = figure.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "picked by --select-best", "dropped early by --select-best (hollow)"]
+    _assert_readable(figure, axes)
+
+
+def test_chart_marks_the_pick_and_the_drops_on_a_learning_curve() -> None:
+    steps = [500000, 1000000, 2000000]
+    result = _evaluation([(_checkpoint("run", step), step / 1e6) for step in steps])
+    selection = _selection("run@2000000", {"run@500000": 36}, ["run@1000000", "run@2000000"])
+    figure, axes = _selection_figure(result, selection)
+    curves = axes["curves"]
+    (star,) = [line for line in curves.lines if line.get_marker() == "*"]
+    summaries = {s.label: s for s in summarize_all(result)}
+    assert (star.get_xdata()[0], star.get_ydata()[0]) == (
+        2000000, pytest.approx(summaries["run@2000000"].mean_return))
+    (hollow,) = [line for line in curves.lines if line.get_marker() == "o"
+                 and _is_white(line.get_markerfacecolor())]
+    assert list(hollow.get_xdata()) == [500000]
+    assert "dropped after 36 episodes" in [t.get_text().replace("\n", " ") for t in curves.texts]
     _assert_readable(figure, axes)
 
 

@@ -26,6 +26,7 @@ from deploy.evaluation.tournament_report import (
     write_tensorboard,
     write_tournament_report,
 )
+from envs.standin.launcher import builtin_soccertwos_path
 from huggy_agent.cli import main
 from tests.support.fixtures import EXTRA_FIXTURES, fixtures_dir
 from tests.support.ray_cluster import RayCluster
@@ -123,6 +124,34 @@ def test_tensorboard_and_model_cards_carry_the_elo(tmp_path: Path) -> None:
     assert card_path.read_text().count("<!-- huggy tournament: start -->") == 1
 
 
+def test_a_model_card_names_the_opponents_its_policy_played_and_counts_its_matches(
+        tmp_path: Path) -> None:
+    """A policy file (no run) among scripted players, as `huggy tournament results/SoccerTwos
+    heuristic:...` has it: 8 matches, of which the policy played 4, against chaser and random
+    (never idle). The card says so, in its text and in its metadata."""
+    from huggingface_hub import ModelCard
+
+    folder = tmp_path / "SoccerTwos"
+    folder.mkdir()
+    entrants = [Contender("SoccerTwos/SoccerTwos.onnx", path=str(folder / "SoccerTwos.onnx")),
+                *(Contender(name, heuristic=name) for name in HEURISTICS)]
+    policy, chaser, random, idle = (c.label for c in entrants)
+    pairings = [(policy, chaser), (chaser, policy), (policy, random), (random, policy),
+                (chaser, random), (random, chaser), (chaser, idle), (idle, chaser)]
+    matches = [ratings.Match(index, index, team0, team1, [1.0, 0.5, 0.0][index % 3])
+               for index, (team0, team1) in enumerate(pairings)]
+    result = TournamentResult(entrants, TournamentConfig(matches=8), TournamentEnv(), matches,
+                              {"mode": "round-robin", "budget": 8})
+    (card_path,) = write_model_cards(build_tournament_report(result), tmp_path / "cards")
+    assert card_path == folder / "README.md"
+    card = ModelCard.load(card_path)
+    assert (f"Bradley-Terry Elo of `{policy}` over its 4 matches (of 8 in the tournament) "
+            f"against {chaser}, {random}, 95% bootstrap intervals") in " ".join(card.text.split())
+    (elo,) = card.data.eval_results
+    assert elo.metric_args["matches"] == 4
+    assert elo.metric_args["opponents"] == [chaser, random]
+
+
 @pytest.mark.standin
 def test_matches_are_the_schedule_and_replay_alike(tmp_path: Path) -> None:
     """Two round-robin rounds of three scripted players: every pair plays both sides each round,
@@ -146,13 +175,25 @@ def test_ray_runners_play_the_same_matches(ray_cluster: RayCluster) -> None:
 
     config = TournamentConfig(matches=12, seed=3, runners=2, accelerator="cpu",
                               runner_cpus=0.5, progress=False)
-    env = TournamentEnv(arenas=3, parameters={"max_environment_steps": 1500})
+    # the stand-in started as a build of 3 arenas, without `arenas`: each runner counts them
+    env = TournamentEnv(file_name=builtin_soccertwos_path(),
+                        parameters={"num_arenas": 3, "max_environment_steps": 1500})
     plain = play_plain(contenders(HEURISTICS), config, TournamentEnv(
         arenas=6, parameters={"max_environment_steps": 1500}))
     on_ray = play_on_ray(contenders(HEURISTICS), config, env)
     assert [(m.index, m.seed, m.team0, m.team1, m.score, m.reward0) for m in on_ray.matches] == [
         (m.index, m.seed, m.team0, m.team1, m.score, m.reward0) for m in plain.matches]
-    assert len(on_ray.runners) == 2
+    assert len(on_ray.runners) == 2 and on_ray.env.arenas == 3
+
+
+def test_arenas_default_to_the_stand_ins_or_the_builds_own() -> None:
+    assert TournamentEnv().arenas == 8 and TournamentEnv().sent_parameters()["num_arenas"] == 8
+    given = TournamentEnv(parameters={"num_arenas": 4})
+    assert given.arenas == 4 and given.sent_parameters()["num_arenas"] == 4
+    build = TournamentEnv(file_name="SoccerTwos.x86_64")
+    assert build.arenas is None and "num_arenas" not in build.sent_parameters()
+    with pytest.raises(ValueError, match="arenas must be an integer >= 1, got 0"):
+        TournamentEnv(file_name="SoccerTwos.x86_64", arenas=0)
 
 
 def test_tournament_arguments_are_checked_before_anything_runs(capsys) -> None:
@@ -177,6 +218,25 @@ def test_huggy_tournament_writes_its_report(tmp_path: Path, capsys) -> None:
     document = json.loads((tmp_path / "tournament.json").read_text())
     assert document["ratings"]["heuristic:idle"]["elo"] == pytest.approx(1000.0)
     assert sum(r["matches"] for r in document["ratings"].values()) == 12
+
+
+@pytest.mark.standin
+def test_a_build_without_arenas_plays_as_many_matches_at_once_as_it_has_arenas(
+        tmp_path: Path, capsys) -> None:
+    """`--env PATH` without `--arenas`: the runner counts the scene's arenas (here the stand-in
+    started as a build, given one arena) and plays that many matches at once; `--arenas` more
+    than the scene has is still refused."""
+    build = builtin_soccertwos_path()
+    scene = ["--env", build, "--env-param", "num_arenas=1", "--env-param",
+             "max_environment_steps=1500", "--matches", "6", "--no-ray", "--no-progress"]
+    assert main(["tournament", *HEURISTICS, *scene, "--out", str(tmp_path)]) == 0, \
+        capsys.readouterr().err
+    document = json.loads((tmp_path / "tournament.json").read_text())
+    assert document["env"]["file_name"] == build and document["env"]["arenas"] == 1
+    assert [m["index"] for m in document["matches"]] == list(range(6))
+    assert main(["tournament", *HEURISTICS, *scene, "--arenas", "2", "--out",
+                 str(tmp_path / "two")]) == 2
+    assert "2 matches at once need 2 arenas; the scene has 1" in capsys.readouterr().err
 
 
 @pytest.mark.standin

@@ -15,6 +15,7 @@ import numpy as np
 from deploy.evaluation import statistics as stats
 from deploy.evaluation.plan import EnvSpec
 from deploy.evaluation.results import EvaluationResult
+from deploy.evaluation.selection import SelectionOutcome
 from deploy.evaluation.summary import (
     CONFIDENCE,
     Comparisons,
@@ -25,6 +26,7 @@ from deploy.evaluation.summary import (
 from huggy_agent.discovery import unique_labels
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 CHART_LABEL_CHARS = 32
@@ -95,17 +97,69 @@ def _note(summaries: list[PolicySummary]) -> str:
     return "; ".join(entries)
 
 
+PICKED_LABEL = "picked by --select-best"
+DROPPED_LABEL = "dropped early by --select-best (hollow)"
+
+
+def _mark_pick(axes: Axes, x: float, y: float) -> None:
+    """A gold star on the mean of the policy `--select-best` picked."""
+    axes.plot([x], [y], marker="*", markersize=16, color="gold", markeredgecolor="black",
+              linestyle="none", zorder=5)
+
+
+def _note_drop(axes: Axes, x: float, summary: PolicySummary, episodes: int,
+               align: str = "center") -> None:
+    """"dropped after N episodes" above the interval of a policy `--select-best` dropped (a
+    dropped policy is rarely the highest, so there is room above it), aligned `align` with the
+    mark ("left" keeps the first point of a curve's note inside the axes)."""
+    high = summary.ci_high if summary.ci_high is not None else summary.mean_return
+    axes.annotate(f"dropped after\n{episodes} episodes", (x, high), xytext=(0, 4),
+                  textcoords="offset points", ha=align, va="bottom", fontsize=7)
+
+
+def _selection_legend(figure: Figure, picked: bool, dropped: bool) -> None:
+    """A legend under the chart for the marks of `--select-best` that were drawn."""
+    from matplotlib.lines import Line2D
+
+    handles = []
+    if picked:
+        handles.append(Line2D([], [], marker="*", markersize=12, color="gold",
+                              markeredgecolor="black", linestyle="none", label=PICKED_LABEL))
+    if dropped:
+        handles.append(Line2D([], [], marker="o", color="0.3", markerfacecolor="white",
+                              linestyle="none", label=DROPPED_LABEL))
+    if handles:
+        figure.legend(handles=handles, loc="outside lower center", ncols=len(handles),
+                      fontsize=8, frameon=False)
+
+
 def learning_curve_figure(summaries: list[PolicySummary], env: str,
-                          terminated: str = "terminated") -> Figure:
-    """The chart, titled "Evaluation: <env>". Top row: mean return with its 95% interval; bottom
-    row: share of episodes that terminated, the axis labelled `terminated` ("reached stick" for
-    Huggy: `envs.rollout.terminated_label`) (rows share their y scale). Left column
-    ("curves"): one line per run with two or more checkpoints, against training step, legend by
-    run. Right column ("policies"): one error-bar mark (labelled with the policy's `chart_label`)
-    and one bar per other policy, side by side; the x tick labels are those labels, broken onto
-    two lines at a "/" or "@" and rotated when they would not fit. A column is left out when it
-    has nothing to draw; policies that are not "ok" are named in a note at the bottom. The axes
-    carry the labels "curves", "curves reached", "policies" and "policies reached"."""
+                          terminated: str = "terminated",
+                          selection: SelectionOutcome | None = None) -> Figure:
+    """The chart, titled "Evaluation: <env>".
+
+    Top row: mean return with its 95% interval; bottom row: share of episodes that terminated
+    (rows share their y scale). Left column ("curves"): one line per run with two or more
+    checkpoints, against training step, legend by run. Right column ("policies"): every other
+    policy, a run of one checkpoint among them, as a point with its interval (an error-bar
+    mark, labelled with the policy's `chart_label`) beside its IQM and interval, and one bar;
+    the x tick labels are those labels, broken onto two lines at a "/" or "@" and rotated when
+    they would not fit. A column is left out when it has nothing to draw; policies that are not
+    "ok" are named in a note at the bottom.
+
+    Args:
+        summaries: the report's rows (`deploy.evaluation.summary.summarize_all`).
+        env: the environment as the title names it (`env_name`).
+        terminated: the bottom row's axis label ("reached stick" for Huggy:
+            `envs.rollout.terminated_label`).
+        selection: the outcome of `--select-best`, if it ran: the policy it picked gets a gold
+            star on its mean, each policy it dropped a hollow mark and "dropped after N
+            episodes", and a legend under the chart says what the two marks mean.
+
+    Returns:
+        The figure; its axes carry the labels "curves", "curves reached", "policies" and
+        "policies reached" (those drawn).
+    """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator, PercentFormatter, StrMethodFormatter
 
@@ -134,6 +188,8 @@ def learning_curve_figure(summaries: list[PolicySummary], env: str,
                            gridspec_kw={"height_ratios": [2, 1],
                                         "width_ratios": list(widths.values())})
     columns = dict(zip(widths, grid.T, strict=True))
+    picked = None if selection is None else selection.best
+    dropped = {} if selection is None else selection.dropped
     if "curves" in columns:
         top, bottom = columns["curves"]
         top.set_label("curves")
@@ -152,6 +208,17 @@ def learning_curve_figure(summaries: list[PolicySummary], env: str,
                          marker="o", markersize=4, capsize=3, color=color, linestyle="--",
                          linewidth=1, alpha=0.8, label=chart_label(run))
             bottom.plot(steps, [s.terminated_share for s in points], marker="o", color=color)
+            for place, s in enumerate(points):
+                assert s.step is not None and s.mean_return is not None  # a curve's points
+                if s.label in dropped:
+                    top.plot([s.step], [s.mean_return], marker="o", markersize=6,
+                             markerfacecolor="white", markeredgecolor=color, linestyle="none",
+                             zorder=4)
+                    align = ("left" if place == 0 else "right" if place == len(points) - 1
+                             else "center")
+                    _note_drop(top, s.step, s, dropped[s.label], align)
+                if s.label == picked:
+                    _mark_pick(top, s.step, s.mean_return)
         top.set_title("learning curves: IQM (line, 95% bootstrap band),\nmean (dashed, 95% t-CI)",
                       fontsize=9)
         top.legend(title="run", fontsize=8, title_fontsize=8)
@@ -167,7 +234,12 @@ def learning_curve_figure(summaries: list[PolicySummary], env: str,
         colors = [f"C{(len(groups.runs) + k) % 10}" for k in range(len(singles))]
         for k, (s, label) in enumerate(zip(singles, labels, strict=True)):
             top.errorbar([k - 0.12], [s.mean_return], yerr=_error_bars([s]), fmt="o", capsize=5,
-                         color=colors[k], label=label)
+                         color=colors[k], label=label,
+                         markerfacecolor="white" if s.label in dropped else colors[k])
+            if s.label in dropped:
+                _note_drop(top, k - 0.12, s, dropped[s.label])
+            if s.label == picked and s.mean_return is not None:
+                _mark_pick(top, k - 0.12, s.mean_return)
             if s.iqm_ci is not None:
                 top.vlines([k + 0.12], s.iqm_ci[0], s.iqm_ci[1], color=colors[k], linewidth=2.5,
                            alpha=0.6)
@@ -192,13 +264,18 @@ def learning_curve_figure(summaries: list[PolicySummary], env: str,
     grid[1, 0].yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     for axes in grid.flat:
         axes.grid(alpha=0.3)
+    drawn = {s.label for s in groups.singles} | {s.label for points in groups.runs.values()
+                                                  for s in points}
+    _selection_legend(figure, picked in drawn, bool(drawn & set(dropped)))
     return figure
 
 
 def plot_learning_curve(summaries: list[PolicySummary], path: Path, env: str,
-                        terminated: str = "terminated") -> None:
-    """Save `learning_curve_figure(summaries, env, terminated)` as a PNG at `path`."""
-    learning_curve_figure(summaries, env, terminated).savefig(path)
+                        terminated: str = "terminated",
+                        selection: SelectionOutcome | None = None) -> None:
+    """Save `learning_curve_figure(summaries, env, terminated, selection)` as a PNG at
+    `path`."""
+    learning_curve_figure(summaries, env, terminated, selection).savefig(path)
 
 
 def improvement_figure(labels: list[str], comparisons: Comparisons,

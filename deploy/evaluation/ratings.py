@@ -1,5 +1,5 @@
-"""Ratings of policies from two-team matches, as pure functions over matches: no Ray, no files
-(the figure functions at the end return a matplotlib Figure).
+"""Ratings of policies from two-team matches, as pure functions over matches: no Ray, no files,
+no figures (those are `deploy.evaluation.rating_charts`).
 
 A match is one episode of one arena, one policy as team 0 and another as team 1; its result is
 team 0's score: 1 for a win, 0.5 for a draw, 0 for a loss, from the sign of team 0's final
@@ -17,19 +17,14 @@ decide which pairs to play and when to stop.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from deploy.evaluation import statistics as stats
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
 ELO_SCALE = 400.0
 """Elo points per factor of 10 in the odds of winning."""
@@ -531,154 +526,3 @@ def rate(matches: Sequence[Match], labels: Sequence[str] | None = None,
     team0 = float(np.sum(outcomes * np.array([1.0, 0.5, 0.0])) / outcomes.sum())
     return Ratings(policies, tuple(pairs), labels[order[0]], confidence, resamples, seed,
                    smoothing, fit.anchor, fit.iterations, fit.converged, unconverged, team0)
-
-
-MATRIX_TEXT_LIMIT = 8
-"""Policies up to which the win-rate matrix writes the counts and intervals into its cells."""
-LABEL_LINE_CHARS = 24
-"""Figures break policy labels into lines of at most this many characters."""
-
-
-def label_lines(label: str, width: int = LABEL_LINE_CHARS) -> str:
-    """`label` on lines of at most `width` characters, broken after a "/" or "@" where it can
-    be and inside a part longer than `width` where it must; every character is kept."""
-    lines = [""]
-    for part in re.split(r"(?<=[/@])", label):
-        while part:
-            room = width - len(lines[-1])
-            if len(part) > room and lines[-1]:
-                lines.append("")
-                continue
-            lines[-1] += part[:width]
-            part = part[width:]
-            if part:
-                lines.append("")
-    return "\n".join(lines)
-
-
-def ratings_figure(found: Ratings, checkpoints: Mapping[str, tuple[str, int]] | None = None,
-                   title: str = "Tournament") -> Figure:
-    """Elo with its interval per policy, best at the top, each with its record (wins-draws-
-    losses); a dashed line marks the mean (1200) or the anchor. With `checkpoints` (label ->
-    (run, training step)), every run with two or more rated checkpoints is drawn beside it as a
-    curve of Elo against training step with its interval as a band, the other policies as
-    dotted horizontal lines. The axes carry the labels "policies" and "curves"."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator, StrMethodFormatter
-
-    runs: dict[str, list[tuple[int, PolicyRating]]] = {}
-    for label, (run, step) in (checkpoints or {}).items():
-        if label in found.policies:
-            runs.setdefault(run, []).append((step, found.policies[label]))
-    runs = {run: sorted(points, key=lambda point: point[0])
-            for run, points in runs.items() if len(points) >= 2}
-    policies = list(found.policies.values())
-    names = [label_lines(p.label) for p in policies]
-    height = max(3.0, 0.2 * sum(max(2, name.count("\n") + 1) for name in names) + 1.6)
-    width = 7.0 + (6.0 if runs else 0.0)
-    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    figure.suptitle(f"{title}: Bradley-Terry Elo, {found.confidence:.0%} bootstrap intervals")
-    if runs:
-        axes, curves = figure.subplots(1, 2, gridspec_kw={"width_ratios": [7.0, 6.0]})
-    else:
-        axes, curves = figure.add_subplot(), None
-    axes.set_label("policies")
-    rows = np.arange(len(policies))[::-1]
-    elos = np.array([p.elo for p in policies])
-    errors = np.array([[p.elo - p.elo_ci[0] for p in policies],
-                       [p.elo_ci[1] - p.elo for p in policies]])
-    # a percentile interval need not hold its point estimate to the last bit (an anchor)
-    axes.errorbar(elos, rows, xerr=np.clip(errors, 0.0, None), fmt="o", color="C0", capsize=4,
-                  markersize=5)
-    for row, policy in zip(rows, policies, strict=True):
-        axes.annotate(f"{policy.elo:.0f}  ({policy.wins}-{policy.draws}-{policy.losses})",
-                      (policy.elo_ci[1], row), xytext=(6, 0), textcoords="offset points",
-                      va="center", fontsize=8)
-    reference = MEAN_ELO if found.anchor is None else next(iter(found.anchor.values()))
-    axes.axvline(reference, color="grey", linestyle="--", linewidth=1)
-    axes.set_yticks(rows, names, fontsize=8)
-    low, high = min(p.elo_ci[0] for p in policies), max(p.elo_ci[1] for p in policies)
-    span = max(high - low, 50.0)
-    axes.set_xlim(min(low, reference) - 0.05 * span, max(high, reference) + 0.3 * span)
-    axes.set_ylim(-0.7, len(policies) - 0.3)
-    axes.set_xlabel("Elo (wins-draws-losses)" if found.anchor is None else
-                    f"Elo, {next(iter(found.anchor))} at {reference:.0f} (wins-draws-losses)")
-    axes.grid(alpha=0.3, axis="x")
-    if curves is not None:
-        in_runs = {policy.label for points in runs.values() for _, policy in points}
-        _draw_curves(curves, runs, [p for p in policies if p.label not in in_runs])
-        curves.xaxis.set_major_locator(MaxNLocator(nbins=5))
-        curves.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-    return figure
-
-
-def _draw_curves(curves: Axes, runs: Mapping[str, list[tuple[int, PolicyRating]]],
-                 others: Sequence[PolicyRating]) -> None:
-    """Elo against training step, one line with its interval band per run, and the other
-    policies as dotted horizontal references."""
-    curves.set_label("curves")
-    for k, policy in enumerate(others):
-        curves.axhline(policy.elo, color=f"C{(len(runs) + k) % 10}", linestyle=":",
-                       linewidth=1.2, label=label_lines(policy.label))
-    for k, (run, points) in enumerate(runs.items()):
-        steps = [step for step, _ in points]
-        color = f"C{k % 10}"
-        curves.fill_between(steps, [p.elo_ci[0] for _, p in points],
-                            [p.elo_ci[1] for _, p in points], color=color, alpha=0.2, linewidth=0)
-        curves.plot(steps, [p.elo for _, p in points], marker="o", markersize=4, color=color,
-                    label=run)
-    curves.legend(title="run (dotted: other policies)" if others else "run", fontsize=8,
-                  title_fontsize=8)
-    curves.set_xlabel("training step")
-    curves.set_ylabel("Elo")
-    curves.set_title("checkpoints by training step", fontsize=9)
-    curves.grid(alpha=0.3)
-
-
-def win_rate_figure(found: Ratings, title: str = "Tournament") -> Figure:
-    """The matrix of P(row beats column), a draw counting half, policies in rating order (best
-    first): the colour is the model's P (from the Elo difference); with at most
-    MATRIX_TEXT_LIMIT policies each cell writes the observed share with its Wilson interval,
-    the match count and the model's P, otherwise the model's P alone."""
-    from matplotlib.figure import Figure
-
-    labels = list(found.policies)
-    size = len(labels)
-    detailed = size <= MATRIX_TEXT_LIMIT
-    side = max(5.5, (1.3 if detailed else 0.65) * size + 2.2)
-    figure = Figure(figsize=(side + 1.2, side), dpi=100, layout="constrained")
-    axes = figure.add_subplot(label="win rate")
-    matrix = np.full((size, size), np.nan)
-    for i, row in enumerate(labels):
-        for j, column in enumerate(labels):
-            if i != j:
-                matrix[i, j] = found.pair(row, column).model.value
-    image = axes.imshow(matrix, cmap="RdBu", vmin=0.0, vmax=1.0)
-    axes.set_facecolor("0.9")  # the diagonal (no value) in grey
-    figure.colorbar(image, ax=axes, label="model P(row beats column)", shrink=0.8)
-    for i, row in enumerate(labels):
-        for j, column in enumerate(labels):
-            if i == j:
-                continue
-            pair = found.pair(row, column)
-            if not detailed:
-                text = f"{pair.model.value:.2f}"
-            elif pair.observed is None:
-                text = f"no matches\nmodel {pair.model.value:.2f}"
-            else:
-                text = (f"{pair.observed.value:.2f}\n[{pair.observed.low:.2f}, "
-                        f"{pair.observed.high:.2f}]\nn={pair.matches}, model "
-                        f"{pair.model.value:.2f}")
-            axes.text(j, i, text, ha="center", va="center", fontsize=8 if detailed else 7,
-                      color="white" if abs(pair.model.value - 0.5) > 0.3 else "black")
-    names = [label_lines(label) for label in labels]
-    axes.set_xticks(range(size), names, rotation=30, ha="right", rotation_mode="anchor",
-                    fontsize=8)
-    axes.set_yticks(range(size), names, fontsize=8)
-    axes.set_xlabel("column (opponent)")
-    axes.set_ylabel("row")
-    what = (f"observed share, {found.confidence:.0%} Wilson interval,\nmatches, model"
-            if detailed else "model")
-    axes.set_title(f"{title}\nP(row beats column), a draw counting half\ncells: {what}",
-                   fontsize=10)
-    return figure

@@ -7,7 +7,8 @@ against training step (IQM as a line with its interval as a band, the mean with 
 as marks), and every other policy (a loose file, a step-less final export, a run's only
 checkpoint) as its own labelled mark beside them; each with the share of episodes that
 terminated under it (labelled "reached stick" for Huggy, whose episodes end at the stick).
-Policies with nothing to draw are named in a note, never silently dropped.
+After `--select-best`, the pick carries a star and the dropped policies hollow marks. Policies
+with nothing to draw are named in a note, never silently dropped.
 probability_of_improvement.png is the matrix of P(row > column); performance_profile.png the share
 of episodes above each return threshold, per policy, with a 95% band.
 """
@@ -182,7 +183,8 @@ def write_report(report: EvaluationReport, out_dir: str | Path) -> dict[str, Pat
     write_csv(summaries, paths["csv"])
     paths["json"].write_text(json.dumps(to_json(report), indent=2, allow_nan=False))
     env = env_name(result.env)
-    plot_learning_curve(summaries, paths["png"], env, terminated_label(result.behaviors()))
+    plot_learning_curve(summaries, paths["png"], env, terminated_label(result.behaviors()),
+                        report.selection)
     improvement_figure([s.label for s, _ in report.ranked()], report.comparisons, env).savefig(
         paths["improvement_png"])
     profile_figure(result, env).savefig(paths["profile_png"])

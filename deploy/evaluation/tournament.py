@@ -17,6 +17,7 @@ result of a round), with what was played before reported.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -39,7 +40,7 @@ from deploy.evaluation.runner import (
 )
 from deploy.placement import ACCELERATORS
 from envs.heuristics import is_heuristic, load_heuristic
-from envs.matches import MatchPlan, play_matches
+from envs.matches import MatchPlan, count_arenas, play_matches
 from envs.teams import TeamsEnv, check_builtin_parameters
 from huggy_agent.discovery import find_policies
 
@@ -80,25 +81,43 @@ def contenders(sources: Sequence[str]) -> list[Contender]:
     return found
 
 
+STANDIN_ARENAS = 8
+"""The stand-in's arenas when neither `arenas` nor its `num_arenas` parameter says."""
+
+
 @dataclass(frozen=True)
 class TournamentEnv:
-    """The scene each runner opens: a Unity build or "builtin:soccertwos", with `arenas`
-    arenas (the stand-in's `num_arenas`; a build keeps its own) and more parameters."""
+    """The scene each runner opens: a Unity build or "builtin:soccertwos", its arenas and
+    more parameters.
+
+    Raises ValueError (at construction) for arenas that are not an integer >= 1, another
+    built-in scene, a stand-in `num_arenas` parameter that disagrees with `arenas`, or a
+    parameter the stand-in would ignore.
+    """
 
     file_name: str = "builtin:soccertwos"
-    arenas: int = 8
+    arenas: int | None = None
+    """Matches a runner plays at once, one per arena. The stand-in gets that many arenas (its
+    `num_arenas`); None there means its `num_arenas` parameter, else STANDIN_ARENAS. A build
+    keeps its own arenas; None there means all of them, counted when a runner opens it
+    (`MatchRunner.arenas`)."""
     parameters: dict[str, float] = field(default_factory=dict)
     timeout_wait: int = 60
     time_scale: float = 20.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.arenas, bool) or not isinstance(self.arenas, int) or self.arenas < 1:
+        if self.arenas is not None and (isinstance(self.arenas, bool)
+                                        or not isinstance(self.arenas, int) or self.arenas < 1):
             raise ValueError(f"arenas must be an integer >= 1, got {self.arenas!r}")
         if self.file_name.startswith("builtin") and self.file_name != "builtin:soccertwos":
             raise ValueError(f"a tournament needs a scene whose two teams share a behavior: "
                              f"'builtin:soccertwos' or a build, got {self.file_name!r}")
         stand_in = self.parameters.get("num_arenas") if self.file_name.startswith("builtin") \
             else None
+        if self.file_name.startswith("builtin") and self.arenas is None:
+            # frozen: the stand-in's count is fixed here, once, as if it had been given
+            object.__setattr__(self, "arenas", STANDIN_ARENAS if stand_in is None
+                               else int(stand_in))
         if stand_in is not None and stand_in != self.arenas:
             raise ValueError(f"num_arenas={stand_in:g} disagrees with arenas={self.arenas}: the "
                              "stand-in's arenas are the arenas (--arenas)")
@@ -108,7 +127,7 @@ class TournamentEnv:
         """The EnvironmentParameters the scene gets: `parameters`, and for the stand-in its
         `num_arenas` (the arenas)."""
         parameters = dict(self.parameters)
-        if self.file_name.startswith("builtin"):
+        if self.file_name.startswith("builtin") and self.arenas is not None:
             parameters.setdefault("num_arenas", float(self.arenas))
         return parameters
 
@@ -164,6 +183,7 @@ class TournamentResult:
     contenders: list[Contender]
     config: TournamentConfig
     env: TournamentEnv
+    """The scene, with the arenas the runners played on (counted for a build without them)."""
     matches: list[ratings.Match] = field(default_factory=list)
     selection: dict[str, Any] = field(default_factory=dict)
     runners: list[RunnerInfo] = field(default_factory=list)
@@ -177,8 +197,9 @@ class TournamentResult:
 
 
 class MatchRunner:
-    """One environment of `env.arenas` arenas and the contenders' agents (loaded on first use),
-    playing batches of matches: in this process, or as a Ray actor."""
+    """One environment of `env.arenas` arenas (a build's own count when that is None) and the
+    contenders' agents (loaded on first use), playing batches of matches: in this process, or
+    as a Ray actor."""
 
     def __init__(self, name: str, env: TournamentEnv, device: str = "cpu",
                  precision: str = "fp32") -> None:
@@ -188,10 +209,24 @@ class MatchRunner:
         self._precision = precision
         self._agents: dict[str, Any] = {}
         self._env: TeamsEnv | None = env.open()
+        self._arenas = env.arenas
 
     def info(self) -> RunnerInfo:
         pid = None if self._env is None else self._env.process_id
         return RunnerInfo(self._name, node_id(), os.getpid(), pid, (pid,))
+
+    def arenas(self) -> int:
+        """How many matches this runner plays at once: `env.arenas` when given, else the arenas
+        its scene has (`envs.matches.count_arenas`, one reset, counted once).
+
+        Raises:
+            ValueError: the scene is not one of two teams sharing a behavior.
+        """
+        if self._arenas is None:
+            if self._env is None:
+                self._env = self._env_spec.open()
+            self._arenas = count_arenas(self._env)
+        return self._arenas
 
     def run(self, fixtures: Sequence[Fixture], entrants: dict[str, Contender],
             payloads: dict[str, Any], deterministic: bool) -> tuple[list[ratings.Match], int]:
@@ -200,8 +235,8 @@ class MatchRunner:
         a file contender's bytes (or a one-element list of an ObjectRef of them), so runners on
         other machines need no shared file system. EnvironmentCrashed when the environment
         died (the next call opens a new one)."""
-        if not 1 <= len(fixtures) <= self._env_spec.arenas:
-            raise ValueError(f"expected 1 to {self._env_spec.arenas} matches (one per arena), "
+        if not 1 <= len(fixtures) <= self.arenas():
+            raise ValueError(f"expected 1 to {self.arenas()} matches (one per arena), "
                              f"got {len(fixtures)}")
         agents = {label: self._agent(entrants[label], payloads.get(label))
                   for label in {f.team0 for f in fixtures} | {f.team1 for f in fixtures}}
@@ -248,7 +283,9 @@ def progress_bar(config: TournamentConfig) -> Any:
 def play_plain(entrants: Sequence[Contender], config: TournamentConfig, env: TournamentEnv
                ) -> TournamentResult:
     """Every match in this process, on one environment, round after round: the reference for
-    `deploy.evaluation.tournament_ray.play_on_ray` (the same matches, seeds and results)."""
+    `deploy.evaluation.tournament_ray.play_on_ray` (the same matches, seeds and results).
+    `env.arenas` matches at a time, or for a build without it, as many as the scene has
+    arenas (the result's `env` records the number)."""
     started = time.perf_counter()
     result = TournamentResult(list(entrants), config, env)
     schedule = Schedule(result.labels, config.schedule())
@@ -258,10 +295,11 @@ def play_plain(entrants: Sequence[Contender], config: TournamentConfig, env: Tou
     bar = progress_bar(config)
     played: list[ratings.Match] = []
     try:
+        result.env = dataclasses.replace(env, arenas=runner.arenas())
         fixtures = schedule.next_round(played)
         while fixtures:
             round_played = []
-            for batch in batches(fixtures, env.arenas):
+            for batch in batches(fixtures, runner.arenas()):
                 found, _ = runner.run(batch, by_label, {}, config.deterministic)
                 round_played += found
                 bar.update(len(batch))

@@ -6,6 +6,7 @@ round is scheduled once every batch of this one is back. Faults are Ray's (see
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections import deque
@@ -41,9 +42,11 @@ def _remote_runner() -> Any:
 def play_on_ray(entrants: Sequence[Contender], config: TournamentConfig, env: TournamentEnv,
                 address: str | None = None) -> TournamentResult:
     """The tournament on `config.runners` Ray actors (the same matches and results as
-    `tournament.play_plain`); connects through `on_ray.ray_session(address)`. On Ctrl-C,
-    returns the rounds played so far (`interrupted=True`). EvaluationError when no runner can
-    start, or a batch failed every try."""
+    `tournament.play_plain`); connects through `on_ray.ray_session(address)`. Each runner plays
+    `env.arenas` matches at once, or for a build without it, as many as the scene has arenas
+    (the result's `env` records the number). On Ctrl-C, returns the rounds played so far
+    (`interrupted=True`). EvaluationError when no runner can start, or a batch failed every
+    try."""
     started = time.perf_counter()
     result = TournamentResult(list(entrants), config, env)
     schedule = Schedule(result.labels, config.schedule())
@@ -60,9 +63,12 @@ def play_on_ray(entrants: Sequence[Contender], config: TournamentConfig, env: To
         bar = progress_bar(config)
         try:
             result.runners = _started(actors)
+            # every runner opens the same scene: a build's count is the same on each
+            arenas = min(ray.get([actor.arenas.remote() for actor in actors]))
+            result.env = dataclasses.replace(env, arenas=arenas)
             fixtures = schedule.next_round(played)
             while fixtures:
-                found, retries = _play_round(actors, batches(fixtures, env.arenas), by_label,
+                found, retries = _play_round(actors, batches(fixtures, arenas), by_label,
                                              payloads, config)
                 played += found
                 result.retries += retries

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.evaluation import ratings
+from deploy.evaluation.rating_charts import ratings_figure, win_rate_figure
 from deploy.evaluation.sinks import card_folder, save_card, write_scalars
 from deploy.evaluation.tournament import Contender, TournamentResult
 from huggy_agent.tables import format_table
@@ -146,10 +147,10 @@ def write_tournament_report(report: TournamentReport, out_dir: str | Path) -> di
     if report.ratings is not None:
         title = f"Tournament: {env_title(report)}"
         paths["ratings_png"] = out / RATINGS_PNG
-        ratings.ratings_figure(report.ratings, checkpoints(report), title).savefig(
+        ratings_figure(report.ratings, checkpoints(report), title).savefig(
             paths["ratings_png"])
         paths["win_rate_png"] = out / WIN_RATE_PNG
-        ratings.win_rate_figure(report.ratings, title).savefig(paths["win_rate_png"])
+        win_rate_figure(report.ratings, title).savefig(paths["win_rate_png"])
     return paths
 
 
@@ -179,12 +180,32 @@ def write_tensorboard(report: TournamentReport, log_dir: str | Path) -> list[Pat
     return write_scalars(by_run, log_dir, EVENTS_SUFFIX)
 
 
+def opponents(report: TournamentReport, label: str) -> list[str]:
+    """The policies `label` played at least one match against, in the contenders' order."""
+    played = {m.team1 if m.team0 == label else m.team0 for m in report.result.matches
+              if label in (m.team0, m.team1)}
+    return [c.label for c in report.result.contenders if c.label in played]
+
+
 def write_model_cards(report: TournamentReport, fallback_dir: str | Path,
                       date: datetime.date | None = None) -> list[Path]:
-    """For every run among the contenders, its card (README.md; see
-    `deploy.evaluation.sinks.card_folder` for where) with the Elo of its last checkpoint and its
-    interval in `model-index`, and a section listing the run's ratings; a card already there
-    keeps the rest of its text and its other results."""
+    """Write a model card for every run among the contenders' policy files.
+
+    A run's card describes its last checkpoint (the highest step; a file without a step counts
+    as before every step): in `model-index`, its Elo with the interval, its own matches and the
+    opponents it played (`opponents`); in the text, the same sentence and a table of every
+    checkpoint of the run. A card already there keeps the rest of its text and its other
+    results (`deploy.evaluation.sinks.save_card`).
+
+    Args:
+        report: the rated tournament.
+        fallback_dir: where a run's card goes when its folder is not a local, writable folder
+            (`deploy.evaluation.sinks.card_folder`), as `fallback_dir/<run>/README.md`.
+        date: the evaluation date the card states (default: today).
+
+    Returns:
+        The cards written, one per run; none when no match was played.
+    """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData  # the serve or hub extra
 
     if report.ratings is None:
@@ -199,14 +220,14 @@ def write_model_cards(report: TournamentReport, fallback_dir: str | Path,
     for run, members in runs.items():
         final = max(members, key=lambda c: -1 if c.step is None else c.step)
         rating = report.ratings.policies[final.label]
+        played = opponents(report, final.label)
         result = EvalResult(
             task_type="reinforcement-learning", task_name="reinforcement-learning",
             dataset_type=env, dataset_name=env, metric_type="elo", metric_name="Elo (95% CI)",
             metric_value=round(rating.elo, 1),
             metric_args={"ci_low": round(rating.elo_ci[0], 1),
                          "ci_high": round(rating.elo_ci[1], 1), "matches": rating.matches,
-                         "opponents": [c.label for c in report.result.contenders
-                                       if c.label != final.label],
+                         "opponents": played,
                          "anchor": report.ratings.anchor or "mean 1200", "date": day})
         data = ModelCardData(library_name="ml-agents", model_name=run, eval_results=[result],
                              tags=["ML-Agents", "huggy-agent", "reinforcement-learning"])
@@ -217,9 +238,10 @@ def write_model_cards(report: TournamentReport, fallback_dir: str | Path,
             f"{report.ratings.policies[c.label].elo_ci[1]:.0f}] | "
             f"{report.ratings.policies[c.label].matches} |" for c in members)
         body = (f"## Tournament\n\nRated with `huggy tournament` on {env} on {day}: "
-                f"Bradley-Terry Elo over {len(report.result.matches)} matches against "
-                f"{', '.join(c.label for c in report.result.contenders if c.run != final.run)}"
-                ", 95% bootstrap intervals (matches resampled within each pairing).\n\n"
+                f"Bradley-Terry Elo of `{final.label}` over its {rating.matches} matches (of "
+                f"{len(report.result.matches)} in the tournament) against {', '.join(played)}, "
+                f"{report.ratings.confidence:.0%} bootstrap intervals (matches resampled within "
+                "each pairing).\n\n"
                 "| policy | step | Elo [95% CI] | matches |\n|---|---|---|---|\n" + rows + "\n")
         card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n{SECTION_START}\n{body}{SECTION_END}\n")
         path = card_folder(final.path, final.folder, final.source, run, fallback_dir) / "README.md"

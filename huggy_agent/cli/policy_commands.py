@@ -426,7 +426,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
                       "path": str(e.path) if e.path else None} for e in entries])
         return 0
     print(format_table(["behavior", "step", "reward", "file"],
-                       [(e.behavior, e.step, e.reward if e.reward is not None else "-",
+                       [(e.behavior, e.step, e.reward,
                          str(e.path) if e.path else "(not in this copy)") for e in entries]))
     return 0
 
