@@ -82,7 +82,8 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
     original = ray_config(tmp_path)
     limits = ServingLimits(max_connections=100, max_connections_per_replica=7,
                            queue_timeout_s=0.25, request_timeout_s=3, idle_timeout_s=4,
-                           client_timeout_s=5, max_concurrent_streams=6, max_glitches=9)
+                           client_timeout_s=5, max_header_bytes=8192, max_concurrent_streams=6,
+                           max_glitches=9)
     patched = patch_config(original, page, Front(limits))
     lines = patched.splitlines()
     assert [line for line in lines if "errorfile 50" in line] == [
@@ -102,9 +103,10 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
     assert [line for line in lines if "bind " in line] == [
         "    bind 127.0.0.1:18001", "    bind 127.0.0.1:18000", "  bind 127.0.0.1:18002"]
     # change 6: Ray's global maxconn and client timeout replaced by the limits' settings
-    assert lines[lines.index("global") + 1:lines.index("global") + 5] == [
+    assert lines[lines.index("global") + 1:lines.index("global") + 6] == [
         "    # huggy: the caps of deploy/serving/limits.py", "    maxconn 100",
-        "    tune.h2.fe.max-concurrent-streams 6", "    tune.h2.fe.glitches-threshold 9"]
+        "    tune.bufsize 8192", "    tune.h2.fe.max-concurrent-streams 6",
+        "    tune.h2.fe.glitches-threshold 9"]
     assert lines[lines.index("defaults") + 1:lines.index("defaults") + 6] == [
         "    # huggy: the caps of deploy/serving/limits.py", "    timeout client 5s",
         "    timeout http-request 3s", "    timeout http-keep-alive 4s",

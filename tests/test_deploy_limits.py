@@ -175,6 +175,22 @@ def test_a_slow_request_head_is_cut_at_the_request_timeout_while_others_are_answ
     assert door.recorder.handed == [("/v1/act", b"{}")]  # the slow one never reached it
 
 
+def test_a_request_head_past_max_header_bytes_is_refused_by_haproxy(
+        tmp_path: Path, page: Path) -> None:
+    """Headers of 9 KiB pass HAProxy's default buffer but not one of 8 KiB: refused there,
+    the listener never sees the request, and a head that fits is answered."""
+    limits = ServingLimits(max_header_bytes=8192)
+    with FrontDoor(tmp_path, page, limits) as door:
+        connection = http.client.HTTPConnection(f"127.0.0.1:{door.port}", timeout=WAIT_S)
+        connection.request("POST", "/v1/act", body=b"{}",
+                           headers={"Authorization": KEY, "X-Filler": "y" * 9216})
+        reply = connection.getresponse()
+        assert reply.status in (400, 431)
+        connection.close()
+        assert post(door.port)[0] == 200
+    assert door.recorder.handed == [("/v1/act", b"{}")]
+
+
 def test_an_idle_connection_is_closed_at_the_idle_timeout(tmp_path: Path, page: Path) -> None:
     limits = ServingLimits(idle_timeout_s=0.5)
     with FrontDoor(tmp_path, page, limits) as door, \

@@ -28,7 +28,8 @@ plain-text 404, or a wait of up to its own timeout:
        without a socket here (on another node, or not yet listening when Ray wrote the
        configuration) keeps its Serve port.
     6. The caps of `deploy.serving.limits.ServingLimits`: the global `maxconn` (within the
-       open-file limit HAProxy inherits), HTTP/2 streams per connection and glitches, the
+       open-file limit HAProxy inherits), the buffer that holds a request's head, HTTP/2
+       streams per connection and glitches, the
        client, request, keep-alive and queue timeouts (Ray's own, in any section, replaced),
        and a `maxconn` on each replica server of an HTTP backend: past it requests wait in
        HAProxy's queue rather than reach the replica.
@@ -97,7 +98,8 @@ _REPLICA_SERVER = re.compile(r"^(?P<indent>[ \t]*)server (?P<name>SERVE_REPLICA\
                              r"(?P<rest>( .*)?)$")
 _GLOBAL_MAXCONN = re.compile(r"^[ \t]*maxconn \d+[ \t]*$")
 _OWN_SETTINGS = re.compile(r"^[ \t]*(timeout (client|http-request|http-keep-alive|queue)"
-                           r"|tune\.h2\.fe\.(max-concurrent-streams|glitches-threshold))\b")
+                           r"|tune\.h2\.fe\.(max-concurrent-streams|glitches-threshold)"
+                           r"|tune\.bufsize)\b")
 """Lines of Ray's that change 6 replaces, in any section."""
 _LIMITS_MARK = "    # huggy: the caps of deploy/serving/limits.py\n"
 _SOCKET_SERVER = re.compile(r"^[ \t]*server (?P<name>SERVE_REPLICA\S*) unix@(?P<socket>\S+) check"
@@ -275,6 +277,7 @@ def _with_limits(text: str, limits: ServingLimits) -> str:
     `_to_replica_sockets`'s)."""
     settings = {
         "global": [f"maxconn {limits.connections_allowed()}",
+                   f"tune.bufsize {limits.max_header_bytes}",
                    f"tune.h2.fe.max-concurrent-streams {limits.max_concurrent_streams}",
                    f"tune.h2.fe.glitches-threshold {limits.max_glitches}"],
         "defaults": [f"timeout client {haproxy_time(limits.client_timeout_s)}",

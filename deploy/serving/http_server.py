@@ -44,14 +44,16 @@ from deploy.serving.grpc_ingress import (
     grpc_status,
     percent_encoded,
 )
+from deploy.serving.limits import MAX_HEADER_BYTES
 from deploy.serving.responses import ApiError
 from deploy.serving.service import Admission, Reply, RequestHead, request_head
 from huggy_agent.http_api import ACT_PATH, shown
 
 LISTEN_BACKLOG = 1024
 """Connections waiting to be accepted: more than HAProxy opens to one replica at once."""
-MAX_HEAD_BYTES = 16 << 10
-"""The longest URL and headers of a request: HAProxy's buffer, which holds a whole head."""
+MAX_HEAD_BYTES = MAX_HEADER_BYTES
+"""The longest URL and headers of a request: the largest that HAProxy's `max_header_bytes`
+lets through (HAProxy refuses a longer head first)."""
 MAX_UNSENT_BYTES = 1 << 20
 """Answer bytes waiting for HAProxy to read them; past it the connection is not read."""
 _STATUS_LINES = {status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode()

@@ -21,6 +21,9 @@ DESCRIPTORS_PER_CONNECTION = 3
 """File descriptors HAProxy may hold per connection: the client's and the server's socket, and
 half a pipe (Ray's configuration splices, and HAProxy sets aside `maxconn / 4` pipes of two),
 rounded up."""
+MIN_HEADER_BYTES, MAX_HEADER_BYTES = 4 << 10, 64 << 10
+"""The range of `max_header_bytes`: HAProxy keeps 1 KiB of its buffer for its own rewrites, and
+the replicas' listener refuses heads over 64 KiB whatever HAProxy lets through."""
 DESCRIPTORS_SPARE = 256
 """File descriptors HAProxy keeps for its listeners, checks, logs and admin sockets."""
 
@@ -47,6 +50,10 @@ class ServingLimits:
     client_timeout_s: float = 30.0
     """How long a client may send and read nothing while HAProxy waits on it (`timeout client`):
     a request body that stops coming, an answer its windows or reads hold back."""
+    max_header_bytes: int = 16 << 10
+    """The largest request head, URL and headers, HTTP/1.1 and HTTP/2 alike (HAProxy's buffer,
+    `tune.bufsize`, which holds a whole head); a larger one is refused (400, or the HTTP/2
+    stream reset). Between `MIN_HEADER_BYTES` and `MAX_HEADER_BYTES`."""
     max_concurrent_streams: int = 100
     """HTTP/2 calls open at once on one connection (`tune.h2.fe.max-concurrent-streams`)."""
     max_glitches: int = 100
@@ -66,7 +73,7 @@ class ServingLimits:
 
         Raises:
             ValueError: naming an unknown setting, or a value that is not a positive number (an
-                integer for the counts).
+                integer for the counts), or `max_header_bytes` out of its range.
         """
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(values or {}) - set(names))
@@ -80,6 +87,9 @@ class ServingLimits:
                     or not (math.isfinite(value) and value > 0)):
                 kind = "an integer" if counted else "a number"
                 raise ValueError(f"limit {field.name} must be {kind} > 0, received {value!r}")
+        if not MIN_HEADER_BYTES <= limits.max_header_bytes <= MAX_HEADER_BYTES:
+            raise ValueError(f"limit max_header_bytes must be between {MIN_HEADER_BYTES} and "
+                             f"{MAX_HEADER_BYTES}, received {limits.max_header_bytes}")
         return limits
 
     def connections_allowed(self) -> int:
