@@ -34,6 +34,7 @@ from huggy_agent.remote import RemoteAgent
 from tests.support.processes import (
     OutputFollower,
     free_port,
+    free_server_port,
     group_killed_on_exit,
     huggy,
     kill_processes_mentioning,
@@ -155,7 +156,7 @@ def test_huggy_serve_serves_until_ctrl_c(ray_cluster: RayCluster) -> None:
     import ray
     import requests
 
-    port = free_port()
+    port = free_server_port()
     process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
                     "--address", ray_cluster.address, env={"HUGGY_API_KEY": "cli-key"},
                     start_new_session=True)
@@ -230,7 +231,7 @@ def own_server(wrapper: tuple[str, ...] = (), *extra: str) -> Iterator[OwnServer
 
     temp_dir = Path(f"/tmp/hs{uuid.uuid4().hex[:8]}")
     temp_dir.mkdir()
-    port = free_port()
+    port = free_server_port()
     log = temp_dir / "serve.log"
     with log.open("w") as out:
         process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
@@ -294,7 +295,7 @@ def test_huggy_serve_answers_the_grpc_calls_in_flight_when_it_stops() -> None:
     """`--grpc-port` (HAProxy's HTTP/2 to the replicas' listeners): SIGTERM arrives while 50
     calls are in flight; each is answered, or refused before it was sent (UNAVAILABLE), none
     cut; then the port is closed and no process is left."""
-    grpc_port = free_port()
+    grpc_port = free_server_port()
     with own_server((), "--grpc-port", str(grpc_port)) as server:
         assert f"gRPC {ACT_METHOD} on 127.0.0.1:{grpc_port} by replica" in server.output()
         obs = np.random.default_rng(7).standard_normal((256, 59)).astype(np.float32)

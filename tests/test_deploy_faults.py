@@ -41,6 +41,7 @@ from huggy_agent.http_api import ACT_PATH, HEALTH_PATH, INFO_PATH, RETRY_AFTER_S
 from tests.support.processes import (
     OutputFollower,
     free_port,
+    free_server_port,
     group_killed_on_exit,
     huggy,
     mentions,
@@ -79,7 +80,7 @@ def test_healthz_answers_503_json_while_huggy_serve_starts_and_output_is_its_own
     connection (before HAProxy listens), a JSON 503 (before the app exists, and before its
     replica answers) or, from the ready line on, a 200; never Serve's plain-text 404. SIGTERM then
     stops it, and all it printed is its own two lines."""
-    port = free_port()
+    port = free_server_port()
     url = f"http://127.0.0.1:{port}{HEALTH_PATH}"
     process = huggy("serve", "--accelerator", "cpu", "--num-cpus", "0.5", "--port", str(port),
                     "--address", ray_cluster.address, start_new_session=True)

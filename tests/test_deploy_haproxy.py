@@ -141,6 +141,14 @@ def test_a_replica_with_its_own_socket_gets_its_requests_there_and_its_checks_on
     assert "    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:30007 check observe layer4 " \
         "error-limit 3 maxconn 256" in unchanged.splitlines()  # no socket yet
     sock = replica_socket(page.parent, "1")
+    # gRPC has no other way into a replica: it goes to the socket where the replica listens
+    # once it has started, as soon as Ray addresses the replica on this machine
+    early = patch_config(original, page, Front(grpc=("127.0.0.1", 18050))).splitlines()
+    assert early[-1] == (f"    server SERVE_REPLICA_huggy-HuggyPolicy-1 unix@{sock} maxconn 256 "
+                         "track http-huggy/SERVE_REPLICA_huggy-HuggyPolicy-1")
+    elsewhere = patch_config(original.replace("127.0.0.1:30007", "10.0.0.9:30007"), page,
+                             Front(grpc=("127.0.0.1", 18050))).splitlines()
+    assert elsewhere[-2:] == ["backend huggy_grpc:http-huggy", "    http-reuse always"]
     sock.parent.mkdir()
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(sock))

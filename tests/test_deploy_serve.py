@@ -31,6 +31,7 @@ from ray import serve
 
 from deploy.serving.haproxy import ERROR_PAGE_NAME
 from deploy.serving.replica import HuggyPolicyDeployment
+from deploy.serving.runner import PolicyRunner
 from deploy.serving.server import (
     DEFAULT_INGRESS,
     deploy,
@@ -511,22 +512,23 @@ class _Recorded:
         self.metric.inc(value, tags)
 
 
-class GatedPolicy(HuggyPolicyDeployment.func_or_class):
-    """The policy deployment with a gate in front of each batch's forward pass: every batch is
+class GatedRunner(PolicyRunner):
+    """The replica's runner with a gate in front of each batch's forward pass: every batch is
     recorded (the seeds of its requests) and waits for its own asyncio event, set by the test
     through a handle. Requests that arrive meanwhile queue up and form the next batch. A request
     with seed FAIL_SEED fails in its own part of the batch (its heads)."""
 
     def __init__(self, *args: object) -> None:
-        super().__init__(*args)
+        super().__init__(*args)  # type: ignore[arg-type]
         self.batches: list[list[int | None]] = []
         self.gates: list[asyncio.Event] = []
-        self._batch_requests = _Recorded(self._batch_requests)
-        self._batch_rows = _Recorded(self._batch_rows)
-        self._forward_passes = _Recorded(self._forward_passes)
+        metrics = self.metrics
+        metrics._batch_requests = _Recorded(metrics._batch_requests)  # type: ignore[assignment]
+        metrics._batch_rows = _Recorded(metrics._batch_rows)  # type: ignore[assignment]
+        metrics._forward_passes = _Recorded(metrics._forward_passes)  # type: ignore[assignment]
 
     def _build(self, entry: object) -> object:
-        served = super()._build(entry)
+        served = super()._build(entry)  # type: ignore[arg-type]
         agent = served.agent
         heads, shared_heads = agent.actions_from, agent.actions_of_parts
 
@@ -551,28 +553,39 @@ class GatedPolicy(HuggyPolicyDeployment.func_or_class):
         gate = asyncio.Event()
         self.gates.append(gate)
         await gate.wait()
-        return self._forward_calls(calls)
+        return await super()._run_batch(calls)
+
+
+class GatedPolicy(HuggyPolicyDeployment.func_or_class):
+    """The policy deployment on a `GatedRunner`, with the methods the test calls through a
+    handle."""
+
+    runner_class = GatedRunner
 
     async def batches_once(self, requests: int, batches: int) -> list[list[int | None]]:
         """The batches, once `requests` requests were accepted and `batches` gathered;
         TimeoutError saying what came after WAIT_S."""
+        runner = self.runner
         deadline = time.monotonic() + WAIT_S
-        while self.counters["requests"] < requests or len(self.batches) < batches:
+        while runner.metrics.counters["requests"] < requests or len(runner.batches) < batches:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"expected {requests} requests in {batches} batches within {WAIT_S} s, "
-                    f"received {self.counters['requests']} requests in batches {self.batches}")
+                    f"received {runner.metrics.counters['requests']} requests in batches "
+                    f"{runner.batches}")
             await asyncio.sleep(0.01)
-        return self.batches
+        return runner.batches
 
     def open_gate(self, batch: int) -> None:
-        self.gates[batch].set()
+        self.runner.gates[batch].set()
 
     def reported_metrics(self) -> dict[str, list[float]]:
         """What the replica handed to Ray's metrics (after reporting what was pending)."""
-        self._report_metrics()
-        return {"requests": self._batch_requests.values, "rows": self._batch_rows.values,
-                "passes": self._forward_passes.values}
+        metrics = self.runner.metrics
+        metrics.report()
+        return {"requests": metrics._batch_requests.values,
+                "rows": metrics._batch_rows.values,
+                "passes": metrics._forward_passes.values}
 
 
 @pytest.fixture(scope="module")

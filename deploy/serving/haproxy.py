@@ -102,8 +102,9 @@ _OWN_SETTINGS = re.compile(r"^[ \t]*(timeout (client|http-request|http-keep-aliv
                            r"|tune\.bufsize)\b")
 """Lines of Ray's that change 6 replaces, in any section."""
 _LIMITS_MARK = "    # huggy: the caps of deploy/serving/limits.py\n"
-_SOCKET_SERVER = re.compile(r"^[ \t]*server (?P<name>SERVE_REPLICA\S*) unix@(?P<socket>\S+) check"
-                            r".*?(?P<maxconn> maxconn \d+)")
+_SOCKET_SERVER = re.compile(r"^[ \t]*server (?P<name>SERVE_REPLICA\S*) unix@(?P<socket>\S+) check")
+_LOOPBACK = {"127.0.0.1", "[::1]", "localhost"}
+"""Where Ray addresses a replica on the node of HAProxy."""
 _UNAVAILABLE = "http-request deny deny_status 503"
 """HAProxy's 503 for every request, with the 503 error page (change 3)."""
 
@@ -217,7 +218,8 @@ def patch_config(text: str, page: Path, front: Front | None = None) -> str:
             f"{SUPPORTED_RAY}.x (pip install 'ray[serve]=={SUPPORTED_RAY}.0'); or serve with "
             "--ingress proxy")
     if front.grpc is not None:
-        text += _grpc_sections(text, front.grpc, front.app)
+        text += _grpc_sections(text, front.grpc, front.app, page.parent,
+                               front.limits.max_connections_per_replica)
     return text
 
 
@@ -303,12 +305,17 @@ def _without_grpc_sections(text: str) -> str:
                    if section.partition(":")[0] != GRPC_FRONTEND)
 
 
-def _grpc_sections(text: str, address: tuple[str, int], app: str) -> str:
+def _grpc_sections(text: str, address: tuple[str, int], app: str, folder: Path,
+                   maxconn: int) -> str:
     """The frontend and backends of change 7: a backend per app of `text` (each HTTP backend),
-    of its replica servers on sockets, chosen by the call's `application` metadata as Serve's
-    gRPC ingress chooses (`app`'s without it). A call never reaches another app than it
-    names: an app without a replica on a socket here has a backend without servers (HAProxy's
-    503, which gRPC clients read as UNAVAILABLE), and a name no app has ends with NOT_FOUND."""
+    of its replicas on this machine at their sockets in `folder`, at most `maxconn` calls each,
+    chosen by the call's `application` metadata as Serve's gRPC ingress chooses (`app`'s
+    without it). A replica counts where Ray addresses it on the loopback (it runs on this
+    machine), with or without its socket yet: one that is still starting listens there in a
+    moment, and a call that finds no socket is sent to another replica, else answered 503
+    (gRPC clients read UNAVAILABLE). A call never reaches another app than it names: an app
+    without a replica here has a backend without servers, and a name no app has ends with
+    NOT_FOUND."""
     host, port = address
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     servers: dict[str, list[str]] = {}
@@ -316,11 +323,15 @@ def _grpc_sections(text: str, address: tuple[str, int], app: str) -> str:
         if not backend.startswith("http-") or backend.endswith(HELD):
             continue
         servers.setdefault(backend, [])
-        server = _SOCKET_SERVER.match(line.rstrip("\r\n"))
-        if server:
-            servers[backend].append(
-                f"    server {server['name']} unix@{server['socket']}{server['maxconn']} "
-                f"track {backend}/{server['name']}\n")
+        content = line.rstrip("\r\n")
+        if on_socket := _SOCKET_SERVER.match(content):
+            name, socket = on_socket["name"], on_socket["socket"]
+        elif (on_port := _REPLICA_SERVER.match(content)) and on_port["host"] in _LOOPBACK:
+            name, socket = on_port["name"], str(replica_socket(folder, on_port["id"]))
+        else:
+            continue
+        servers[backend].append(f"    server {name} unix@{socket} maxconn {maxconn} "
+                                f"track {backend}/{name}\n")
     servers.setdefault(f"http-{app}", [])
     sections = [f"frontend {GRPC_FRONTEND}\n",
                 "    # huggy: gRPC over HTTP/2 here, to the replicas' listeners as HTTP/1.1\n",

@@ -108,12 +108,15 @@ class HuggyPolicyDeployment:
             paths (as under Serve).
     """
 
+    runner_class: type[PolicyRunner] = PolicyRunner
+    """What answers with the policies: a subclass may take its place (a test's gated batches)."""
+
     def __init__(self, device: str, precision: str = "fp32", ingress: str = "",
                  models_per_replica: int | None = None, api_key: ApiKey | None = None,
                  haproxy_folder: str | None = None, route_prefix: str = "/") -> None:
         collect_young_objects_less_often()
-        self.runner = PolicyRunner(_pinned_device(device), precision, models_per_replica,
-                                   ingress, _replica_id())
+        self.runner = self.runner_class(_pinned_device(device), precision, models_per_replica,
+                                        ingress, _replica_id())
         self.service = ActService(self.runner, api_key)
         self.haproxy_folder = None if haproxy_folder is None else Path(haproxy_folder)
         self.route_prefix = route_prefix.rstrip("/")

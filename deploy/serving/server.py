@@ -452,6 +452,8 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
              **({} if address else {"include_dashboard": False}))
     try:
         _refuse_running_serve()  # before anything that the shutdown below would undo
+        if _binds_here(address):  # again: the cluster's own processes may have taken one
+            _refuse_busy_ports(host, port, grpc_port)
         _raise_on_stop_signals()  # after ray.init, which installs its own SIGTERM handlers
         try:
             served = policies if policies is not None else args.policy_set()
@@ -512,9 +514,7 @@ def serve_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--grpc-ingress replica goes through HAProxy, not --ingress "
                          f"{args.ingress}: use --ingress haproxy or --grpc-ingress serve")
     if _binds_here(args.address):
-        refuse_busy_port(args.host, args.port, "--port")
-        if args.grpc_port is not None:
-            refuse_busy_port(args.host, args.grpc_port, "--grpc-port")
+        _refuse_busy_ports(args.host, args.port, args.grpc_port)
     if args.policy is not None and args.policies:
         raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
                          f"and --policy {args.policy!r}")
@@ -533,6 +533,13 @@ def serve_command(args: argparse.Namespace) -> int:
                          address=args.address, start_timeout_s=args.start_timeout,
                          grpc_port=args.grpc_port, grpc_ingress=args.grpc_ingress,
                          policies=policies, limits=limits)
+
+
+def _refuse_busy_ports(host: str, port: int, grpc_port: int | None) -> None:
+    """`refuse_busy_port` for `--port` and, where given, `--grpc-port`."""
+    refuse_busy_port(host, port, "--port")
+    if grpc_port is not None:
+        refuse_busy_port(host, grpc_port, "--grpc-port")
 
 
 def _binds_here(address: str | None) -> bool:

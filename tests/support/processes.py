@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -80,6 +81,26 @@ def free_ports(count: int) -> list[int]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     return free_ports(1)[0]
+
+
+SERVER_PORTS = range(20_000, 30_000)
+"""Ports for a server a test starts with a Ray cluster: above Ray's worker ports (10002-19999 by
+default), below the ports Serve gives its replicas (from 30000) and below the ephemeral range
+(from 32768 on Linux by default), from which a starting cluster's own processes take theirs,
+so none of them takes the server's port first."""
+
+
+def free_server_port() -> int:
+    """A port of `SERVER_PORTS` on 127.0.0.1 that nothing listens on right now, at random."""
+    for port in random.sample(SERVER_PORTS, len(SERVER_PORTS)):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {SERVER_PORTS}")
 
 
 @contextlib.contextmanager
