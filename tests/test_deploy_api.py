@@ -832,3 +832,16 @@ def test_many_fields_with_a_repeat_are_refused_naming_a_few_and_the_repeat_in_on
         parsing._exact_json(repeated.encode())
     assert refused.value.message == ("each field may appear once in an object, received "
                                      "'f99999' 2 times")
+
+
+def test_a_500_names_its_exception_cut_short() -> None:
+    """The exception's `repr` as it is (quotes kept, not escaped twice), at most 200
+    characters of it: an exception's text may quote what a client sent."""
+    from deploy.serving.responses import internal_error
+
+    short = internal_error(RuntimeError("one request's heads"))
+    assert (short.status, short.message) == (
+        500, 'the server failed to answer: RuntimeError("one request\'s heads")')
+    long = internal_error(ValueError("x" * 5000))
+    assert long.message == ("the server failed to answer: ValueError('" + "x" * 188
+                            + "... and 4,814 more")

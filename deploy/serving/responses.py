@@ -16,7 +16,7 @@ import orjson
 from starlette.responses import Response
 
 from huggy_agent import Actions, HuggyAgent
-from huggy_agent.http_api import RETRY_AFTER_S, shown
+from huggy_agent.http_api import RETRY_AFTER_S
 
 INTERNAL_ERROR_CHARS = 200
 """The most characters of an exception's text in a 500's message."""
@@ -51,9 +51,13 @@ def unavailable(message: str) -> ApiError:
 
 def internal_error(error: Exception) -> ApiError:
     """500: answering failed with `error`, a bug of the server's (the replica serves on). The
-    message names the error, cut short: an exception's text may quote what a client sent."""
-    return ApiError(500, "internal_error",
-                    f"the server failed to answer: {shown(repr(error), INTERNAL_ERROR_CHARS)}")
+    message names the error (its `repr`, which escapes what it quotes), cut short: an
+    exception's text may quote what a client sent."""
+    described = repr(error)
+    if len(described) > INTERNAL_ERROR_CHARS:
+        described = (f"{described[:INTERNAL_ERROR_CHARS]}... and "
+                     f"{len(described) - INTERNAL_ERROR_CHARS:,} more")
+    return ApiError(500, "internal_error", f"the server failed to answer: {described}")
 
 
 def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
