@@ -536,7 +536,9 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     # the output is the command's own lines: Ray's INFO lines ("Started Serve", "Connecting to
     # existing Serve app ...") stay in Ray's log files, and the line that Serve's own shutdown
     # makes Ray print (a retried task of the killed controller) is not printed
-    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    serve_log = logging.getLogger("ray.serve")
+    serve_log.setLevel(logging.WARNING)
+    serve_log.addFilter(_not_ignored_http_options)
     ray_internals.quiet_retried_task_errors()
     # "local": a new cluster even where `ray start` left one that a bare ray.init() would join;
     # token auth either way, and a new cluster listens on 127.0.0.1 only
@@ -569,6 +571,13 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     finally:
         ray.shutdown()
     return 0
+
+
+def _not_ignored_http_options(record: logging.LogRecord) -> bool:
+    """False for Serve's warning that `serve.run` leaves the running HTTP options as they are:
+    Ray 2.56's `serve.run` passes HTTP options of its own and logs it at every deploy, while the
+    options of `start_serve` stay in force."""
+    return not record.getMessage().startswith("The new client HTTP config differs")
 
 
 def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool) -> str | None:
