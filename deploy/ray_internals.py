@@ -16,14 +16,13 @@ to do the job, each with a check that names the Ray version when it is missing.
     quiet_retried_task_errors this driver prints no line for a task that failed and will be
                               retried (Ray's system setting `enable_output_error_log_if_still_retry`,
                               read from the environment): Serve's own shutdown makes one
-
     render_haproxy_config     the HAProxy configuration that the installed Ray writes for an app,
                               rendered by Ray's own writer (its template and config classes):
                               `huggy serve` checks at start that huggy's changes apply to it
                               (`deploy.serving.haproxy`), and the tests change the real text
 
 Supported: Ray `OLDEST_RAY` to `NEWEST_RAY`.x (`SUPPORTED_RAY`; CI tests both ends). Every
-name above is the same across that range. `check()` runs at start-up (`deploy.cluster.init_ray`,
+name above is in every release of that range. `check()` runs at start-up (`deploy.cluster.init_ray`,
 `deploy.serving.app.build_app`) and raises `RayInternalsError`, naming the Ray version and the
 missing piece, on a release without one of them; `refuse_unsupported_serving` refuses
 `huggy serve` on a Ray outside the range, or an ingress that the installed release cannot carry.

@@ -237,8 +237,12 @@ def test_a_live_haproxy_sends_requests_to_the_replicas_socket_and_checks_its_ser
     """A live HAProxy on the changed configuration: the requests reach the replica's own
     listener (`deploy.serving.http_server`) whole, while the replica's Serve port gets only
     HAProxy's health checks; once that port stops answering, as Serve's does when a replica
-    drains, HAProxy takes the replica out (the JSON 503)."""
+    drains, HAProxy takes the replica out (the JSON 503), as its admin socket tells
+    (`HAProxyAdmin.servers_up`: the backup server, Serve's proxy, not counted)."""
     with FrontDoor(tmp_path, page) as door:
+        admin_socket = tmp_path / "ray-haproxy" / "admin.sock"
+        with HAProxyAdmin(admin_socket) as admin:
+            assert admin.servers_up("http-huggy") == 1
         connection = http.client.HTTPConnection(f"127.0.0.1:{door.port}", timeout=30)
         for body in (b'{"obs": [1]}', b'{"obs": [2]}'):
             connection.request("POST", "/v1/act", body=body, headers={"Authorization": KEY})
@@ -253,6 +257,8 @@ def test_a_live_haproxy_sends_requests_to_the_replicas_socket_and_checks_its_ser
         while _get(f"127.0.0.1:{door.port}", "/v1/act")[0] != 503:
             assert time.monotonic() < deadline, "the replica was not taken out"
             time.sleep(0.05)
+        with HAProxyAdmin(admin_socket) as admin:
+            assert admin.servers_up("http-huggy") == 0
 
 
 def test_the_pages_beside_a_frontend_on_every_interface_stay_there(tmp_path: Path,

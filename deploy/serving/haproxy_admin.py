@@ -4,6 +4,8 @@ draining before Serve's shutdown (`drain_haproxy`), which would otherwise kill i
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import os
 import signal
 import socket
@@ -55,6 +57,23 @@ def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def wait_until_servers_up(folder: Path, backend: str, timeout_s: float) -> None:
+    """Return once the HAProxy whose files are in `folder` (`haproxy_dir`) routes `backend`'s
+    requests to one of its servers, not a backup (`HAProxyAdmin.servers_up`); RuntimeError
+    naming the backend after `timeout_s`. An admin socket that does not answer (HAProxy
+    reloading) is asked again."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for path in folder.glob("*/admin.sock"):
+            with contextlib.suppress(OSError), HAProxyAdmin(path) as admin:
+                if admin.servers_up(backend):
+                    return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"HAProxy of {folder} has no server of {backend} up after "
+                               f"{timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
 class HAProxyAdmin:
     """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command,
     each ending with a prompt line)."""
@@ -87,6 +106,13 @@ class HAProxyAdmin:
             if line.startswith("Pid:"):
                 return int(line.split()[1])
         raise ConnectionError("HAProxy's `show info` has no Pid line")
+
+    def servers_up(self, backend: str) -> int:
+        """The servers of `backend` that HAProxy routes to now: UP by their health checks,
+        backups left out (`show stat`)."""
+        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        return sum(row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")
+                   and row["status"].startswith("UP") and row["bck"] == "0" for row in rows)
 
     def requests_in_flight(self) -> int:
         """Streams (one per request being handled) of any frontend but the CLI's own."""

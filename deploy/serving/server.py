@@ -62,7 +62,7 @@ from deploy.serving import haproxy
 from deploy.serving.app import build_app
 from deploy.serving.catalogue import PolicySet
 from deploy.serving.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
-from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir
+from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir, wait_until_servers_up
 from deploy.serving.limits import ServingLimits
 from deploy.serving.processes import a_child_process_ended
 from deploy.serving.responses import unavailable
@@ -359,10 +359,10 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
 
     Redeploying an app whose only change is its batch settings reconfigures the running
     replicas in place (`reconfigure`), without restarting them. Behind the HAProxy that
-    `start_serve` started here, it also waits until HAProxy routes to the app (its
-    `/v1/healthz` answers 200 there): HAProxy learns of new replicas a moment after Serve
-    reports them running; there each replica listens on a socket of its own, where HAProxy
-    sends its requests (`deploy.serving.http_server`).
+    `start_serve` started here, it also waits until HAProxy routes to the app's replicas (its
+    `/v1/healthz` answers 200 there, and HAProxy has one of them up): HAProxy learns of new
+    replicas a moment after Serve reports them running; there each replica listens on a
+    socket of its own, where HAProxy sends its requests (`deploy.serving.http_server`).
 
     Raises RuntimeError with Serve's own messages if it fails to start (for example a replica
     whose accelerator is unusable) or is still not running at the deadline (for example replicas
@@ -385,9 +385,13 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
             raise RuntimeError(f"application {name!r} did not start ({state}): "
                                f"{_status_messages(status)}")
         time.sleep(0.5)
-    if _haproxy_url is not None:
+    if _haproxy_url is not None and _haproxy_folder is not None:
         wait_until_answering(f"{_haproxy_url}{route_prefix.rstrip('/')}{HEALTH_PATH}",
                              max(deadline - time.monotonic(), 10.0))
+        # until then an answer may come through Serve's proxy (the held backend), which
+        # gRPC by the replicas does not have
+        wait_until_servers_up(_haproxy_folder, f"http-{name}",
+                              max(deadline - time.monotonic(), 10.0))
 
 
 def wait_until_answering(url: str, timeout_s: float) -> None:
