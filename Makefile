@@ -78,7 +78,7 @@ $(OLDEST_STAMP): pyproject.toml setup.py deploy/ray_internals.py huggy_agent/_na
 	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_PY) -m pip install -q --upgrade pip
 	$(OLDEST_PY) -m pip install -q torch==2.13.0
-	$(OLDEST_PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,dev]" "ray[serve]==$(RAY_OLDEST)"
+	$(OLDEST_PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,video,data,dev]" "ray[serve]==$(RAY_OLDEST)"
 	$(OLDEST_PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0 mlagents==1.1.0
 	@broken="$$($(OLDEST_PY) -m pip check | grep -Ev '$(MLAGENTS_PINS)|^No broken requirements')"; \
 		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi
