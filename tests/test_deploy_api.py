@@ -24,11 +24,11 @@ from deploy.serving.parsing import parse_act_request, plain_one_row
 from deploy.serving.responses import ApiError, act_response
 from deploy.serving.routes import ApiKey, check_route
 from huggy_agent import HuggyAgent
-from huggy_agent.http_api import load_api_key
 from huggy_agent.native import KERNELS
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.remote import RemoteAgent, RemoteServerError
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.http_api import load_api_key
+from huggy_agent_client.remote import RemoteAgent, RemoteServerError
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 from tests.support.fixtures import REPO_ROOT
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster

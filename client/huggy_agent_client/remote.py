@@ -1,5 +1,5 @@
 """RemoteAgent: `compute_action` of a policy served over HTTP (`huggy serve`), by the contract
-of `huggy_agent.http_api`.
+of `huggy_agent_client.http_api`.
 
     agent = RemoteAgent("http://127.0.0.1:8000")               # API key: $HUGGY_API_KEY, if set
     agent = RemoteAgent("http://127.0.0.1:8000", api_key=key)  # or given
@@ -13,25 +13,29 @@ else the server's default. An answer from any other policy (the split was change
 raises RemoteServerError instead of mixing policies.
 
 Observations are validated here with the same rules (and messages) as `HuggyAgent` before they
-are sent. Float32 values cross JSON exactly both ways (shortest float32 form), so a served answer
-equals the in-process one. One `requests.Session` keeps the connection alive; connection errors,
-timeouts and 502/503/504 are retried with a short backoff (at least the server's `Retry-After`),
-other 4xx/5xx raise at once. Needs the `requests` and `orjson` packages (the `serve` and
-`unity` extras).
+are sent. Float32 values cross JSON exactly both ways, so a served answer equals the in-process
+one. One `requests.Session` keeps the connection alive; connection errors, timeouts and
+502/503/504 are retried with a short backoff (at least the server's `Retry-After`), other 4xx/5xx
+raise at once.
+
+Needs numpy and requests only. Where orjson is installed (`huggy-agent-client[orjson]`; the
+`serve` and `unity` extras of huggy-agent have it) it writes and reads the JSON: float32 values in
+their shortest form, a batch many times faster. Without it the standard library's json writes
+each float32 as the float64 equal to it: a longer number that reads back to the same float32.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
 
 import numpy as np
-import orjson
 import requests
 
-from huggy_agent.agent import ActionResult, Actions
-from huggy_agent.http_api import (
+from huggy_agent_client.actions import ActionResult, Actions
+from huggy_agent_client.http_api import (
     ACT_PATH,
     HEALTH_PATH,
     INFO_PATH,
@@ -43,8 +47,15 @@ from huggy_agent.http_api import (
     model_act_path,
     unknown_policy_message,
 )
-from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.inputs import as_input_batches, as_mask_batch, as_memory_batch
+from huggy_agent_client.spec import ActorSpec
+
+try:
+    import orjson
+except ImportError:
+    ORJSON = False
+else:
+    ORJSON = True
 
 RETRIED_STATUS = (502, 503, 504)
 
@@ -154,8 +165,7 @@ class RemoteAgent:
             payload["row_offset"] = int(row_offset)
         if self.session is not None:
             payload["session"] = self.session
-        answer = self._request("POST", self._act_path,
-                               orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+        answer = self._request("POST", self._act_path, json_body(payload))
         if answer.get("policy", self.policy_id) != self.policy_id:
             raise RemoteServerError(
                 f"{self.url} answered with policy {answer['policy']!r}, but this agent acts for "
@@ -212,6 +222,36 @@ class RemoteAgent:
                                 f"attempt(s): {failure}") from failure
 
 
+def json_body_orjson(document: dict[str, Any]) -> bytes:
+    """`document` (numpy arrays in it) as compact JSON by orjson: float32 values in their
+    shortest form."""
+    return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def json_body_stdlib(document: dict[str, Any]) -> bytes:
+    """`document` (numpy arrays in it) as compact JSON by the standard library: each float32 as
+    the shortest form of the float64 equal to it, which reads back to the same float32.
+
+    Raises:
+        ValueError: on a NaN or an infinity (validation refuses them before a request is built).
+    """
+    return json.dumps(document, default=_as_list, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def _as_list(value: Any) -> Any:
+    """A numpy array (or scalar) as Python lists and numbers, for `json.dumps`."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+json_body = json_body_orjson if ORJSON else json_body_stdlib
+"""What `compute_action` sends: orjson's body where orjson is installed."""
+read_json = orjson.loads if ORJSON else json.loads
+"""What reads the server's answers (both raise a ValueError on a body that is not JSON)."""
+
+
 def _retry_after(response: requests.Response) -> float:
     """The seconds of a `Retry-After` header given in seconds (0 without one)."""
     value = response.headers.get("Retry-After", "")
@@ -236,8 +276,8 @@ def _actions(answer: dict[str, Any], spec: ActorSpec) -> ActionResult:
 
 def _decode(method: str, url: str, response: requests.Response) -> dict[str, Any]:
     try:
-        document = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
+        document = read_json(response.content)
+    except ValueError:
         document = None
     if response.ok and isinstance(document, dict):
         return dict(document)
