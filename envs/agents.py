@@ -9,7 +9,7 @@ from typing import Any
 
 from envs.heuristics import is_heuristic, load_heuristic
 from huggy_agent import HuggyAgent
-from huggy_agent.http_api import load_api_key
+from huggy_agent_client.http_api import load_api_key
 
 SERVED = ("http://", "https://")
 
@@ -21,8 +21,8 @@ def agent_from_source(source: str, device: str = "cpu", precision: str = "fp32",
     if is_heuristic(source):
         return load_heuristic(source, seed=seed)
     if source.startswith(SERVED):
-        # optional extra: the HTTP client (requests, orjson) only for served policies
-        from huggy_agent.remote import RemoteAgent
+        # the HTTP client (requests) is imported only for served policies
+        from huggy_agent_client.remote import RemoteAgent
 
         url, _, policy = source.partition("#")
         return RemoteAgent(url, policy=policy or None, api_key=load_api_key())

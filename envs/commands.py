@@ -37,8 +37,8 @@ from envs.teams import BUILTIN, TeamsEnv
 from envs.vector_env import UnityVectorEnv
 from huggy_agent import HuggyAgent
 from huggy_agent.formats.sources import hub_provenance, policy_path
-from huggy_agent.http_api import load_api_key
 from huggy_agent.tables import format_table
+from huggy_agent_client.http_api import load_api_key
 
 _TEAM_KEY = re.compile(r"^(team=\d+|[^=/\\.:]+\?team=\d+|[^=/\\.:?]+)=(.+)$")
 
@@ -59,8 +59,8 @@ def load_agent(args: argparse.Namespace) -> Any:
     """The policy to drive: a remote one (`--policy-url`: one policy for the whole rollout,
     also behind an A/B split) or a local HuggyAgent."""
     if args.policy_url:
-        # optional extra: the HTTP client (requests, orjson) only for --policy-url
-        from huggy_agent.remote import RemoteAgent
+        # the HTTP client (requests) is imported only for --policy-url
+        from huggy_agent_client.remote import RemoteAgent
 
         return RemoteAgent(args.policy_url, api_key=load_api_key(args.api_key_file))
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=args.seed)

@@ -5,7 +5,7 @@
     actions = player.compute_action([obs_0, obs_1])  # (N, 3) int64, or (3,) for one row
 
 They meet callers at `HuggyAgent`'s boundary: `compute_action(obs, deterministic=True, seed=None,
-row_offset=0, action_mask=None)`, a `spec` (`huggy_agent.spec.ActorSpec`: inputs obs_0 (264,)
+row_offset=0, action_mask=None)`, a `spec` (`huggy_agent_client.spec.ActorSpec`: inputs obs_0 (264,)
 and obs_1 (72,), discrete branches (3, 3, 3)), a `fingerprint` (16 hex digits, like a
 policy's weights fingerprint: it names the player and its rules' version), `describe()` and a
 no-op `warmup()`. They act from the observations alone (SoccerTwos' stacked ray frames, see
@@ -36,9 +36,9 @@ import numpy as np
 
 from envs.standin.soccer import field, rays
 from envs.standin.soccer.sim import BRANCHES
-from huggy_agent.inputs import as_input_batches, as_mask_batch
 from huggy_agent.noise import SEED_RANGE, uniform_noise
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.inputs import as_input_batches, as_mask_batch
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 
 PREFIX = "heuristic:"
 HEURISTICS = ("idle", "random", "chaser")

@@ -126,7 +126,7 @@ class SlotLayout:
 
     @classmethod
     def of_policy(cls, spec: Any) -> SlotLayout:
-        """The layout a policy of interface `spec` (`huggy_agent.spec.ActorSpec`) acts in."""
+        """The layout a policy of interface `spec` (`huggy_agent_client.spec.ActorSpec`) acts in."""
         return cls(tuple(tuple(int(d) for d in i.shape) for i in spec.inputs),
                    int(spec.continuous_size), tuple(int(b) for b in spec.discrete_branches))
 

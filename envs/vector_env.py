@@ -135,7 +135,7 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             behavior; "builtin:soccertwos" the stand-in SoccerTwos (drive one team with
             `behavior_name`, play the other with `opponents`).
         behavior_spec: for the stand-in, the behavior it plays (`envs.standin.spec_sim`): a
-            policy file or results folder (its spec), a `huggy_agent.spec.ActorSpec` or its
+            policy file or results folder (its spec), a `huggy_agent_client.spec.ActorSpec` or its
             `as_dict()`. Ignored with a Unity build, whose scene fixes it.
         worker_id: offset from `base_port` (default 5005); a busy port moves on to the next
             worker id, up to `port_attempts` ports, then raises RuntimeError. Instance i of K

@@ -5,10 +5,11 @@
     actions = agent.compute_action(obs, deterministic=True, seed=None, action_mask=None)
 
 `obs` is one array for a single-input policy; a list or tuple in `obs_0, obs_1, ...` order
-otherwise (see `huggy_agent.inputs`). Continuous-only policies return float32 (N, c), discrete-only
-int64 (N, branches), hybrid `Actions(continuous, discrete)`; a single row comes back without N.
-Recurrent policies take `memory=` (None: zeros, an episode's start) and return (actions, memory).
-The types: `PolicyActions` and `ActionResult`; `split_memory` takes a result apart.
+otherwise (see `huggy_agent_client.inputs`). Continuous-only policies return float32 (N, c),
+discrete-only int64 (N, branches), hybrid `Actions(continuous, discrete)`; a single row comes back
+without N. Recurrent policies take `memory=` (None: zeros, an episode's start) and return
+(actions, memory). The types, `PolicyActions` and `ActionResult`, and `split_memory`, which takes
+a result apart, are in `huggy_agent_client.actions`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -39,9 +40,10 @@ from huggy_agent.engines import (
 from huggy_agent.formats import LoadedPolicy, load_policy
 from huggy_agent.formats.sources import hub_provenance
 from huggy_agent.heads import ContinuousHead, discrete_actions
-from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.noise import gaussian_noise, uniform_noise
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.actions import ActionResult, Actions, PolicyActions
+from huggy_agent_client.inputs import as_input_batches, as_mask_batch, as_memory_batch
+from huggy_agent_client.spec import ActorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -54,31 +56,6 @@ _Result = TypeVar("_Result")
 def bundled_policy_path() -> Path:
     """The default policy shipped with the package (see assets/ORIGIN.md)."""
     return Path(str(resources.files("huggy_agent") / "assets" / "Huggy.onnx"))
-
-
-class Actions(NamedTuple):
-    """A hybrid policy's actions: float32 continuous and int64 discrete, same rows."""
-
-    continuous: np.ndarray
-    discrete: np.ndarray
-
-
-PolicyActions: TypeAlias = np.ndarray | Actions
-"""A policy's actions by its kind: float32 (N, c) for continuous-only policies, int64
-(N, branches) for discrete-only ones, `Actions` for hybrid ones; a single row without N."""
-
-ActionResult: TypeAlias = PolicyActions | tuple[PolicyActions, np.ndarray]
-"""What `compute_action` returns: `PolicyActions`, or for a recurrent policy the pair
-(`PolicyActions`, the next memory: float32 (N, memory_size), a single row without N)."""
-
-
-def split_memory(result: ActionResult) -> tuple[PolicyActions, np.ndarray | None]:
-    """(actions, next memory) of a `compute_action` result; the memory is None for a policy
-    without one."""
-    if isinstance(result, tuple) and not isinstance(result, Actions):
-        actions, memory = result
-        return actions, memory
-    return result, None
 
 
 class RowsPart(Protocol):

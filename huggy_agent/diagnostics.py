@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from huggy_agent.agent import Actions, HuggyAgent, split_memory
+from huggy_agent.agent import HuggyAgent
 from huggy_agent.devices import PRECISIONS, available_devices
 from huggy_agent.heads import masked_probabilities
 from huggy_agent.numerics import PRECISION_ACTION_ATOL
 from huggy_agent.reference import canonical_inputs, float64_outputs
+from huggy_agent_client.actions import Actions, split_memory
 
 # The error each precision is expected to stay within, against float64 (max abs, actions in [-1, 1]).
 PRECISION_TOLERANCE = PRECISION_ACTION_ATOL

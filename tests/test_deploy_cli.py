@@ -30,7 +30,7 @@ from deploy.serving.grpc_ingress import ACT_METHOD
 from huggy_agent import HuggyAgent
 from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.remote import RemoteAgent
+from huggy_agent_client.remote import RemoteAgent
 from tests.support.processes import (
     OutputFollower,
     free_port,

@@ -17,7 +17,7 @@ from deploy.evaluation.sinks import plan_model_cards, write_model_cards, write_t
 from deploy.evaluation.sources import policy_specs, served_policy_specs, stand_in_behavior
 from deploy.evaluation.summary import EvaluationReport, build_report
 from envs.teams import check_builtin_parameters
-from huggy_agent.http_api import load_api_key
+from huggy_agent_client.http_api import load_api_key
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

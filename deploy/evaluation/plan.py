@@ -23,7 +23,7 @@ from deploy.placement import ACCELERATORS
 from envs.teams import check_builtin_parameters
 from envs.vector_env import scene_parameters
 from huggy_agent.discovery import FoundPolicy
-from huggy_agent.remote import RemoteAgent
+from huggy_agent_client.remote import RemoteAgent
 
 ENV_SEED_LIMIT = 2**24
 """Environment seeds travel as float32 (`envs.vector_env.MAX_SEED`): [0, 2**24)."""

@@ -23,7 +23,7 @@ from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult
 from deploy.evaluation.runner import Runner
 from deploy.evaluation.selection import Selection
 from huggy_agent import HuggyAgent, PolicyLoadError
-from huggy_agent.remote import RemoteRequestError, RemoteServerError
+from huggy_agent_client.remote import RemoteRequestError, RemoteServerError
 
 
 class EvaluationError(RuntimeError):

@@ -13,8 +13,8 @@ from envs.standin.launcher import standin_behavior
 from huggy_agent import PolicyLoadError
 from huggy_agent.discovery import find_policies
 from huggy_agent.formats import load_policy
-from huggy_agent.remote import RemoteAgent
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.remote import RemoteAgent
+from huggy_agent_client.spec import ActorSpec
 
 
 def policy_specs(sources: Sequence[str | os.PathLike[str]]) -> list[PolicySpec]:

@@ -21,6 +21,6 @@
     processes.py      what /proc shows: an ended child, the processes of a configuration
     server.py         `huggy serve`: start Serve with an ingress, deploy, run until a signal, stop
 
-The HTTP contract itself (paths, headers, limits, keys) is `huggy_agent.http_api`, and the
-client `huggy_agent.remote.RemoteAgent`: neither needs Ray or this package.
+The HTTP contract itself (paths, headers, limits, keys) is `huggy_agent_client.http_api`, and the
+client `huggy_agent_client.remote.RemoteAgent`: neither needs Ray, torch or this package.
 """

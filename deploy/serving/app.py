@@ -22,7 +22,7 @@ from deploy.serving.catalogue import PolicySet
 from deploy.serving.replica import HuggyPolicyDeployment
 from deploy.serving.routes import ApiKey
 from deploy.serving.settings import AppArgs, app_args
-from huggy_agent.http_api import load_api_key
+from huggy_agent_client.http_api import load_api_key
 
 SERVING_PACKAGE = Path(__file__).resolve().parent
 """The serving package: its code is part of every deployment's version."""

@@ -23,7 +23,7 @@ from typing import Any
 from huggy_agent.agent import weights_fingerprint
 from huggy_agent.discovery import find_policies, unique_labels
 from huggy_agent.formats import load_policy
-from huggy_agent.http_api import Split, unknown_policy_message
+from huggy_agent_client.http_api import Split, unknown_policy_message
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from deploy.serving.grpc_ingress import (
 from deploy.serving.limits import MAX_HEADER_BYTES
 from deploy.serving.responses import ApiError
 from deploy.serving.service import Admission, Reply, RequestHead, request_head
-from huggy_agent.http_api import ACT_PATH, shown
+from huggy_agent_client.http_api import ACT_PATH, shown
 
 LISTEN_BACKLOG = 1024
 """Connections waiting to be accepted: more than HAProxy opens to one replica at once."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from deploy.serving.parsing import FLOAT32_OVERFLOW
-from huggy_agent.http_api import (
+from huggy_agent_client.http_api import (
     ACT_PATH,
     API_KEY_ENV,
     HEALTH_PATH,
@@ -19,7 +19,7 @@ from huggy_agent.http_api import (
     SESSION_KEY_LIMIT,
     model_act_path,
 )
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.spec import ActorSpec
 
 
 def _array_schema(shape: tuple[int, ...], items: dict) -> dict:

@@ -26,10 +26,10 @@ import numpy as np
 import orjson
 
 from deploy.serving.responses import ApiError
-from huggy_agent.http_api import SEED_LIMIT, check_session_key, shown
-from huggy_agent.inputs import as_input_batch, as_mask_batch, as_memory_batch
 from huggy_agent.native import KERNELS
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.http_api import SEED_LIMIT, check_session_key, shown
+from huggy_agent_client.inputs import as_input_batch, as_mask_batch, as_memory_batch
+from huggy_agent_client.spec import ActorSpec
 
 ROW_FIELDS = ("obs", "inputs", "instances", "action_mask", "memory")
 """The fields that carry rows."""
@@ -61,7 +61,7 @@ class ActRequest:
     action_mask: np.ndarray | None = None
     memory: np.ndarray | None = None
     session: str | None = None
-    """The key that keeps a user on one policy of a split (`huggy_agent.http_api.Split`)."""
+    """The key that keeps a user on one policy of a split (`huggy_agent_client.http_api.Split`)."""
 
     @property
     def obs(self) -> np.ndarray:

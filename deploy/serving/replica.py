@@ -46,7 +46,7 @@ from deploy.serving.service import (
 )
 from deploy.serving.settings import split_user_config
 from huggy_agent.devices import resolve_device
-from huggy_agent.http_api import ACT_PATH
+from huggy_agent_client.http_api import ACT_PATH
 
 DEPLOYMENT_NAME = "HuggyPolicy"
 OWN_LISTENER_GRACE_S = 4.0

@@ -16,7 +16,7 @@ import orjson
 from starlette.responses import Response
 
 from huggy_agent import Actions, HuggyAgent
-from huggy_agent.http_api import RETRY_AFTER_S
+from huggy_agent_client.http_api import RETRY_AFTER_S
 
 INTERNAL_ERROR_CHARS = 200
 """The most characters of an exception's text in a 500's message."""

@@ -8,7 +8,7 @@ import hmac
 from dataclasses import dataclass, field
 
 from deploy.serving.responses import ApiError
-from huggy_agent.http_api import MODEL_ACT_ROUTE, MODELS_PATH, OPEN_PATHS, ROUTES
+from huggy_agent_client.http_api import MODEL_ACT_ROUTE, MODELS_PATH, OPEN_PATHS, ROUTES
 
 
 def check_route(path: str, method: str) -> tuple[str, str | None]:

@@ -42,8 +42,8 @@ from deploy.serving.parsing import ActRequest, act_from_document, plain_one_row,
 from deploy.serving.responses import ApiError, act_response, answer_arrays
 from deploy.serving.settings import BatchSettings
 from huggy_agent import HuggyAgent, PolicyOutputs
-from huggy_agent.http_api import check_session_key
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.http_api import check_session_key
+from huggy_agent_client.spec import ActorSpec
 
 YOUNG_GC_THRESHOLD = 20_000
 """A replica process's threshold for collecting its youngest objects (Python's default: 700

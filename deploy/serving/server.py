@@ -63,7 +63,7 @@ from deploy.serving.limits import ServingLimits
 from deploy.serving.processes import a_child_process_ended
 from deploy.serving.responses import unavailable
 from deploy.serving.settings import AppArgs, app_args
-from huggy_agent.http_api import HEALTH_PATH, POLICY_ID_HEADER, load_api_key
+from huggy_agent_client.http_api import HEALTH_PATH, POLICY_ID_HEADER, load_api_key
 
 INGRESSES = ("haproxy", "proxy", "direct")
 DEFAULT_INGRESS = "haproxy"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from deploy.serving.responses import ApiError, internal_error
 from deploy.serving.routes import ApiKey, check_route
 from deploy.serving.runner import PolicyRunner
-from huggy_agent.http_api import (
+from huggy_agent_client.http_api import (
     ACT_PATH,
     HEALTH_PATH,
     INFO_PATH,

@@ -14,7 +14,7 @@ from deploy.serving.catalogue import PolicySet, catalogue
 from huggy_agent.agent import bundled_policy_path
 from huggy_agent.formats.results import resolve_results_folder
 from huggy_agent.formats.sources import is_hub_source, resolve_policy_source
-from huggy_agent.http_api import load_api_key
+from huggy_agent_client.http_api import load_api_key
 
 
 @dataclass(frozen=True)

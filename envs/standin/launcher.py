@@ -58,7 +58,7 @@ def standin_behavior(spec: dict, behavior: str = "Agent") -> dict | None:
 def spec_arguments(behavior_spec: Any) -> tuple[str, ...]:
     """The stand-in's command-line arguments that make it play `behavior_spec` (spec-driven
     mode): a policy file or results folder (its spec, and its name as the behavior's), a
-    `huggy_agent.spec.ActorSpec`, an `ActorSpec.as_dict()` (with an optional "behavior"), or a
+    `huggy_agent_client.spec.ActorSpec`, an `ActorSpec.as_dict()` (with an optional "behavior"), or a
     list of those dicts for several behaviors in one scene (each with its "behavior", "team"
     and "agents", see `envs.standin.spec_client`)."""
     if isinstance(behavior_spec, (list, tuple)):

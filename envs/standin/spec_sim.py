@@ -42,7 +42,7 @@ class BehaviorSpecDescription:
 
     @classmethod
     def from_dict(cls, data: dict) -> BehaviorSpecDescription:
-        """From `huggy_agent.spec.ActorSpec.as_dict()` (the memory size is the policy's own)."""
+        """From `huggy_agent_client.spec.ActorSpec.as_dict()` (the memory size is the policy's own)."""
         return cls(tuple(SpecInput(tuple(i["shape"]), i["kind"]) for i in data["inputs"]),
                    int(data["continuous_size"]), tuple(int(b) for b in data["discrete_branches"]))
 

@@ -28,7 +28,7 @@ from huggy_agent.actor.attention import (
 )
 from huggy_agent.actor.encoders import Normalizer, VectorInput, visual_encoder
 from huggy_agent.actor.layers import LSTM, LinearEncoder
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 
 Head = Literal["ppo", "sac"]
 PPO_ACTION_CLIP = 3.0

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from huggy_agent.agent import ActionResult, Actions, HuggyAgent, split_memory
+from huggy_agent.agent import HuggyAgent
 from huggy_agent.benchmark import EVICT_BYTES, run_benchmark
 from huggy_agent.cli.arguments import positive_int, seed64
 from huggy_agent.diagnostics import (
@@ -28,10 +28,11 @@ from huggy_agent.formats import load_policy
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.formats.results import list_checkpoints
 from huggy_agent.formats.sources import policy_path
-from huggy_agent.http_api import json_kind
 from huggy_agent.reference import canonical_inputs
-from huggy_agent.spec import ActorSpec
 from huggy_agent.tables import format_table
+from huggy_agent_client.actions import ActionResult, Actions, split_memory
+from huggy_agent_client.http_api import json_kind
+from huggy_agent_client.spec import ActorSpec
 
 
 def _json_flag(flag: str, text: str, booleans: bool = False) -> Any:

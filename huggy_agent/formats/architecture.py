@@ -14,7 +14,7 @@ import torch
 
 from huggy_agent.actor import ActorArchitecture, InputArchitecture
 from huggy_agent.errors import PolicyLoadError
-from huggy_agent.spec import ObservationInput
+from huggy_agent_client.spec import ObservationInput
 
 ENCODER = "network_body.observation_encoder."
 PROCESSOR = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.")

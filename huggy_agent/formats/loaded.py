@@ -11,7 +11,7 @@ import torch
 
 from huggy_agent.actor import Actor, ActorArchitecture, build_actor
 from huggy_agent.errors import PolicyLoadError
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.spec import ActorSpec
 
 _STEP_IN_NAME = re.compile(r"-(\d+)\.(?:pt|onnx)$")
 

@@ -29,7 +29,7 @@ from huggy_agent.formats.architecture import (
     refuse_unsupported,
 )
 from huggy_agent.formats.loaded import LoadedPolicy, step_from_filename
-from huggy_agent.spec import InputKind, ObservationInput
+from huggy_agent_client.spec import InputKind, ObservationInput
 
 OUTPUTS = {"version_number", "memory_size", "continuous_actions", "continuous_action_output_shape",
            "deterministic_continuous_actions", "discrete_actions", "discrete_action_output_shape",

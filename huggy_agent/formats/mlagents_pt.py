@@ -31,7 +31,7 @@ from huggy_agent.formats.architecture import (
 )
 from huggy_agent.formats.loaded import LoadedPolicy, step_from_filename
 from huggy_agent.formats.mlagents_onnx import read_spec
-from huggy_agent.spec import ObservationInput
+from huggy_agent_client.spec import ObservationInput
 
 NORMALIZER_STATS = ("running_mean", "running_variance", "normalization_steps")
 

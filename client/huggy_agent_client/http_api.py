@@ -1,6 +1,6 @@
 """The HTTP contract of a served policy (`huggy serve`), version 1, with no server in it: paths,
 headers, limits, the API key, and which policy answers a request. The server (`deploy.serving`)
-and the client (`huggy_agent.remote.RemoteAgent`) both follow it.
+and the client (`huggy_agent_client.remote.RemoteAgent`) both follow it.
 
     POST /v1/act              actions; the policy: the `serve_multiplexed_model_id` header's,
                               else the split's (by the body's "session"), else the default

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from huggy_agent.observations import as_observation_batch
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.observations import as_observation_batch
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 
 
 def _as_float32(value: Any, what: str, expected: str) -> np.ndarray:
