@@ -126,11 +126,11 @@ def judge(attack: Attack, outcome: Outcome, row: dict[str, Any],
     return checks
 
 
-def run_row(attack: Attack, target: Target, probes: ProbeClients, quick: bool) -> dict[str, Any]:
-    """One attack on one target, measured (module docstring)."""
+def run_row(attack: Attack, targets: Targets, name: str, quick: bool) -> dict[str, Any]:
+    """One attack on the target `name`, measured (module docstring)."""
+    target, probes, note = targets.ready(name)
     row: dict[str, Any] = {"attack": attack.name, "target": target.name,
                            "summary": attack.summary}
-    note = target.ensure_ready(READY_TIMEOUT_S)
     if note:
         row["target_note"] = note
     pid = target.pid()
@@ -174,6 +174,10 @@ def run_row(attack: Attack, target: Target, probes: ProbeClients, quick: bool) -
     if haproxy:
         row["haproxy_rss_mib"] = [round(haproxy_before, 1), round(
             sum(proc_status(p).get("VmRSS", 0) for p in haproxy) / 1024, 1)]
+    if trace.fds_peak is not None and trace.fds_before is not None \
+            and trace.fds_peak - trace.fds_before >= 100:
+        row["notes"] = "; ".join(filter(None, [row["notes"], f"target descriptors "
+                                               f"{trace.fds_before} -> {trace.fds_peak} at peak"]))
     row["crash"] = crash_of(target, pid, ticks, after)
     checks = judge(attack, outcome, row, during)
     row["checks"] = checks
@@ -197,13 +201,26 @@ class Targets:
             self.running[name] = (target, ProbeClients(target.probe_config()))
         return self.running[name]
 
+    def ready(self, name: str) -> tuple[Target, ProbeClients, str | None]:
+        """The target `name` once it answers (the subprocess servers started afresh), its
+        probe clients (new ones if it moved to another port) and a note if it did not answer
+        at first."""
+        target, probes = self.get(name)
+        config = target.probe_config()
+        note = target.ensure_ready(READY_TIMEOUT_S)
+        if target.probe_config() != config:
+            probes.close()
+            probes = ProbeClients(target.probe_config())
+            self.running[name] = (target, probes)
+        return target, probes, note
+
     def stop(self, name: str) -> None:
         target, probes = self.running.pop(name)
         probes.close()
         print(f"# stopping {name} ...", file=sys.stderr, flush=True)
         report = target.stop()
         if isinstance(target, SubprocessTarget):
-            report["restarts"] = target.restarts
+            report["fresh_starts"] = target.restarts
         self.reports[name] = report
 
     def stop_all(self) -> None:
@@ -230,6 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write every measurement here (JSON)")
     parser.add_argument("--markdown", type=Path, help="write the table here too")
     parser.add_argument("--serve", choices=("grpcio", "envs"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--probe-worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -239,7 +257,7 @@ def main() -> int:
     if args.serve:
         from hostile.targets import serve_main
 
-        serve_main(args.serve)
+        serve_main(args.serve, args.port)
         return 0
     if args.probe_worker:
         worker_main()
@@ -267,9 +285,8 @@ def main() -> int:
         for attack, name in plan([known[name] for name in names], families):
             if name == KEYED and "huggy" in targets.running:
                 targets.stop("huggy")
-            target, probes = targets.get(name)
             print(f"# {attack.name} on {name} ...", file=sys.stderr, flush=True)
-            row = run_row(attack, target, probes, args.quick)
+            row = run_row(attack, targets, name, args.quick)
             print(f"#   {row['verdict']}", file=sys.stderr, flush=True)
             rows.append(row)
     finally:

@@ -673,9 +673,14 @@ def _concurrent(count: int) -> Callable[[Context], Outcome]:
                    + (f"Authorization: Bearer {ctx.target.key}\r\n" if ctx.target.key else "")
                    + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         size = count if not ctx.quick else count // 5
+        stats_before = ctx.target.server_stats() if isinstance(ctx.target, HuggyTarget) else {}
         with rotation_monitor(ctx.target) as changes:
             answers = http_burst(ctx.target.http_address, request, size, 30.0)
             time.sleep(0.3)
+        stats_after = ctx.target.server_stats() if isinstance(ctx.target, HuggyTarget) else {}
+        went_down = sum(int(row.get("chkdown") or 0)
+                        - int(stats_before.get(name, {}).get("chkdown") or 0)
+                        for name, row in stats_after.items())
         outcomes: Counter[str] = Counter()
         proper_503 = 0
         for answer in answers:
@@ -691,13 +696,19 @@ def _concurrent(count: int) -> Callable[[Context], Outcome]:
                 if any(op != 2 or admin != 0 for _, op, admin in change["servers"])
                 or not change["servers"]]
         times = sorted(a.elapsed_s for a in answers if a.elapsed_s is not None)
-        rotation = ("never left rotation" if not left else
-                    f"left rotation at {left[0]['t']} s ({left[0]['servers']})")
+        if left:
+            rotation = f"out of rotation at {left[0]['t']} s ({left[0]['servers'][:2]})"
+        elif went_down:
+            rotation = "out of rotation between two polls"
+        else:
+            rotation = "never out of rotation"
+        if went_down:
+            rotation += f", marked DOWN {went_down}x (HAProxy's chkdown)"
         checks = {f"{size} x 200": outcomes.get("200", 0) == size}
         if count >= 3000:
             checks = {"200 or JSON 503 + Retry-After":
                       outcomes.get("200", 0) + proper_503 == size,
-                      "replica stays in rotation": not left}
+                      "replica stays in rotation": not left and not went_down}
         return Outcome(
             sent=f"{size} requests at once",
             ending=", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items())),
@@ -705,7 +716,10 @@ def _concurrent(count: int) -> Callable[[Context], Outcome]:
                   f"{times[-1]:.1f} s" if times else rotation,
             checks=checks,
             details={"outcomes": dict(outcomes), "proper_503": proper_503,
-                     "rotation_changes": changes[:20],
+                     "rotation_changes": changes[:20], "marked_down": went_down,
+                     "haproxy_stats_after": {name: {key: row.get(key) for key in (
+                         "status", "chkdown", "downtime", "lastchg", "hrsp_5xx", "eresp",
+                         "econ", "qmax", "smax")} for name, row in stats_after.items()},
                      "p50_s": times[len(times) // 2] if times else None,
                      "max_s": times[-1] if times else None})
 

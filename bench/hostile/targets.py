@@ -272,7 +272,10 @@ class Target:
 
 
 class SubprocessTarget(Target):
-    """The grpcio or envs server, run by `serve_main` in a subprocess."""
+    """The grpcio or envs server, run by `serve_main` in a subprocess; started afresh before
+    every row (on the same port where it is free), so that no row's memory is measured on a
+    process that an earlier row grew: memory an allocator kept from then would absorb part of
+    the new growth unseen."""
 
     def __init__(self, kind: str) -> None:
         method, body = (ACT_METHOD, ACT_BODY) if kind == "grpcio" else (EXCHANGE_METHOD,
@@ -284,15 +287,20 @@ class SubprocessTarget(Target):
         self._log = Path(tempfile.mkstemp(prefix=f"hostile-{kind}-", suffix=".log")[1])
 
     def start(self) -> None:
-        with self._log.open("a") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(SCRIPT), "--serve", self.kind], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, start_new_session=True)
-        line = _read_line(self.process, 60)
-        if not line.startswith("ready "):
+        """Start the server on the port it had (any free one the first time, or where that
+        one is taken)."""
+        for port in dict.fromkeys((self.grpc_address[1], 0)):
+            with self._log.open("a") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, str(SCRIPT), "--serve", self.kind, "--port", str(port)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                    cwd=REPO, start_new_session=True)
+            line = _read_line(self.process, 60)
+            if line.startswith("ready "):
+                self.grpc_address = ("127.0.0.1", int(line.split()[1]))
+                return
             self.stop()
-            raise RuntimeError(f"the {self.kind} server did not start: {line!r}; see {self._log}")
-        self.grpc_address = ("127.0.0.1", int(line.split()[1]))
+        raise RuntimeError(f"the {self.kind} server did not start; see {self._log}")
 
     def pid(self) -> int | None:
         if self.process is None or self.process.poll() is not None:
@@ -300,13 +308,12 @@ class SubprocessTarget(Target):
         return self.process.pid
 
     def ensure_ready(self, timeout_s: float) -> str | None:
-        if self.pid() is not None and self.answering():
-            return None
+        silent = self.pid() is None or not self.answering()
         self.stop()
         self.start()
         self.restarts += 1
         note = super().ensure_ready(timeout_s)
-        return note or "restarted before this row (the previous row left it not answering)"
+        return note or ("the previous row had left it not answering" if silent else None)
 
     def stop(self) -> dict[str, object]:
         if self.process is None:
@@ -458,6 +465,22 @@ class HuggyTarget(Target):
                 servers.append((fields[1], fields[3], int(fields[5]), int(fields[6])))
         return servers
 
+    def server_stats(self) -> dict[str, dict[str, str]]:
+        """HAProxy's statistics (`show stat`) of the HTTP backends' replica servers: by
+        server name, every field by its CSV header's name (`status`, `chkdown`: transitions
+        from UP to DOWN so far, `downtime` ...)."""
+        lines = self.admin_command("show stat").splitlines()
+        if not lines or not lines[0].startswith("# "):
+            return {}
+        names = lines[0][2:].split(",")
+        stats = {}
+        for line in lines[1:]:
+            row = dict(zip(names, line.split(","), strict=False))
+            if row.get("pxname", "").startswith("http") and "SERVE_REPLICA" in row.get(
+                    "svname", ""):
+                stats[row["svname"]] = row
+        return stats
+
     def stop(self) -> dict[str, object]:
         """SIGTERM to `huggy serve` and a wait for it to exit; then whatever of its cluster is
         left (processes naming its RAY_TMPDIR or HAProxy folder) is waited for and, after
@@ -533,9 +556,9 @@ def _more_descriptors() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def serve_main(kind: str) -> None:
-    """Run the grpcio or envs server on a free port of 127.0.0.1, print "ready PORT", serve
-    until stdin closes, then exit."""
+def serve_main(kind: str, port: int) -> None:
+    """Run the grpcio or envs server on `port` of 127.0.0.1 (0: a free one), print
+    "ready PORT", serve until stdin closes, then exit; print nothing if it cannot listen."""
     _more_descriptors()
     if kind == "grpcio":
         from concurrent.futures import ThreadPoolExecutor
@@ -545,7 +568,9 @@ def serve_main(kind: str) -> None:
         handler = grpc.unary_unary_rpc_method_handler(lambda request, context: GRPCIO_ANSWER)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("huggy.v1.Policy", {"Act": handler}),))
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = server.add_insecure_port(f"127.0.0.1:{port}")
+        if not port:
+            return
         server.start()
         print("ready", port, flush=True)
         sys.stdin.read()
@@ -553,7 +578,10 @@ def serve_main(kind: str) -> None:
         return
     from envs.http2 import UnaryServer
 
-    unity = UnaryServer("127.0.0.1", 0)
+    try:
+        unity = UnaryServer("127.0.0.1", port)
+    except OSError:
+        return
 
     def answer_calls() -> None:
         try:

@@ -135,6 +135,15 @@ def open_socket(address: tuple[str, int], rcvbuf: int | None = None,
     return sock
 
 
+def ready(sock: socket.socket, write: bool, timeout_s: float) -> bool:
+    """Whether `sock` is readable (or writable) within `timeout_s` seconds; `poll`, not
+    `select`, which cannot watch descriptors above 1023 (the idle-connection rows open
+    thousands)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT if write else select.POLLIN)
+    return bool(poller.poll(max(timeout_s, 0.0) * 1000))
+
+
 def send_bounded(sock: socket.socket, data: bytes | memoryview, block_s: float
                  ) -> tuple[int, OSError | None]:
     """Write `data` to the non-blocking `sock`; stop once it stays unwritable for `block_s`
@@ -150,7 +159,7 @@ def send_bounded(sock: socket.socket, data: bytes | memoryview, block_s: float
             pass
         except OSError as error:
             return sent, error
-        if not select.select([], [sock], [], block_s)[1]:
+        if not ready(sock, True, block_s):
             break
     return sent, None
 
@@ -258,7 +267,7 @@ class Connection:
     def _read_loop(self) -> None:
         while not self._stop and self.seen.closed is None:
             try:
-                if not select.select([self.sock], [], [], 0.1)[0]:
+                if not ready(self.sock, False, 0.1):
                     continue
                 chunk = self.sock.recv(1 << 20)
             except BlockingIOError:
@@ -430,7 +439,7 @@ class Connection:
         drained = 0
         while time.monotonic() < deadline and drained < max_bytes and self.seen.closed is None:
             try:
-                if not select.select([self.sock], [], [], min(0.2, deadline - time.monotonic()))[0]:
+                if not ready(self.sock, False, min(0.2, deadline - time.monotonic())):
                     if self.seen.goaway is not None:
                         break
                     continue
