@@ -39,9 +39,17 @@ Retry-After and the replica never out of HAProxy's rotation; a new request withi
 slowloris; a 4xx within 50 ms for 40,000 JSON keys; at most 64 KiB of a request without a valid
 key read before its refusal).
 
+Rows run one after another: per attack huggy, grpcio, envs back to back, then the keyed
+instance's rows. The grpcio and envs servers start afresh before each row; huggy's replica
+serves every row, so a row's memory growth is counted from what earlier rows left (a lower
+bound where its allocator kept freed memory). A row waits (up to 180 s) for its target to
+answer; where the replica at a row's start is not the one the previous row ended with, the
+previous row is blamed for its replacement; a target that never answers again skips the row.
+
 Output: a header line (date UTC, nproc, CPU model, versions of ray, grpcio, h2, hyperframe,
 hpack), the markdown table on stdout (and `--markdown FILE`), every measurement as JSON
-(`--out FILE`).
+(`--out FILE`; then each huggy instance's output and Serve's logs are kept in FILE's folder,
+under `<stem>-logs/`).
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ from hostile.report import (
     verdict,
 )
 from hostile.targets import (
+    NOT_ANSWERING,
     HuggyTarget,
     Sampler,
     SubprocessTarget,
@@ -79,7 +88,9 @@ from hostile.targets import (
 FAMILIES = ("huggy", "grpcio", "envs")
 SETTLE_S = 3.0
 """Seconds between the attack's end (its connections closed) and the `after` RSS."""
-READY_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 180.0
+"""The longest a row waits for its target to answer (a Serve replica replaced after a stall
+took 30-60 s here)."""
 
 
 def family(target_name: str) -> str:
@@ -134,8 +145,10 @@ def run_row(attack: Attack, targets: Targets, name: str, quick: bool) -> dict[st
     if note:
         row["target_note"] = note
     pid = target.pid()
-    if pid is None:
-        row.update(verdict="FAIL: target not running", crash="not running before the row")
+    targets.blame_previous(name, pid)
+    if pid is None or note == NOT_ANSWERING:
+        row.update(verdict=f"skipped: the target did not answer within {READY_TIMEOUT_S:.0f} s",
+                   crash=NOT_ANSWERING, checks={})
         return row
     ticks = start_ticks(pid)
     haproxy = target.haproxy_pids() if isinstance(target, HuggyTarget) else []
@@ -188,15 +201,21 @@ def run_row(attack: Attack, targets: Targets, name: str, quick: bool) -> dict[st
 class Targets:
     """The targets of this run, started when first needed and stopped at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, logs_dir: Path | None) -> None:
         self.running: dict[str, tuple[Target, ProbeClients]] = {}
         self.reports: dict[str, dict[str, object]] = {}
+        self.last_rows: dict[str, dict[str, Any]] = {}
+        self._logs_dir = logs_dir
 
     def get(self, name: str) -> tuple[Target, ProbeClients]:
         if name not in self.running:
             print(f"# starting {name} ...", file=sys.stderr, flush=True)
-            target: Target = (HuggyTarget(with_key=name == KEYED) if family(name) == "huggy"
-                              else SubprocessTarget(name))
+            target: Target
+            if family(name) == "huggy":
+                target = HuggyTarget(with_key=name == KEYED)
+                target.logs_dir = self._logs_dir
+            else:
+                target = SubprocessTarget(name)
             target.start()
             self.running[name] = (target, ProbeClients(target.probe_config()))
         return self.running[name]
@@ -213,6 +232,20 @@ class Targets:
             probes = ProbeClients(target.probe_config())
             self.running[name] = (target, probes)
         return target, probes, note
+
+    def blame_previous(self, name: str, pid: int | None) -> None:
+        """Where `huggy serve`'s replica at the start of a row is not the one that the previous
+        row left answering or silent, the previous row caused its replacement: say so there."""
+        previous = self.last_rows.get(name)
+        target = self.running[name][0]
+        if (previous is None or not isinstance(target, HuggyTarget) or "pid" not in previous
+                or pid == previous["pid"] or "gone" in (previous.get("crash") or "")):
+            return
+        previous["crash"] = "; ".join(filter(None, [
+            previous.get("crash"), f"replica {previous['pid']} replaced before the next row"
+                                   + (f" (by {pid})" if pid else "")]))
+        previous["checks"]["no-crash"] = False
+        previous["verdict"] = verdict(previous["checks"])
 
     def stop(self, name: str) -> None:
         target, probes = self.running.pop(name)
@@ -279,7 +312,7 @@ def main() -> int:
     info = header()
     print(header_line(info), flush=True)
     rows: list[dict[str, Any]] = []
-    targets = Targets()
+    targets = Targets(args.out.with_name(args.out.stem + "-logs") if args.out else None)
     started = time.monotonic()
     try:
         for attack, name in plan([known[name] for name in names], families):
@@ -289,6 +322,7 @@ def main() -> int:
             row = run_row(attack, targets, name, args.quick)
             print(f"#   {row['verdict']}", file=sys.stderr, flush=True)
             rows.append(row)
+            targets.last_rows[name] = row
     finally:
         targets.stop_all()
     order = {attack.name: index for index, attack in enumerate(ATTACKS)}

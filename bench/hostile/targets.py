@@ -46,6 +46,9 @@ ENVS_REQUEST = b"\x0a\x04unity"
 ENVS_ANSWER = b"\x0a\x06python"
 MAX_BODY_BYTES = 1 << 20
 """huggy serve's default --max-body-bytes, and the grpcio reference's max receive size."""
+STABLE_S = 10.0
+"""How long a target that did not answer at first must answer with the same process."""
+NOT_ANSWERING = "not answering before the row"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "hostile_load.py"
@@ -251,13 +254,25 @@ class Target:
         return grpc_call(self.grpc_address, self.method, self.body, self.metadata) == "OK"
 
     def ensure_ready(self, timeout_s: float) -> str | None:
-        """Wait until the target answers; a note if it had to be restarted or never answered."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.pid() is not None and self.answering():
-                return None
-            time.sleep(0.5)
-        return "not answering before the row"
+        """Wait (at most `timeout_s`) until the target answers: at once, or else until one and
+        the same process has answered for `STABLE_S` (Serve may still replace a replica that
+        answered once after a stall). None if it answered at once, else a note: how long it
+        took, or `NOT_ANSWERING`."""
+        start = time.monotonic()
+        if self.pid() is not None and self.answering():
+            return None
+        candidate, since = None, start
+        while time.monotonic() - start < timeout_s:
+            pid = self.pid()
+            if pid is not None and self.answering():
+                if pid != candidate:
+                    candidate, since = pid, time.monotonic()
+                elif time.monotonic() - since >= STABLE_S:
+                    return f"answered again after {time.monotonic() - start:.0f} s of waiting"
+            else:
+                candidate = None
+            time.sleep(1.0)
+        return NOT_ANSWERING
 
     def probe_config(self) -> dict[str, object]:
         """What the probe clients need (see `probes.worker_main`)."""
@@ -349,7 +364,8 @@ class HuggyTarget(Target):
         self.process: subprocess.Popen[bytes] | None = None
         self.temp = Path(tempfile.mkdtemp(prefix="hl", dir="/tmp"))
         self.http_port, self.grpc_port = 0, 0
-        self._replica: tuple[int, int | None] | None = None
+        self.logs_dir: Path | None = None
+        """Where `stop` keeps `huggy serve`'s output and Serve's logs (None: nowhere)."""
 
     @property
     def haproxy_dir(self) -> Path:
@@ -497,6 +513,8 @@ class HuggyTarget(Target):
                 report["exit_code"] = process.wait(timeout=30)
                 report["killed_after_sigterm"] = True
             report["stop_s"] = round(time.monotonic() - started, 1)
+        if self.logs_dir is not None:
+            report["logs"] = str(self._keep_logs(self.logs_dir / self.name))
         markers = [str(self.temp)] + ([f"{self.haproxy_dir}/"] if self.http_port else [])
         deadline = time.monotonic() + 30
         left = _leftovers(markers)
@@ -511,6 +529,17 @@ class HuggyTarget(Target):
         if self.http_port:
             shutil.rmtree(self.haproxy_dir, ignore_errors=True)
         return report
+
+
+    def _keep_logs(self, folder: Path) -> Path:
+        """Copy `huggy serve`'s output and Serve's logs (controller, replicas, proxy) of this
+        instance into `folder`, which is returned."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in [self.log, *sorted(self.temp.glob("ray/session_*/logs/serve/*"))]:
+            with contextlib.suppress(OSError):
+                if path.is_file() and path.stat().st_size < 64 << 20:
+                    shutil.copy(path, folder / path.name)
+        return folder
 
 
 def _leftovers(markers: list[str]) -> list[tuple[int, str]]:

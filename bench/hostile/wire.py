@@ -31,7 +31,6 @@ from hyperframe.frame import (
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 MAX_WINDOW = 2**31 - 1
-DEFAULT_MAX_FRAME = 16_384
 FRAME_HEADER = struct.Struct(">IBI")
 """A frame's 9-byte header: (24-bit length << 8 | type), flags, stream id."""
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
@@ -171,9 +170,7 @@ class StreamSeen:
     status: str | None = None
     """The `:status` of the first header block."""
     grpc_status: str | None = None
-    grpc_message_bytes: int = 0
     header_block_bytes: int = 0
-    data_bytes: int = 0
     ended: bool = False
     rst: str | None = None
     answered_at: float | None = None
@@ -213,16 +210,14 @@ class Connection:
     """A client's HTTP/2 connection to `address` whose every frame the caller chooses.
 
     With `read`, a thread reads and records what comes back (`seen`), answers the peer's
-    SETTINGS and PINGs as a client does (unless `polite` is False) and tracks the windows the
-    peer grants; without, nothing is read until `inspect_unread`. `preface`: send the client
-    preface and SETTINGS at once (`settings` added; the stream window `initial_window`, the
-    connection window opened to the most) .
+    SETTINGS and PINGs as a client does and tracks the windows the peer grants; without,
+    nothing is read until `inspect_unread`. `preface`: send the client preface and SETTINGS at
+    once (the stream window `initial_window`, the connection window opened to the most).
     """
 
     def __init__(self, address: tuple[str, int], *, read: bool = True, rcvbuf: int | None = None,
                  sndbuf: int | None = None, preface: bool = True,
-                 initial_window: int = MAX_WINDOW, settings: dict[int, int] | None = None,
-                 polite: bool = True, open_window: bool = True) -> None:
+                 initial_window: int = MAX_WINDOW) -> None:
         self.sock = open_socket(address, rcvbuf, sndbuf)
         self.seen = Seen()
         self.sent = 0
@@ -235,14 +230,10 @@ class Connection:
         self._send_lock = threading.Lock()
         self._changed = threading.Condition()
         self._stop = False
-        self._polite = polite
         self._thread: threading.Thread | None = None
         if preface:
-            ours = {0x4: initial_window, 0x2: 0, **(settings or {})}
-            opening = PREFACE + settings_frame(ours)
-            if open_window:
-                opening += window_update(0, MAX_WINDOW - 65_535)
-            self.send(opening)
+            self.send(PREFACE + settings_frame({0x4: initial_window, 0x2: 0})
+                      + window_update(0, MAX_WINDOW - 65_535))
         if read:
             self._thread = threading.Thread(target=self._read_loop, daemon=True)
             self._thread.start()
@@ -280,7 +271,7 @@ class Connection:
             if not chunk:
                 self._closed("EOF")
                 return
-            self.feed(chunk, decode=True, answer=self._polite)
+            self.feed(chunk, decode=True, answer=True)
 
     def _closed(self, how: str) -> None:
         with self._changed:
@@ -318,7 +309,6 @@ class Connection:
             seen.frames[FRAME_NAMES.get(kind, str(kind))] += 1
             notify = True
             if kind == DATA:
-                self._stream(stream).data_bytes += len(payload)
                 if flags & END_STREAM:
                     self._stream(stream).ended = True
             elif kind in (HEADERS, CONTINUATION):
@@ -394,8 +384,6 @@ class Connection:
                 state.status = value.decode("latin-1")
             elif name == b"grpc-status":
                 state.grpc_status = value.decode("latin-1")
-            elif name == b"grpc-message":
-                state.grpc_message_bytes = len(value)
 
     # waiting and reporting
 
@@ -469,7 +457,7 @@ class Connection:
                 "goaway_after_s": _after(seen.goaway_at, self.started),
                 "rst_codes": dict(seen.rst_codes), "closed": seen.closed,
                 "closed_after_s": _after(seen.closed_at, self.started),
-                "send_error": seen.send_error,
+                "send_error": seen.send_error, "header_decode_errors": seen.decode_errors,
                 "peer_settings": {str(k): v for k, v in seen.peer_settings.items()}}
 
     def close(self) -> None:
