@@ -254,6 +254,7 @@ class Targets:
         report = target.stop()
         if isinstance(target, SubprocessTarget):
             report["fresh_starts"] = target.restarts
+            target.forget_empty_log()
         self.reports[name] = report
 
     def stop_all(self) -> None:

@@ -341,7 +341,14 @@ class SubprocessTarget(Target):
         except subprocess.TimeoutExpired:
             process.kill()
             code = process.wait(timeout=10)
-        return {"exit_code": code, "log": str(self._log)}
+        return {"exit_code": code, "stderr": str(self._log)}
+
+
+    def forget_empty_log(self) -> None:
+        """Remove the servers' stderr log where nothing was written to it."""
+        with contextlib.suppress(OSError):
+            if self._log.stat().st_size == 0:
+                self._log.unlink()
 
 
 def _read_line(process: subprocess.Popen[str], timeout_s: float) -> str:
