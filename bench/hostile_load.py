@@ -81,7 +81,6 @@ from hostile.targets import (
     SubprocessTarget,
     Target,
     cpu_seconds,
-    proc_status,
     start_ticks,
 )
 
@@ -151,10 +150,11 @@ def run_row(attack: Attack, targets: Targets, name: str, quick: bool) -> dict[st
                    crash=NOT_ANSWERING, checks={})
         return row
     ticks = start_ticks(pid)
-    haproxy = target.haproxy_pids() if isinstance(target, HuggyTarget) else []
-    haproxy_before = sum(proc_status(p).get("VmRSS", 0) for p in haproxy) / 1024
+    haproxy = target.listening_haproxy() if isinstance(target, HuggyTarget) else None
     time.sleep(0.5)
     sampler = Sampler(pid)
+    haproxy_sampler = Sampler(haproxy) if haproxy else None  # the front door
+    haproxy_cpu_before = cpu_seconds(haproxy) if haproxy else None
     cpu_before = cpu_seconds(pid)
     probes.start_during(attack.window[1 if quick else 0])
     started = time.monotonic()
@@ -167,6 +167,8 @@ def run_row(attack: Attack, targets: Targets, name: str, quick: bool) -> dict[st
     during = probes.stop_during()
     time.sleep(SETTLE_S)
     trace = sampler.finish()
+    haproxy_trace = haproxy_sampler.finish() if haproxy_sampler else None
+    haproxy_cpu_after = cpu_seconds(haproxy) if haproxy else None
     cpu_after = cpu_seconds(pid)
     after = probes.after()
     row.update(
@@ -184,9 +186,11 @@ def run_row(attack: Attack, targets: Targets, name: str, quick: bool) -> dict[st
     if cpu_before is not None and cpu_after is not None:
         row["cpu_s"] = round(cpu_after - cpu_before, 2)
         row["cpu_share"] = row["cpu_s"] / max(duration + SETTLE_S, 1e-3)
-    if haproxy:
-        row["haproxy_rss_mib"] = [round(haproxy_before, 1), round(
-            sum(proc_status(p).get("VmRSS", 0) for p in haproxy) / 1024, 1)]
+    if haproxy_trace is not None:
+        row["haproxy_memory"] = {"before": haproxy_trace.before, "peak": haproxy_trace.peak,
+                                 "after": haproxy_trace.after}
+        if haproxy_cpu_before is not None and haproxy_cpu_after is not None:
+            row["haproxy_cpu_s"] = round(haproxy_cpu_after - haproxy_cpu_before, 2)
     if trace.fds_peak is not None and trace.fds_before is not None \
             and trace.fds_peak - trace.fds_before >= 100:
         row["notes"] = "; ".join(filter(None, [row["notes"], f"target descriptors "

@@ -91,15 +91,18 @@ def _cell(text: object) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table: one row per attack and target."""
     head = ("| attack | target | sent | attacker's connection(s) ended | RSS MiB before/peak/after "
-            "(growth) | target CPU s | gRPC during p50/p99 ms | HTTP during | gRPC after | "
-            "HTTP after | crash | notes | verdict |")
-    lines = [head, "|" + "---|" * 13]
+            "(growth) | target CPU s | HAProxy RSS MiB, CPU s | gRPC during p50/p99 ms | "
+            "HTTP during | gRPC after | HTTP after | crash | notes | verdict |")
+    lines = [head, "|" + "---|" * 14]
     for row in rows:
         probes = row.get("probes", {})
         cpu = row.get("cpu_s")
         cpu_text = "-" if cpu is None else f"{cpu:.1f} ({row['cpu_share']:.0%})"
+        haproxy = "-"
+        if row.get("haproxy_memory"):
+            haproxy = f"{_memory(row['haproxy_memory'])}, {row.get('haproxy_cpu_s', '-')}"
         cells = [row["attack"], row["target"], row.get("sent", "-"), row.get("ending", "-"),
-                 _memory(row.get("memory", {})), cpu_text,
+                 _memory(row.get("memory", {})), cpu_text, haproxy,
                  _latency(probes.get("during", {}).get("grpc")),
                  _latency(probes.get("during", {}).get("http")),
                  _latency(probes.get("after", {}).get("grpc")),

@@ -446,6 +446,14 @@ class HuggyTarget(Target):
         return [pid for pid, _ in processes_mentioning(f"{self.haproxy_dir}/")
                 if b"haproxy" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
+    def listening_haproxy(self) -> int | None:
+        """The HAProxy that listens now (each of Serve's reloads starts a new one, and the one
+        it replaces exits once its connections are done): the pid its admin socket reports."""
+        for line in self.admin_command("show info").splitlines():
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+        return None
+
     def admin_sockets(self) -> list[Path]:
         """HAProxy's admin sockets: the `stats socket` lines of the configuration its process
         was started with (`-f`), else any `admin.sock` under its folder."""
