@@ -406,10 +406,12 @@ class HuggyTarget(Target):
                 self.stop()
                 raise RuntimeError(f"huggy serve did not come up (see {self.log}):\n{tail}")
             time.sleep(1.0)
-        if self.ensure_ready(max(deadline - time.monotonic(), 30.0)) is not None:
+        if self.ensure_ready(max(deadline - time.monotonic(), 30.0)) == NOT_ANSWERING:
             tail = self.log.read_text(errors="replace")[-2000:]
+            seen = (f"replica processes {self.replica_pids()}, a gRPC call now: "
+                    f"{grpc_call(self.grpc_address, self.method, self.body, self.metadata)}")
             self.stop()
-            raise RuntimeError(f"huggy serve's replica did not answer gRPC:\n{tail}")
+            raise RuntimeError(f"huggy serve's replica did not answer gRPC ({seen}):\n{tail}")
 
     def _healthy(self) -> bool:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

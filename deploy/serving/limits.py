@@ -57,9 +57,10 @@ class ServingLimits:
     max_concurrent_streams: int = 100
     """HTTP/2 calls open at once on one connection (`tune.h2.fe.max-concurrent-streams`)."""
     max_glitches: int = 100
-    """HTTP/2 frames a well-behaved client does not send (floods of CONTINUATION, SETTINGS or
-    empty frames, streams reset at once, invalid header blocks) before HAProxy closes the
-    connection (`tune.h2.fe.glitches-threshold`)."""
+    """HTTP/2 that a well-behaved client does not send, as HAProxy counts it (a header block
+    cut in many tiny pieces, frames of the wrong kind or size, ...), before HAProxy closes the
+    connection (`tune.h2.fe.glitches-threshold`). A header block that never ends holds no
+    memory (HAProxy drops empty frames as they come) and is cut at `request_timeout_s`."""
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> ServingLimits:
