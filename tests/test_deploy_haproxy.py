@@ -230,7 +230,8 @@ def test_the_side_ports_differ_from_each_other_and_from_the_http_port() -> None:
 
 
 @pytest.mark.parametrize("missing", ["errorfile 503", "http-request return status 404",
-                                     "use_backend http-huggy if", "frontend http_frontend"])
+                                     "use_backend http-huggy if", "frontend http_frontend",
+                                     "defaults"])
 def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
         tmp_path: Path, page: Path, missing: str) -> None:
     config = "".join(line for line in ray_config(tmp_path).splitlines(keepends=True)
@@ -242,7 +243,8 @@ def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
     assert f"supports Ray {SUPPORTED_RAY}.x" in message
     assert {"errorfile 503": "found 2 of 3", "http-request return status 404": "not-found answer",
             "use_backend http-huggy if": "the rule routing to http-huggy",
-            "frontend http_frontend": "the HTTP frontend's address"}[missing] in message
+            "frontend http_frontend": "the HTTP frontend's address",
+            "defaults": "the 'global' and 'defaults' sections"}[missing] in message
 
 
 class _ServeProxy(http.server.BaseHTTPRequestHandler):

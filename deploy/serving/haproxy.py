@@ -176,9 +176,9 @@ def patch_config(text: str, page: Path, front: Front | None = None) -> str:
         The changed configuration.
 
     Raises:
-        HAProxyConfigError: `text` lacks the error files, the not-found answer or the HTTP
-            frontend's address, or routes to a backend with a backup server by no rule this
-            module knows.
+        HAProxyConfigError: `text` lacks the error files, the not-found answer, the HTTP
+            frontend's address or the global and defaults sections, or routes to a backend
+            with a backup server by no rule this module knows.
     """
     front = front or Front()
     text, error_files = _ERROR_FILE.subn(lambda match: f"{match['directive']} {page}", text)
@@ -197,6 +197,8 @@ def patch_config(text: str, page: Path, front: Front | None = None) -> str:
         missing.append("the not-found answer ('http-request return status 404 ...')")
     if frontend is None:
         missing.append("the HTTP frontend's address ('frontend http_frontend' and its 'bind')")
+    if text.count(_LIMITS_MARK) != 2:
+        missing.append("the 'global' and 'defaults' sections, where the caps go")
     for backend, server in backups.items():
         route = f"    use_backend {backend} if is_{backend}\n"
         if route not in text:
