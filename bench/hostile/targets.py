@@ -625,7 +625,7 @@ def serve_main(kind: str, port: int) -> None:
     from envs.http2 import UnaryServer
 
     try:
-        unity = UnaryServer("127.0.0.1", port)
+        unity = UnaryServer("127.0.0.1", port, EXCHANGE_METHOD)
     except OSError:
         return
 
