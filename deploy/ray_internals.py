@@ -1,21 +1,10 @@
 """The only module that touches Ray's private names: each one here because Ray has no public way
 to do the job, each with a check that names the Ray version when it is missing.
 
-    deployment_with_version   a Serve deployment version chosen by us, so that a redeploy from
-                              Python that changes only the `user_config` reconfigures the running
-                              replicas in place (what `serve deploy` of a config file does);
-                              `Deployment.options(version=...)` is refused without `_internal`
-    task_attempt_number       which try of the current task this is (the evaluation report counts
-                              retries); the runtime context has no public getter for it
-    reload_config             make a process that has already imported Ray read `RAY_AUTH_MODE`
-                              again (token authentication), as Ray itself does when it turns
-                              token auth on
-    single_machine_cluster    a cluster started by this process uses 127.0.0.1 as its node
-                              address (every port on loopback), when Ray's flag for that was read
-                              at import time
-    quiet_retried_task_errors this driver prints no line for a task that failed and will be
-                              retried (Ray's system setting `enable_output_error_log_if_still_retry`,
-                              read from the environment): Serve's own shutdown makes one
+`deployment_with_version` (a Serve deployment version of our choosing), `task_attempt_number`
+(which try of the running task this is), `reload_config` (read `RAY_AUTH_MODE` again after
+Ray was imported), `single_machine_cluster` (a cluster on 127.0.0.1 only) and
+`quiet_retried_task_errors` (no line for a task that will be retried); each says why.
 
 Supported: Ray `SUPPORTED_RAY` (the release the project pins). `check()` runs at start-up
 (`deploy.cluster.init_ray`, `deploy.serving.app.build_app`) and raises `RayInternalsError`,
@@ -73,9 +62,20 @@ def _lookup(path: str, purpose: str) -> Any:
 
 
 def deployment_with_version(deployment: Any, version: str) -> Any:
-    """`deployment` with the Serve deployment version `version`: a redeploy with the same
-    version and another `user_config` reconfigures the running replicas instead of replacing
-    them."""
+    """A Serve deployment with a version of our choosing, so that a redeploy from Python that changes
+    only the `user_config` reconfigures the running replicas in place (what `serve deploy` of a
+    config file does); `Deployment.options(version=...)` is refused without `_internal`.
+
+    Args:
+        deployment: the Serve deployment.
+        version: its version.
+
+    Returns:
+        The deployment with that version.
+
+    Raises:
+        RayInternalsError: this Ray's `Deployment.options` takes no `_internal`.
+    """
     try:
         return deployment.options(version=version, _internal=True)
     except TypeError as error:
@@ -84,16 +84,27 @@ def deployment_with_version(deployment: Any, version: str) -> Any:
 
 
 def task_attempt_number() -> int:
-    """0 for the first try of the running task (or actor method), 1 for its first retry, ...
-    Call only inside a Ray task or actor."""
+    """Which try of the running task (or actor method) this is; the runtime context has no public
+    getter for it (the evaluation report counts retries). Call only inside a Ray task or actor.
+
+    Returns:
+        0 for the first try, 1 for its first retry, ...
+
+    Raises:
+        RayInternalsError: this Ray lacks the private names it reads.
+    """
     _lookup(_ATTEMPT, "count an evaluation's retries")
     worker = _lookup("_private.worker.global_worker", "count an evaluation's retries")
     return int(worker.core_worker.get_current_task_attempt_number())
 
 
 def reload_config() -> None:
-    """Read Ray's configuration from the environment again in this process (after
-    `RAY_AUTH_MODE` was set once Ray was imported)."""
+    """Read Ray's configuration from the environment again in this process (after `RAY_AUTH_MODE`
+    was set once Ray was imported), as Ray itself does when it turns token auth on.
+
+    Raises:
+        RayInternalsError: this Ray lacks `_raylet.Config`.
+    """
     _lookup("_raylet.Config", "turn token authentication on").initialize("")
 
 
@@ -101,7 +112,14 @@ def reload_config() -> None:
 def single_machine_cluster() -> Iterator[None]:
     """While the block runs, a Ray cluster started by this process uses 127.0.0.1 as its node
     address, so that all its ports listen on loopback only (its processes inherit the setting
-    through the environment)."""
+    through the environment); Ray's flag for that is read at import time, so it is set here too.
+
+    Yields:
+        None, once; the setting and the environment are restored after the block.
+
+    Raises:
+        RayInternalsError: this Ray lacks `_private.ray_constants.ENABLE_RAY_CLUSTER`.
+    """
     constants = _lookup("_private.ray_constants", "keep a local cluster on 127.0.0.1")
     _lookup("_private.ray_constants.ENABLE_RAY_CLUSTER", "keep a local cluster on 127.0.0.1")
     saved_env = os.environ.get(_MULTI_NODE_VAR)
@@ -129,8 +147,14 @@ def quiet_retried_task_errors() -> None:
 
 
 def check(serve: bool = False) -> None:
-    """Raise RayInternalsError, naming the Ray version, if a private name above is missing
-    (with `serve`, also Serve's). Cheap: attribute lookups only."""
+    """Check that every private name above is there. Cheap: attribute lookups only.
+
+    Args:
+        serve: also check Serve's.
+
+    Raises:
+        RayInternalsError: one is missing, naming the Ray version.
+    """
     _lookup("_private.worker.global_worker", "count an evaluation's retries")
     _lookup(_ATTEMPT, "count an evaluation's retries")
     _lookup("_raylet.Config.initialize", "turn token authentication on")

@@ -14,13 +14,20 @@ from deploy.serving.processes import processes_configured_in
 
 
 def haproxy_dir(port: int) -> Path:
-    """Where HAProxy keeps its config, sockets and state for the Serve HTTP port `port`."""
+    """Where HAProxy keeps its config, sockets and state for a Serve HTTP port.
+
+    Args:
+        port: the HTTP port.
+
+    Returns:
+        `/tmp/huggy-haproxy-<port>`.
+    """
     return Path(f"/tmp/huggy-haproxy-{port}")
 
 
 def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
-    """Soft-stop every HAProxy of HTTP port `port`; return when none has a request in flight, or
-    after `timeout_s`.
+    """Soft-stop every HAProxy of an HTTP port; return when none has a request in flight, or after
+    `timeout_s`.
 
     Soft stop (SIGUSR1): HAProxy closes its listening sockets at once, so new connections are
     refused, answers the requests in flight, and closes each client connection after its next
@@ -31,6 +38,10 @@ def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
     waited for until they exit. HAProxy is found through its files under `haproxy_dir(port)`, so
     only a HAProxy on this machine; with none (another ingress, or the head node elsewhere) this
     does nothing.
+
+    Args:
+        port: the Serve HTTP port.
+        timeout_s: the longest wait, in seconds.
     """
     deadline = time.monotonic() + timeout_s
     folder = haproxy_dir(port)
@@ -56,8 +67,15 @@ def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
 
 
 class HAProxyAdmin:
-    """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command,
-    each ending with a prompt line)."""
+    """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command, each
+    ending with a prompt line).
+
+    Args:
+        path: the admin socket.
+
+    Raises:
+        OSError: the socket cannot be reached, or HAProxy does not answer.
+    """
 
     def __init__(self, path: Path) -> None:
         self._sock = socket.socket(socket.AF_UNIX)
@@ -77,19 +95,44 @@ class HAProxyAdmin:
         self._sock.close()
 
     def command(self, text: str) -> str:
-        """HAProxy's reply to the CLI command `text`."""
+        """Run one CLI command.
+
+        Args:
+            text: the command.
+
+        Returns:
+            HAProxy's reply, without the prompt.
+
+        Raises:
+            ConnectionError: HAProxy closed the session.
+            OSError: the socket failed or timed out.
+        """
         self._sock.sendall(text.encode() + b"\n")
         return self._reply()
 
     def pid(self) -> int:
-        """HAProxy's process id (`show info`)."""
+        """HAProxy's process id (`show info`).
+
+        Returns:
+            The id.
+
+        Raises:
+            ConnectionError: the reply has no Pid line, or HAProxy closed the session.
+        """
         for line in self.command("show info").splitlines():
             if line.startswith("Pid:"):
                 return int(line.split()[1])
         raise ConnectionError("HAProxy's `show info` has no Pid line")
 
     def requests_in_flight(self) -> int:
-        """Streams (one per request being handled) of any frontend but the CLI's own."""
+        """The requests HAProxy is handling now.
+
+        Returns:
+            Its streams (one per request) of any frontend but the CLI's own.
+
+        Raises:
+            ConnectionError: HAProxy closed the session.
+        """
         return sum(line.startswith("0x") and " fe=GLOBAL " not in line
                    for line in self.command("show sess").splitlines())
 

@@ -94,8 +94,12 @@ class ServingLimits:
         return limits
 
     def connections_allowed(self) -> int:
-        """`max_connections`, lowered to what this process's open-file limit allows (HAProxy
-        inherits it); at least 1."""
+        """The connections HAProxy may hold at once.
+
+        Returns:
+            `max_connections`, lowered to what this process's open-file limit allows (HAProxy
+                inherits it); at least 1.
+        """
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if hard == resource.RLIM_INFINITY:
             return self.max_connections
@@ -104,8 +108,14 @@ class ServingLimits:
 
 
 def haproxy_time(seconds: float) -> str:
-    """`seconds` as HAProxy writes a time: "30s", or whole milliseconds ("1500ms", at least
-    1) where the seconds are not whole."""
+    """A time as HAProxy's configuration writes it.
+
+    Args:
+        seconds: the time, > 0.
+
+    Returns:
+        `30s` for whole seconds, else whole milliseconds such as `1500ms` (at least `1ms`).
+    """
     if seconds == int(seconds):
         return f"{int(seconds)}s"
     return f"{max(1, round(seconds * 1000))}ms"
