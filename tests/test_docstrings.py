@@ -1,5 +1,6 @@
-"""Docstrings state contracts. Every module of `huggy_agent/`, `envs/` and `deploy/` is read with
-`ast` and `tokenize` (nothing is imported), and each test fails naming `file:line` for:
+"""Docstrings state contracts. Every module of `huggy_agent/`, `envs/`, `deploy/` and the client
+package is read with `ast` and `tokenize` (nothing is imported), and each test fails naming
+`file:line` for:
 
 - a docstring or comment that names a machine (EPYC, Xeon, "2-core", H100, ...), carries a
   measured figure (a time such as "35 us" or "1.2 ms", a speed-up such as "1.5x" or "3 times
@@ -45,7 +46,7 @@ import pytest
 
 from tests.support.fixtures import REPO_ROOT
 
-PACKAGES = ("huggy_agent", "envs", "deploy")
+PACKAGES = ("huggy_agent", "envs", "deploy", "client/huggy_agent_client")
 MODULE_DOCSTRING_MAX_LINES = 20
 
 MACHINE = re.compile(

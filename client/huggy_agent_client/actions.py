@@ -26,8 +26,14 @@ ActionResult: TypeAlias = PolicyActions | tuple[PolicyActions, np.ndarray]
 
 
 def split_memory(result: ActionResult) -> tuple[PolicyActions, np.ndarray | None]:
-    """(actions, next memory) of a `compute_action` result; the memory is None for a policy
-    without one."""
+    """A `compute_action` result taken apart.
+
+    Args:
+        result: what `compute_action` returned.
+
+    Returns:
+        (actions, next memory); the memory is None for a policy without one.
+    """
     if isinstance(result, tuple) and not isinstance(result, Actions):
         actions, memory = result
         return actions, memory

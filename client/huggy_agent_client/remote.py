@@ -12,16 +12,11 @@ server's A/B split assigns to its session (a random session key of its own when 
 else the server's default. An answer from any other policy (the split was changed under it)
 raises RemoteServerError instead of mixing policies.
 
-Observations are validated here with the same rules (and messages) as `HuggyAgent` before they
-are sent. Float32 values cross JSON exactly both ways, so a served answer equals the in-process
-one. One `requests.Session` keeps the connection alive; connection errors, timeouts and
-502/503/504 are retried with a short backoff (at least the server's `Retry-After`), other 4xx/5xx
-raise at once.
-
-Needs numpy and requests only. Where orjson is installed (`huggy-agent-client[orjson]`; the
-`serve` and `unity` extras of huggy-agent have it) it writes and reads the JSON: float32 values in
-their shortest form, a batch many times faster. Without it the standard library's json writes
-each float32 as the float64 equal to it: a longer number that reads back to the same float32.
+Observations are validated here with `HuggyAgent`'s rules and messages before they are sent;
+float32 values cross JSON exactly both ways. Connection errors, timeouts and 502/503/504 are
+retried with a short backoff (at least the server's `Retry-After`), other 4xx/5xx raise at once.
+Needs numpy and requests only; orjson, where installed (`huggy-agent-client[orjson]`), writes
+and reads the JSON faster, and the standard library's json does it otherwise (see `json_body`).
 """
 
 from __future__ import annotations
@@ -61,7 +56,13 @@ RETRIED_STATUS = (502, 503, 504)
 
 
 class RemoteRequestError(ValueError):
-    """The server refused the request (4xx): `status`, `kind` and the server's message."""
+    """The server refused the request (4xx).
+
+    Args:
+        status: the HTTP status.
+        kind: the API's error kind (such as `invalid_request` or `unknown_policy`).
+        message: the server's message.
+    """
 
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(f"server refused the request ({status} {kind}): {message}")
@@ -91,9 +92,11 @@ class RemoteAgent:
             as the request's `"session"`); None: a random key of this agent's own, so that an
             agent never switches policies between calls.
 
-    Raises RemoteServerError at construction if the server cannot be reached,
-    RemoteRequestError (401) if it requires a key this client does not have, and
-    RemoteRequestError (404, listing the served ids) for a `policy` the server does not serve.
+    Raises:
+        ValueError: `retries` is negative or `timeout` is not positive.
+        RemoteServerError: the server cannot be reached.
+        RemoteRequestError: the server requires a key this client does not have (401), or does not
+            serve `policy` (404, listing the served ids).
     """
 
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 3,
@@ -135,11 +138,29 @@ class RemoteAgent:
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
                        row_offset: int = 0, action_mask: Any = None, memory: Any = None
                        ) -> ActionResult:
-        """Actions for `obs`, with the contract and return types of `HuggyAgent.compute_action`
-        (one array or a list of inputs; an action mask; a recurrent policy's memory, returning
-        (actions, memory)). ValueError on a wrong shape or value, checked before sending; with
-        `seed`, row i gets the noise of row `row_offset + i` of stream `seed`, so the answer does
-        not depend on the server's batching.
+        """Actions for `obs`, with the contract and return types of `HuggyAgent.compute_action`.
+
+        Observations, mask and memory are validated here, with `HuggyAgent`'s rules and messages,
+        before anything is sent.
+
+        Args:
+            obs: one array for a single-input policy, else a list or tuple of inputs in `obs_i` order;
+                a single row or a batch (N, ...).
+            deterministic: the mean action (True) or a draw from the policy's distribution.
+            seed: the noise stream of a stochastic call; row i gets the noise of row `row_offset + i`,
+                so the answer does not depend on the server's batching. None: the server draws.
+            row_offset: the row of the stream that `obs`'s first row takes.
+            action_mask: for discrete actions, 1 or True where allowed; None allows all.
+            memory: a recurrent policy's memory; None means zeros (an episode's start).
+
+        Returns:
+            The actions in the rank `obs` was given; for a recurrent policy (actions, next memory).
+
+        Raises:
+            ValueError: a wrong shape or value, or a seed outside [0, 2**64).
+            RemoteRequestError: the server refused the request (4xx).
+            RemoteServerError: the server failed (5xx) or could not be reached after the retries, or
+                answered with another policy than this agent's (the split changed).
         """
         spec = self.spec
         inputs, single = as_input_batches(obs, spec)
@@ -174,17 +195,36 @@ class RemoteAgent:
         return _actions(answer, spec)
 
     def describe(self) -> dict[str, Any]:
-        """The server's `/v1/info`: the default policy's description, the served policies,
-        batching settings and counters."""
+        """The server's `/v1/info`.
+
+        Returns:
+            The default policy's description, the served policies, batching settings and counters.
+
+        Raises:
+            RemoteRequestError: the server refused the request (4xx).
+            RemoteServerError: the server failed or could not be reached after the retries.
+        """
         return self._request("GET", INFO_PATH)
 
     def policies(self) -> dict[str, Any]:
-        """The server's `/v1/models`: every served policy (`models`: id, interface, spec,
-        fingerprint, source), the `default` and the `split`."""
+        """The server's `/v1/models`.
+
+        Returns:
+            Every served policy (`models`: id, interface, spec, fingerprint, source), the `default`
+                and the `split`.
+
+        Raises:
+            RemoteRequestError: the server refused the request (4xx).
+            RemoteServerError: the server failed or could not be reached after the retries.
+        """
         return self._request("GET", MODELS_PATH)
 
     def healthy(self) -> bool:
-        """Whether `/v1/healthz` answers 200 (one attempt, no retries)."""
+        """Whether the server is up: one attempt at `/v1/healthz`, no retries.
+
+        Returns:
+            True when it answers 200; False for any other answer or a connection failure.
+        """
         try:
             return self._session.get(self.url + HEALTH_PATH, timeout=self.timeout).ok
         except requests.RequestException:
@@ -223,14 +263,26 @@ class RemoteAgent:
 
 
 def json_body_orjson(document: dict[str, Any]) -> bytes:
-    """`document` (numpy arrays in it) as compact JSON by orjson: float32 values in their
-    shortest form."""
+    """A request body written by orjson.
+
+    Args:
+        document: the request, numpy arrays in it.
+
+    Returns:
+        Compact JSON, float32 values in their shortest form.
+    """
     return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def json_body_stdlib(document: dict[str, Any]) -> bytes:
-    """`document` (numpy arrays in it) as compact JSON by the standard library: each float32 as
-    the shortest form of the float64 equal to it, which reads back to the same float32.
+    """A request body written by the standard library's json, where orjson is not installed.
+
+    Args:
+        document: the request, numpy arrays in it.
+
+    Returns:
+        Compact JSON, each float32 as the shortest form of the float64 equal to it (a longer
+            number than orjson's, which reads back to the same float32).
 
     Raises:
         ValueError: on a NaN or an infinity (validation refuses them before a request is built).
