@@ -107,10 +107,10 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
         "    # huggy: the caps of deploy/serving/limits.py", "    maxconn 100",
         "    tune.bufsize 8192", "    tune.h2.fe.max-concurrent-streams 6",
         "    tune.h2.fe.glitches-threshold 9"]
-    assert lines[lines.index("defaults") + 1:lines.index("defaults") + 6] == [
+    assert lines[lines.index("defaults") + 1:lines.index("defaults") + 7] == [
         "    # huggy: the caps of deploy/serving/limits.py", "    timeout client 5s",
         "    timeout http-request 3s", "    timeout http-keep-alive 4s",
-        "    timeout queue 250ms"]
+        "    timeout queue 250ms", "    option http-buffer-request"]
     assert [line for line in lines if "maxconn 64" in line or "timeout client 30s" in line] == []
     kept = [line for line in original.splitlines()
             if "errorfile 50" not in line and "404" not in line and ":8500 check" not in line

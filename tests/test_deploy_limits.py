@@ -328,25 +328,58 @@ def frames_of(data: bytes) -> list[Frame]:
     return frames
 
 
+def open_calls(connection: h2.connection.H2Connection, count: int) -> None:
+    """`count` gRPC calls with the key whose headers are sent and their messages never are."""
+    for stream in range(1, 2 * count, 2):
+        connection.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
+                                         (":path", ACT), (":authority", "x"),
+                                         ("content-type", "application/grpc"),
+                                         ("authorization", KEY)])
+
+
 def test_a_client_that_stops_sending_mid_request_is_cut_at_the_client_timeout(
         tmp_path: Path, page: Path) -> None:
-    """A gRPC call's headers then nothing: HAProxy ends the stream at the client timeout; the
-    listener, which admitted the request and waited for its message, counts a client gone."""
+    """A gRPC call's headers then nothing: HAProxy holds it (the listener never sees it) and
+    ends the stream at the client timeout."""
     limits = ServingLimits(client_timeout_s=0.5)
     with FrontDoor(tmp_path, page, limits, grpc=True) as door:
         sock, connection = h2_client(door.grpc_port)
         with sock:
-            connection.send_headers(1, [(":method", "POST"), (":scheme", "http"),
-                                        (":path", ACT), (":authority", "x"),
-                                        ("content-type", "application/grpc"),
-                                        ("authorization", KEY)])
+            open_calls(connection, 1)
             sock.sendall(connection.data_to_send())
             ended = (h2.events.StreamReset, h2.events.ConnectionTerminated, h2.events.StreamEnded)
-            events_until(sock, connection, lambda events: any(isinstance(e, ended)
-                                                              for e in events))
-        wait_for(lambda: door.recorder.left == 1, "the listener to count the client gone")
+            events = events_until(sock, connection, lambda events: any(isinstance(e, ended)
+                                                                       for e in events))
+            assert any(isinstance(e, ended) for e in events)
+    assert door.recorder.admitted == [] and door.recorder.handed == []
+
+
+def test_requests_whose_bodies_do_not_come_hold_no_replica_slot(tmp_path: Path,
+                                                                  page: Path) -> None:
+    """With one request at a time per replica, 3 gRPC calls that send their headers and no
+    message and an HTTP/1.1 request whose body stops short stay in HAProxy (the replica's
+    server has no session in its statistics, the listener has seen none of them), and an
+    ordinary request is answered meanwhile rather than queued behind them until the queue
+    timeout (0.5 s) answers it 503; the timeouts that would end them are an hour."""
+    limits = ServingLimits(max_connections_per_replica=1, queue_timeout_s=0.5,
+                           request_timeout_s=3600, client_timeout_s=3600)
+    with FrontDoor(tmp_path, page, limits, grpc=True) as door, \
+            socket.create_connection(("127.0.0.1", door.port), timeout=WAIT_S) as short:
+        sock, connection = h2_client(door.grpc_port)
+        with sock:
+            open_calls(connection, 3)
+            sock.sendall(connection.data_to_send())
+            short.sendall(b"POST /v1/act HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
+                          b"content-length: 100\r\n\r\n{\"obs\": ")
+            wait_for(lambda: int(stats(door)[(f"{haproxy.GRPC_FRONTEND}", "FRONTEND")]["scur"])
+                     >= 1 and int(stats(door)[("http_frontend", "FRONTEND")]["scur"]) >= 1,
+                     "the calls and the request in HAProxy")
+            assert post(door.port)[0] == 200
+            replica = next(row for (proxy, server), row in stats(door).items()
+                           if proxy == "http-huggy" and server.startswith("SERVE_REPLICA"))
+            assert replica["scur"] == "0"
+    assert door.recorder.handed == [("/v1/act", b"{}")]
     assert [path for _, path, _ in door.recorder.admitted] == ["/v1/act"]
-    assert door.recorder.handed == []
 
 
 def test_maxconn_stays_within_the_open_file_limit_haproxy_inherits(tmp_path: Path,

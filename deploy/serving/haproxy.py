@@ -65,7 +65,7 @@ _REPLICA_SERVER = re.compile(r"^(?P<indent>[ \t]*)server (?P<name>SERVE_REPLICA\
 _GLOBAL_MAXCONN = re.compile(r"^[ \t]*maxconn \d+[ \t]*$")
 _OWN_SETTINGS = re.compile(r"^[ \t]*(timeout (client|http-request|http-keep-alive|queue)"
                            r"|tune\.h2\.fe\.(max-concurrent-streams|glitches-threshold)"
-                           r"|tune\.bufsize)\b")
+                           r"|tune\.bufsize|(no )?option http-buffer-request)\b")
 """Lines of Ray's that change 6 replaces, in any section."""
 _LIMITS_MARK = "    # huggy: the caps of deploy/serving/limits.py\n"
 _SOCKET_SERVER = re.compile(r"^[ \t]*server (?P<name>SERVE_REPLICA\S*) unix@(?P<socket>\S+) check")
@@ -194,7 +194,9 @@ def replica_socket(folder: Path, replica_id: str) -> Path:
 #    open-file limit HAProxy inherits), the buffer that holds a request's head, HTTP/2
 #    streams per connection and glitches, the client, request, keep-alive and queue timeouts
 #    (Ray's own, in any section, replaced), and a `maxconn` on each replica server of an HTTP
-#    backend: past it requests wait in HAProxy's queue rather than reach the replica.
+#    backend: past it requests wait in HAProxy's queue rather than reach the replica. A request
+#    reaches a replica only once its body has come (up to a buffer, `option
+#    http-buffer-request`): calls that send headers and nothing more hold no replica's slot.
 # 7. With a gRPC address, a frontend that speaks HTTP/2 there, whose calls go to the replicas'
 #    own listeners on this node as HTTP/1.1 (the gRPC status in the answer's trailers, which
 #    HAProxy turns back into HTTP/2 trailers): a backend of their sockets per app, chosen by
@@ -326,7 +328,8 @@ def _with_limits(text: str, limits: ServingLimits) -> str:
         "defaults": [f"timeout client {haproxy_time(limits.client_timeout_s)}",
                      f"timeout http-request {haproxy_time(limits.request_timeout_s)}",
                      f"timeout http-keep-alive {haproxy_time(limits.idle_timeout_s)}",
-                     f"timeout queue {haproxy_time(limits.queue_timeout_s)}"],
+                     f"timeout queue {haproxy_time(limits.queue_timeout_s)}",
+                     "option http-buffer-request"],
     }
     lines = []
     for kind, _, line in _lines_by_section(text):

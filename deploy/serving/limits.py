@@ -37,13 +37,15 @@ class ServingLimits:
     what the open-file limit allows HAProxy (`DESCRIPTORS_PER_CONNECTION` each)."""
     max_connections_per_replica: int = 256
     """Requests in one replica at once (`maxconn` of each server); past it requests wait in
-    HAProxy's queue, so a burst waits for the replica instead of overflowing it."""
+    HAProxy's queue, so a burst waits for the replica instead of overflowing it. A request
+    takes a slot once its body has come, up to HAProxy's buffer (`option http-buffer-request`)."""
     queue_timeout_s: float = 10.0
     """The longest a request waits in that queue (`timeout queue`); then it is answered 503
     with `Retry-After`."""
     request_timeout_s: float = 10.0
-    """The longest a client may take to send a request's head (`timeout http-request`); then
-    HAProxy answers 408 and closes: a slow client cannot hold a connection open."""
+    """The longest a client may take to send a request's head and its body, up to HAProxy's
+    buffer (`timeout http-request`); then HAProxy answers 408 and closes (an HTTP/2 call is
+    reset): a slow client cannot hold a connection or a replica's slot."""
     idle_timeout_s: float = 30.0
     """How long a connection may wait for its next request (`timeout http-keep-alive`), HTTP/1.1
     and HTTP/2 alike."""
