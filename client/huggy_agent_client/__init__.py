@@ -4,9 +4,11 @@
     with RemoteAgent("http://127.0.0.1:8000") as agent:
         actions = agent.compute_action(obs, deterministic=True)  # as HuggyAgent.compute_action
 
-It also holds what a policy and its clients share, which the huggy-agent distribution builds on:
-a policy's spec (`spec`), the validation of its inputs (`inputs`, `observations`), its answers'
-types (`actions`) and the HTTP contract of a served policy (`http_api`).
+`GrpcRemoteAgent` takes its actions over gRPC (`huggy serve --grpc-port`; needs grpcio, the
+`grpc` extra). The package also holds what a policy and its clients share, which the
+huggy-agent distribution builds on: a policy's spec (`spec`), the validation of its inputs
+(`inputs`, `observations`), its answers' types (`actions`) and the wire contract of a served
+policy (`http_api`).
 
 The names below are imported when first used (PEP 562), so that the policy package, which
 imports the shared modules, does not import requests.
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from huggy_agent_client.actions import ActionResult, Actions, PolicyActions, split_memory
+    from huggy_agent_client.grpc_remote import GrpcRemoteAgent
     from huggy_agent_client.remote import RemoteAgent, RemoteRequestError, RemoteServerError
     from huggy_agent_client.spec import ActorSpec, ObservationInput
 
@@ -27,6 +30,7 @@ _MODULE_OF = {
     "Actions": "huggy_agent_client.actions",
     "PolicyActions": "huggy_agent_client.actions",
     "split_memory": "huggy_agent_client.actions",
+    "GrpcRemoteAgent": "huggy_agent_client.grpc_remote",
     "RemoteAgent": "huggy_agent_client.remote",
     "RemoteRequestError": "huggy_agent_client.remote",
     "RemoteServerError": "huggy_agent_client.remote",
@@ -35,8 +39,9 @@ _MODULE_OF = {
 }
 """Each public name -> the module that defines it."""
 
-__all__ = ["ActionResult", "Actions", "ActorSpec", "ObservationInput", "PolicyActions",
-           "RemoteAgent", "RemoteRequestError", "RemoteServerError", "split_memory"]
+__all__ = ["ActionResult", "Actions", "ActorSpec", "GrpcRemoteAgent", "ObservationInput",
+           "PolicyActions", "RemoteAgent", "RemoteRequestError", "RemoteServerError",
+           "split_memory"]
 
 
 def __getattr__(name: str) -> Any:

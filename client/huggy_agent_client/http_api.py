@@ -11,7 +11,8 @@ and the client (`huggy_agent_client.remote.RemoteAgent`) both follow it.
     GET  /v1/openapi.json     the OpenAPI 3.1 document of this server
 
 Errors are `{"error": "<kind>", "message": "<what was expected and what came>"}`. A server that
-cannot answer for now (starting, or a replica restarting) answers 503 with `Retry-After`.
+cannot answer for now (starting, or a replica restarting) answers 503 with `Retry-After`. gRPC
+carries the act route as `GRPC_ACT_METHOD`, its errors as `GRPC_STATUS_FOR_HTTP` says.
 
 A/B splits: `Split.assign(session)` is the same pure rule on every machine (BLAKE2b of the
 session key), so a client that knows the split knows which policy a session gets.
@@ -56,6 +57,17 @@ RETRY_AFTER_S = 1
 """The `Retry-After` of a 503: seconds until a retry may find the server answering."""
 ECHO_CHARS = 64
 """The most characters of what a client sent that a server's error message quotes."""
+
+GRPC_SERVICE = "huggy.v1.Policy"
+GRPC_ACT_METHOD = f"/{GRPC_SERVICE}/Act"
+"""The one gRPC method (`huggy serve --grpc-port`): unary, the request and the answer the same
+JSON documents as `POST /v1/act`, as raw bytes (no .proto)."""
+GRPC_POLICY_METADATA = "multiplexed_model_id"
+"""The gRPC metadata that names the policy to answer (Ray Serve's multiplexed model id)."""
+GRPC_STATUS_FOR_HTTP = {400: 3, 401: 16, 404: 5, 413: 8, 422: 3, 500: 13, 503: 14}
+"""The gRPC status code that ends a call the HTTP API would answer with each status
+(grpc/doc/statuscodes.md): INVALID_ARGUMENT, UNAUTHENTICATED, NOT_FOUND, RESOURCE_EXHAUSTED,
+INTERNAL, UNAVAILABLE; the details are the API's JSON error."""
 
 _HASH_PERSON = b"huggy-split"
 

@@ -186,7 +186,7 @@ class RemoteAgent:
             payload["row_offset"] = int(row_offset)
         if self.session is not None:
             payload["session"] = self.session
-        answer = self._request("POST", self._act_path, json_body(payload))
+        answer = self._act(json_body(payload))
         if answer.get("policy", self.policy_id) != self.policy_id:
             raise RemoteServerError(
                 f"{self.url} answered with policy {answer['policy']!r}, but this agent acts for "
@@ -239,6 +239,10 @@ class RemoteAgent:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _act(self, body: bytes) -> dict[str, Any]:
+        """The server's answer to an act request's body (the transport's one override point)."""
+        return self._request("POST", self._act_path, body)
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
         headers = {"Content-Type": "application/json"} if body is not None else None

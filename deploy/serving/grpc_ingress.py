@@ -26,18 +26,13 @@ from typing import Any
 
 import grpc
 
-SERVICE = "huggy.v1.Policy"
-ACT_METHOD = f"/{SERVICE}/Act"
+from huggy_agent_client.http_api import GRPC_SERVICE, GRPC_STATUS_FOR_HTTP
+
 GRPC_SERVICER_FUNCTION = "deploy.serving.grpc_ingress:add_PolicyServicer_to_server"
-POLICY_ID_METADATA = "multiplexed_model_id"
-"""The metadata that names the policy to answer (Serve's multiplexed model id)."""
 CONTENT_TYPE = b"application/grpc"
 MESSAGE_PREFIX = struct.Struct(">BI")
 """gRPC's 5-byte message prefix: compressed flag, length."""
 OK, UNIMPLEMENTED, INTERNAL = 0, 12, 13
-STATUS_FOR_HTTP = {400: 3, 401: 16, 404: 5, 413: 8, 422: 3, 500: INTERNAL, 503: 14}
-"""The gRPC status code of each HTTP status the API answers (grpc/doc/statuscodes.md):
-INVALID_ARGUMENT, UNAUTHENTICATED, NOT_FOUND, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE."""
 
 
 def grpc_status(http_status: int) -> int:
@@ -47,9 +42,9 @@ def grpc_status(http_status: int) -> int:
         http_status: the reply's HTTP status (not 200).
 
     Returns:
-        The code (`STATUS_FOR_HTTP`; INVALID_ARGUMENT for a status it does not list).
+        The code (`GRPC_STATUS_FOR_HTTP`; INVALID_ARGUMENT for a status it does not list).
     """
-    return STATUS_FOR_HTTP.get(http_status, STATUS_FOR_HTTP[400])
+    return GRPC_STATUS_FOR_HTTP.get(http_status, GRPC_STATUS_FOR_HTTP[400])
 
 
 def grpc_code(http_status: int) -> grpc.StatusCode:
@@ -98,5 +93,5 @@ def add_PolicyServicer_to_server(servicer: Any, server: Any) -> None:  # noqa: N
         server: the gRPC server.
     """
     handler = grpc.unary_unary_rpc_method_handler(servicer.Act)  # no (de)serializers: raw bytes
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE,
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GRPC_SERVICE,
                                                                           {"Act": handler}),))

@@ -32,12 +32,10 @@ from typing import NamedTuple, Protocol, cast
 import httptools
 
 from deploy.serving.grpc_ingress import (
-    ACT_METHOD,
     CONTENT_TYPE,
     INTERNAL,
     MESSAGE_PREFIX,
     OK,
-    POLICY_ID_METADATA,
     UNIMPLEMENTED,
     grpc_status,
     percent_encoded,
@@ -45,7 +43,12 @@ from deploy.serving.grpc_ingress import (
 from deploy.serving.limits import MAX_HEADER_BYTES
 from deploy.serving.responses import ApiError
 from deploy.serving.service import Admission, Reply, RequestHead, request_head
-from huggy_agent_client.http_api import ACT_PATH, shown
+from huggy_agent_client.http_api import (
+    ACT_PATH,
+    GRPC_ACT_METHOD,
+    GRPC_POLICY_METADATA,
+    shown,
+)
 
 LISTEN_BACKLOG = 1024
 """Connections waiting to be accepted: more than HAProxy opens to one replica at once."""
@@ -284,14 +287,14 @@ class _Connection(asyncio.Protocol):
         headers = dict(request.headers)
         request.grpc = headers.get(b"content-type", b"").startswith(CONTENT_TYPE)
         if request.grpc:
-            if method != "POST" or path != ACT_METHOD:
+            if method != "POST" or path != GRPC_ACT_METHOD:
                 self._refuse(GrpcEnd(UNIMPLEMENTED, f"unknown method {shown(path)}"))
                 return
             if headers.get(b"grpc-encoding", b"identity") != b"identity":
                 self._refuse(GrpcEnd(UNIMPLEMENTED, "compressed messages are not supported; "
                                      "send uncompressed ones"))
                 return
-            named = headers.get(POLICY_ID_METADATA.encode())
+            named = headers.get(GRPC_POLICY_METADATA.encode())
             method, path = "POST", ACT_PATH
             head = RequestHead(head.authorization, None,
                                None if not named else named.decode("latin-1"))

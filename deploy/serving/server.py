@@ -42,13 +42,18 @@ from deploy.cluster import init_ray
 from deploy.serving import haproxy
 from deploy.serving.app import build_app
 from deploy.serving.catalogue import PolicySet
-from deploy.serving.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
+from deploy.serving.grpc_ingress import GRPC_SERVICER_FUNCTION
 from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir
 from deploy.serving.limits import ServingLimits
 from deploy.serving.processes import a_child_process_ended
 from deploy.serving.responses import unavailable
 from deploy.serving.settings import AppArgs, app_args
-from huggy_agent_client.http_api import HEALTH_PATH, POLICY_ID_HEADER, load_api_key
+from huggy_agent_client.http_api import (
+    GRPC_ACT_METHOD,
+    HEALTH_PATH,
+    POLICY_ID_HEADER,
+    load_api_key,
+)
 
 INGRESSES = ("haproxy", "proxy", "direct")
 DEFAULT_INGRESS = "haproxy"
@@ -441,7 +446,7 @@ def banner(served: PolicySet, host: str, port: int, ingress: str, grpc_port: int
         Where, who answers gRPC, and who answers `/v1/act` (the split's shares, else the default
             policy).
     """
-    grpc = (f", gRPC {ACT_METHOD} on {host}:{grpc_port} by {grpc_ingress}" if grpc_port
+    grpc = (f", gRPC {GRPC_ACT_METHOD} on {host}:{grpc_port} by {grpc_ingress}" if grpc_port
             else "")
     count = f"{len(served.entries)} policies" if len(served.entries) > 1 else "policy"
     if served.split is not None:

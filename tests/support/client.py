@@ -1,4 +1,5 @@
-"""The client as a user of the huggy-agent-client distribution has it: `RemoteAgent` in a fresh
+"""The client as a user of the huggy-agent-client distribution has it: `RemoteAgent` (or
+`GrpcRemoteAgent`) in a fresh
 interpreter where torch, onnx, onnxruntime and orjson cannot be imported (each is None in
 `sys.modules` before anything else is imported, so `import torch` raises ImportError), and the
 check of its answers against the bundled policy in process."""
@@ -24,10 +25,13 @@ import json, sys
 for name in sys.argv[1].split(","):
     sys.modules[name] = None
 import numpy as np
-from huggy_agent_client import RemoteAgent
+from huggy_agent_client import GrpcRemoteAgent, RemoteAgent
 from huggy_agent_client.remote import ORJSON
 obs = np.asarray(json.loads(sys.argv[3]), dtype=np.float32)
-with RemoteAgent(sys.argv[2], timeout=60) as agent:
+url, grpc_target, key = sys.argv[2], sys.argv[4], sys.argv[5] or None
+agent = (GrpcRemoteAgent(url, grpc_target, timeout=60, api_key=key) if grpc_target
+         else RemoteAgent(url, timeout=60, api_key=key))
+with agent:
     answers = {
         "policy": agent.policy_id,
         "batch": agent.compute_action(obs).tolist(),
@@ -41,16 +45,18 @@ print(json.dumps(answers))
 """
 
 
-def actions_without_torch(url: str, obs: np.ndarray) -> dict[str, Any]:
-    """The answers of `RemoteAgent(url)` in a fresh interpreter without `BLOCKED`: the policy
-    id; deterministic actions of the batch `obs` and of its first row; stochastic ones with
-    seed 7 from row offset 2; whether orjson was used; the top-level modules it imported.
+def actions_without_torch(url: str, obs: np.ndarray, grpc_target: str = "",
+                          api_key: str = "") -> dict[str, Any]:
+    """The answers of `RemoteAgent(url)` (`GrpcRemoteAgent(url, grpc_target)` with a gRPC
+    address) in a fresh interpreter without `BLOCKED`: the policy id; deterministic actions of
+    the batch `obs` and of its first row; stochastic ones with seed 7 from row offset 2; whether
+    orjson was used; the top-level modules it imported.
 
     Raises:
         AssertionError: the client's process failed (with its stderr).
     """
     done = subprocess.run([sys.executable, "-c", _CLIENT, ",".join(BLOCKED), url,
-                           json.dumps(obs.tolist())],
+                           json.dumps(obs.tolist()), grpc_target, api_key],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     answers: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
