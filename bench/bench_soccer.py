@@ -137,7 +137,7 @@ def network_policy(folder: Path) -> Any:
     from huggy_agent import HuggyAgent
     from huggy_agent.actor.networks import Actor, ActorArchitecture, InputArchitecture
     from huggy_agent.formats.export_onnx import export_onnx
-    from huggy_agent.spec import ObservationInput
+    from huggy_agent_client.spec import ObservationInput
 
     torch.set_num_threads(1)
     architecture = ActorArchitecture(

@@ -113,7 +113,14 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    """`huggy evaluate` (`deploy.evaluation.command`)."""
+    """`huggy evaluate` (`deploy.evaluation.command.run_evaluate`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit code: 0 when every policy was evaluated, 1 when one failed, 130 when interrupted.
+    """
     # start-up time: `huggy --help` and the other commands import none of the evaluation
     from deploy.evaluation.command import run_evaluate as run
 
@@ -121,7 +128,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def anchor(text: str) -> tuple[str, float]:
-    """`LABEL=ELO` of `--anchor` (the label may hold '=': the last one separates the number)."""
+    """An argparse type: `LABEL=ELO` of `--anchor` (the label may hold '=': the last one separates
+    the number).
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        (LABEL, ELO).
+
+    Raises:
+        argparse.ArgumentTypeError: not `LABEL=NUMBER`.
+    """
     label, separator, value = text.rpartition("=")
     try:
         if not separator or not label:
@@ -195,7 +213,14 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_tournament(args: argparse.Namespace) -> int:
-    """`huggy tournament` (`deploy.evaluation.tournament_command`)."""
+    """`huggy tournament` (`deploy.evaluation.tournament_command.run_tournament`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit code: 0, or 130 when interrupted.
+    """
     # start-up time: `huggy --help` and the other commands import none of the tournament
     from deploy.evaluation.tournament_command import run_tournament as run
 
@@ -203,7 +228,17 @@ def run_tournament(args: argparse.Namespace) -> int:
 
 
 def limit_setting(text: str) -> tuple[str, int | float]:
-    """An argparse type: one `--limit NAME=VALUE` (`deploy.serving.limits.parse_limit`)."""
+    """An argparse type: one `--limit NAME=VALUE` (`deploy.serving.limits.parse_limit`).
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        (NAME, the value as an int where it is written as one, else a float).
+
+    Raises:
+        argparse.ArgumentTypeError: not NAME=NUMBER.
+    """
     try:
         return parse_limit(text)
     except ValueError as error:

@@ -32,15 +32,21 @@ class RayTokenError(RuntimeError):
 
 
 def default_token_path() -> Path:
-    """Where Ray looks for the token when neither `$RAY_AUTH_TOKEN` nor `$RAY_AUTH_TOKEN_PATH`
-    is set: `~/.ray/auth_token`."""
+    """Where Ray looks for the token when neither `$RAY_AUTH_TOKEN` nor `$RAY_AUTH_TOKEN_PATH` is set.
+
+    Returns:
+        `~/.ray/auth_token`.
+    """
     return Path.home() / ".ray" / "auth_token"
 
 
 def use_token_auth() -> str:
     """Make Ray use token authentication in this process and the processes it starts, unless
-    `$RAY_AUTH_MODE` is already set; returns the mode in effect ("token" unless the
-    environment chose another)."""
+    `$RAY_AUTH_MODE` is already set.
+
+    Returns:
+        The mode in effect: "token" unless the environment chose another.
+    """
     if AUTH_MODE_VAR in os.environ:
         return os.environ[AUTH_MODE_VAR]
     os.environ[AUTH_MODE_VAR] = "token"
@@ -68,14 +74,20 @@ def ensure_private_token() -> None:
 
 
 def init_ray(address: str | None, **init_kwargs: Any) -> None:
-    """`ray.init` with token authentication (see the module docstring); usage stats stay off
+    """`ray.init` with token authentication, as the module docstring describes; usage stats stay off
     unless `$RAY_USAGE_STATS_ENABLED` says otherwise.
 
-    `address`: "local" starts a new cluster for this machine alone (loopback only); None is
-    Ray's default (`$RAY_ADDRESS`, else the latest cluster started with `ray start` on this
-    machine, else a new one, for this machine alone as with "local"); anything else joins that
-    cluster. Raises `RayTokenError` when token auth is on and this process has no token, or
-    the cluster refused it.
+    Args:
+        address: "local" starts a new cluster for this machine alone (loopback only); None is Ray's
+            default (`$RAY_ADDRESS`, else the latest cluster started with `ray start` on this
+            machine, else a new one, for this machine alone as with "local"); anything else joins
+            that cluster.
+        **init_kwargs: more arguments of `ray.init`.
+
+    Raises:
+        RayTokenError: token auth is on and this process has no token, or the cluster refused it.
+        RayInternalsError: the installed Ray lacks a private name that `deploy.ray_internals`
+            uses.
     """
     import ray  # Ray is imported where it is used (huggy evaluate --no-ray never imports it)
     from ray.exceptions import AuthenticationError

@@ -38,7 +38,12 @@ class ReplicaPlacement:
         return {name: amount for name, amount in needed.items() if amount > 0}
 
     def ray_actor_options(self) -> dict:
-        """Options for `serve.deployment(ray_actor_options=...)` or `ray.remote(**...)`."""
+        """The Ray options of one replica.
+
+        Returns:
+            Options for `serve.deployment(ray_actor_options=...)` or `ray.remote(**...)`: `num_cpus`,
+                and `num_gpus` or `resources={"NPU": 1}` for an accelerator.
+        """
         options: dict = {"num_cpus": self.num_cpus}
         if self.accelerator == "gpu":
             options["num_gpus"] = 1
@@ -48,7 +53,19 @@ class ReplicaPlacement:
 
 
 def resolve_accelerator(accelerator: str, cluster_resources: Mapping[str, float]) -> str:
-    """`auto` -> `npu`, `gpu` or `cpu`, the first the cluster has; any other name is returned."""
+    """The accelerator a name stands for on a cluster.
+
+    Args:
+        accelerator: one of `ACCELERATORS`.
+        cluster_resources: the cluster's total resources, in Ray's names.
+
+    Returns:
+        For `auto`, the first of `npu`, `gpu` and `cpu` that the cluster has; any other name as it
+            is.
+
+    Raises:
+        ValueError: an unknown name.
+    """
     if accelerator not in ACCELERATORS:
         raise ValueError(f"unknown accelerator {accelerator!r}; expected one of "
                          f"{', '.join(ACCELERATORS)}")
@@ -62,10 +79,21 @@ def resolve_accelerator(accelerator: str, cluster_resources: Mapping[str, float]
 
 def plan_placement(accelerator: str, num_cpus: float, replicas: int,
                    nodes: Sequence[Mapping[str, float]]) -> ReplicaPlacement:
-    """The placement of `replicas` replicas on a cluster whose alive nodes hold `nodes` resources.
+    """The placement of replicas on a cluster, checked before anything is deployed.
 
-    Raises ValueError for bad arguments and RuntimeError when the replicas cannot all start:
-    no node can hold one replica, or the cluster lacks the total for `replicas` of them.
+    Args:
+        accelerator: one of `ACCELERATORS`.
+        num_cpus: CPUs each replica holds, >= 0.
+        replicas: how many, >= 1.
+        nodes: the resources of each alive node, in Ray's names.
+
+    Returns:
+        What each replica holds and the torch device it loads the policy on.
+
+    Raises:
+        ValueError: an unknown accelerator, negative CPUs or no replica.
+        RuntimeError: the replicas cannot all start: no node can hold one replica, or the cluster
+            lacks the total for all of them (with the numbers).
     """
     if num_cpus < 0:
         raise ValueError(f"num_cpus must be >= 0, received {num_cpus}")

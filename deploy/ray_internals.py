@@ -1,35 +1,19 @@
 """The only module that touches Ray's private names: each one here because Ray has no public way
 to do the job, each with a check that names the Ray version when it is missing.
 
-    deployment_with_version   a Serve deployment version chosen by us, so that a redeploy from
-                              Python that changes only the `user_config` reconfigures the running
-                              replicas in place (what `serve deploy` of a config file does);
-                              `Deployment.options(version=...)` is refused without `_internal`
-    task_attempt_number       which try of the current task this is (the evaluation report counts
-                              retries); the runtime context has no public getter for it
-    reload_config             make a process that has already imported Ray read `RAY_AUTH_MODE`
-                              again (token authentication), as Ray itself does when it turns
-                              token auth on
-    single_machine_cluster    a cluster started by this process uses 127.0.0.1 as its node
-                              address (every port on loopback), when Ray's flag for that was read
-                              at import time
-    quiet_retried_task_errors this driver prints no line for a task that failed and will be
-                              retried (Ray's system setting `enable_output_error_log_if_still_retry`,
-                              read from the environment): Serve's own shutdown makes one
-    render_haproxy_config     the HAProxy configuration that the installed Ray writes for an app,
-                              rendered by Ray's own writer (its template and config classes):
-                              `huggy serve` checks at start that huggy's changes apply to it
-                              (`deploy.serving.haproxy`), and the tests change the real text
+`deployment_with_version` (a Serve deployment version of our choosing), `task_attempt_number`
+(which try of the running task this is), `reload_config` (read `RAY_AUTH_MODE` again after
+Ray was imported), `single_machine_cluster` (a cluster on 127.0.0.1 only),
+`quiet_retried_task_errors` (no line for a task that will be retried) and
+`render_haproxy_config` (the HAProxy configuration the installed Ray writes); each says why.
 
-Supported: Ray `OLDEST_RAY` to `NEWEST_RAY`.x (`SUPPORTED_RAY`; CI tests both ends). Every
-name above is in every release of that range. `check()` runs at start-up (`deploy.cluster.init_ray`,
-`deploy.serving.app.build_app`) and raises `RayInternalsError`, naming the Ray version and the
-missing piece, on a release without one of them; `refuse_unsupported_serving` refuses
-`huggy serve` on a Ray outside the range, or an ingress that the installed release cannot carry.
-Ray itself is imported only when one of them is used (the evaluation's plain loop never imports
-it). A release without Ray's setting for `quiet_retried_task_errors` ignores it and prints its
-line again, which changes nothing else, so `check()` leaves it to the tests
-(tests/test_deploy_cli.py).
+Supported: Ray `SUPPORTED_RAY`, every name above in each of its releases (CI tests both ends).
+`check()` runs at start-up (`deploy.cluster.init_ray`, `deploy.serving.app.build_app`) and
+raises `RayInternalsError`, naming the Ray version and the missing piece, on a release without
+one of them; `refuse_unsupported_serving` refuses `huggy serve` outside the range. Ray is
+imported only when one of them is used. A release without Ray's setting for
+`quiet_retried_task_errors` prints its line again, which changes nothing else, so `check()`
+leaves it to the tests (tests/test_deploy_cli.py).
 """
 
 from __future__ import annotations
@@ -81,8 +65,11 @@ class RayVersionError(RayInternalsError):
 
 
 def installed_ray() -> str:
-    """The installed Ray's version ("(not installed)" without Ray), read without importing
-    Ray."""
+    """The installed Ray's version, read without importing Ray.
+
+    Returns:
+        Its version, "(not installed)" without Ray.
+    """
     try:
         return metadata.version("ray")
     except metadata.PackageNotFoundError:
@@ -90,20 +77,41 @@ def installed_ray() -> str:
 
 
 def release(version: str) -> tuple[int, ...]:
-    """The numbers that lead `version` ("2.56.1" -> (2, 56, 1), "3.0.0.dev0" -> (3, 0, 0));
-    () for a version without any."""
+    """The numbers that lead a version.
+
+    Args:
+        version: a release's version, such as "2.56.1" or "3.0.0.dev0".
+
+    Returns:
+        Its leading numbers, such as (2, 56, 1) or (3, 0, 0); () for a version without any.
+    """
     numbers = re.match(r"\d+(\.\d+)*", version)
     return tuple(int(part) for part in numbers[0].split(".")) if numbers else ()
 
 
 def is_supported(version: str) -> bool:
-    """Whether Ray `version` lies in the supported range, `OLDEST_RAY` to `NEWEST_RAY`.x."""
+    """Whether a Ray release lies in the supported range.
+
+    Args:
+        version: the Ray release.
+
+    Returns:
+        Whether it is `OLDEST_RAY` or later, and of `NEWEST_RAY`'s series or earlier.
+    """
     return release(OLDEST_RAY) <= release(version) and \
         release(version)[:2] <= release(NEWEST_RAY)
 
 
 def has_release(first: str, version: str | None = None) -> bool:
-    """Whether Ray `version` (default: the installed one) is `first` or later."""
+    """Whether a Ray release is a given one or later.
+
+    Args:
+        first: the earliest release that counts.
+        version: the Ray release; default: the installed one.
+
+    Returns:
+        Whether `version` is `first` or later.
+    """
     return release(version or installed_ray()) >= release(first)
 
 
@@ -157,9 +165,20 @@ def _lookup(path: str, purpose: str) -> Any:
 
 
 def deployment_with_version(deployment: Any, version: str) -> Any:
-    """`deployment` with the Serve deployment version `version`: a redeploy with the same
-    version and another `user_config` reconfigures the running replicas instead of replacing
-    them."""
+    """A Serve deployment with a version of our choosing, so that a redeploy from Python that changes
+    only the `user_config` reconfigures the running replicas in place (what `serve deploy` of a
+    config file does); `Deployment.options(version=...)` is refused without `_internal`.
+
+    Args:
+        deployment: the Serve deployment.
+        version: its version.
+
+    Returns:
+        The deployment with that version.
+
+    Raises:
+        RayInternalsError: this Ray's `Deployment.options` takes no `_internal`.
+    """
     try:
         return deployment.options(version=version, _internal=True)
     except TypeError as error:
@@ -168,16 +187,27 @@ def deployment_with_version(deployment: Any, version: str) -> Any:
 
 
 def task_attempt_number() -> int:
-    """0 for the first try of the running task (or actor method), 1 for its first retry, ...
-    Call only inside a Ray task or actor."""
+    """Which try of the running task (or actor method) this is; the runtime context has no public
+    getter for it (the evaluation report counts retries). Call only inside a Ray task or actor.
+
+    Returns:
+        0 for the first try, 1 for its first retry, ...
+
+    Raises:
+        RayInternalsError: this Ray lacks the private names it reads.
+    """
     _lookup(_ATTEMPT, "count an evaluation's retries")
     worker = _lookup("_private.worker.global_worker", "count an evaluation's retries")
     return int(worker.core_worker.get_current_task_attempt_number())
 
 
 def reload_config() -> None:
-    """Read Ray's configuration from the environment again in this process (after
-    `RAY_AUTH_MODE` was set once Ray was imported)."""
+    """Read Ray's configuration from the environment again in this process (after `RAY_AUTH_MODE`
+    was set once Ray was imported), as Ray itself does when it turns token auth on.
+
+    Raises:
+        RayInternalsError: this Ray lacks `_raylet.Config`.
+    """
     _lookup("_raylet.Config", "turn token authentication on").initialize("")
 
 
@@ -185,7 +215,14 @@ def reload_config() -> None:
 def single_machine_cluster() -> Iterator[None]:
     """While the block runs, a Ray cluster started by this process uses 127.0.0.1 as its node
     address, so that all its ports listen on loopback only (its processes inherit the setting
-    through the environment)."""
+    through the environment); Ray's flag for that is read at import time, so it is set here too.
+
+    Yields:
+        None, once; the setting and the environment are restored after the block.
+
+    Raises:
+        RayInternalsError: this Ray lacks `_private.ray_constants.ENABLE_RAY_CLUSTER`.
+    """
     constants = _lookup("_private.ray_constants", "keep a local cluster on 127.0.0.1")
     _lookup("_private.ray_constants.ENABLE_RAY_CLUSTER", "keep a local cluster on 127.0.0.1")
     saved_env = os.environ.get(_MULTI_NODE_VAR)
@@ -306,8 +343,14 @@ def _fields(config_class: type) -> set[str]:
 
 
 def check(serve: bool = False) -> None:
-    """Raise RayInternalsError, naming the Ray version, if a private name above is missing
-    (with `serve`, also Serve's). Cheap: attribute lookups only."""
+    """Check that every private name above is there. Cheap: attribute lookups only.
+
+    Args:
+        serve: also check Serve's.
+
+    Raises:
+        RayInternalsError: one is missing, naming the Ray version.
+    """
     _lookup("_private.worker.global_worker", "count an evaluation's retries")
     _lookup(_ATTEMPT, "count an evaluation's retries")
     _lookup("_raylet.Config.initialize", "turn token authentication on")

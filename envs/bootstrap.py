@@ -5,7 +5,7 @@ registers the Gymnasium id, none of which a worker or the stand-in uses: `bare_c
 `python -c CODE ROOT ...`, where CODE installs a bare `envs` package (only its `__path__`, under
 ROOT, the folder that holds this copy of `envs/`, whatever the working directory), runs `setup`,
 then `main`. A worker then imports numpy, grpc and mlagents-envs only, a stand-in numpy and
-mlagents-envs' messages (about 15 MB less than `import envs`, and a faster start).
+mlagents-envs' messages, which takes less memory than `import envs` and starts faster.
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ STANDIN_SETUP = "from envs import compat; compat.install_protobuf_modules()"
 
 
 def bare_command(setup: str, main: str) -> list[str]:
-    """`[python, "-c", CODE, ROOT]`: arguments appended after it reach `main` as `sys.argv[1:]`."""
+    """The command line of a helper process that runs `envs` code without `envs/__init__.py`.
+
+    Args:
+        setup: Python statements run first (such as `WORKER_SETUP`).
+        main: the Python statements of the process.
+
+    Returns:
+        `[python, "-c", CODE, ROOT]`: arguments appended after it reach `main` as `sys.argv[1:]`.
+    """
     code = ("import os, sys, types; root = sys.argv.pop(1); "
             "envs = types.ModuleType('envs'); envs.__path__ = [os.path.join(root, 'envs')]; "
             f"sys.modules['envs'] = envs; {setup}; {main}")

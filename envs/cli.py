@@ -10,7 +10,17 @@ from huggy_agent.cli.arguments import port_number, positive_int, whole_number
 
 
 def env_parameter(text: str) -> tuple[str, float]:
-    """`KEY=VALUE` of `--env-param`: a float for ML-Agents' EnvironmentParameters channel."""
+    """An argparse type: one `KEY=VALUE` of `--env-param`.
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        (KEY, VALUE as a float), for ML-Agents' EnvironmentParameters channel.
+
+    Raises:
+        argparse.ArgumentTypeError: not `KEY=NUMBER`.
+    """
     key, sep, value = text.partition("=")
     try:
         if not sep or not key:
@@ -28,8 +38,19 @@ scene_seed = whole_number(0, 2**24 - 1, "0 to 2**24 - 1")
 
 
 def output_file(text: str) -> Path:
-    """A file to write: refused at once where its folder is missing or it is a folder, instead
-    of after the work whose results it would keep."""
+    """An argparse type: a file to write, refused at once rather than after the work whose results
+    it would keep.
+
+    Args:
+        text: the path.
+
+    Returns:
+        The path.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty path, a folder, or a file in a folder that does not
+            exist.
+    """
     path = Path(text)
     if not text or path.is_dir():
         raise argparse.ArgumentTypeError("expected a file to write, got "
@@ -41,7 +62,17 @@ def output_file(text: str) -> Path:
 
 
 def output_folder(text: str) -> Path:
-    """A folder to write into (made if missing): refused at once where a file has its name."""
+    """An argparse type: a folder to write into (made later if missing).
+
+    Args:
+        text: the path.
+
+    Returns:
+        The path.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty path, or a file of that name exists.
+    """
     path = Path(text)
     if not text or (path.exists() and not path.is_dir()):
         raise argparse.ArgumentTypeError("expected a folder to write into, got "
@@ -50,7 +81,11 @@ def output_folder(text: str) -> Path:
 
 
 def add_env_parameter_option(parser: argparse.ArgumentParser) -> None:
-    """`--env-param KEY=VALUE` (repeatable), collected into `args.env_param` as a list."""
+    """Add `--env-param KEY=VALUE` (repeatable), collected into `args.env_param` as a list.
+
+    Args:
+        parser: the command's parser.
+    """
     parser.add_argument("--env-param", metavar="KEY=VALUE", type=env_parameter, action="append",
                         default=[], help="a float sent on ML-Agents' EnvironmentParameters side "
                         "channel, as a training config's environment_parameters; repeatable "

@@ -37,17 +37,27 @@ from envs.teams import BUILTIN, TeamsEnv
 from envs.vector_env import UnityVectorEnv
 from huggy_agent import HuggyAgent
 from huggy_agent.formats.sources import hub_provenance, policy_path
-from huggy_agent.http_api import load_api_key
 from huggy_agent.tables import format_table
+from huggy_agent_client.http_api import load_api_key
 
 _TEAM_KEY = re.compile(r"^(team=\d+|[^=/\\.:]+\?team=\d+|[^=/\\.:?]+)=(.+)$")
 
 
 def parse_policy_option(text: str) -> tuple[str | None, str]:
-    """`[KEY=]POLICY` of `--policy`: (KEY or None, POLICY). KEY is `team=N`, a behavior with its
-    team (`SoccerTwos?team=1`) or a behavior's name (`Goalie`: no '/', '.' or ':'), so a
-    policy path with '=' in it needs a '/' before it (`./a=b.onnx`). ValueError for a team that
-    is not a number (`team=x=...`)."""
+    """One `[KEY=]POLICY` of `--policy`.
+
+    KEY is `team=N`, a behavior with its team (`SoccerTwos?team=1`) or a behavior's name (`Goalie`:
+    no '/', '.' or ':'), so a policy path with '=' in it needs a '/' before it (`./a=b.onnx`).
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        (KEY or None, POLICY).
+
+    Raises:
+        ValueError: a team that is not a number (`team=x=...`).
+    """
     if text.startswith("team=") and not re.match(r"team=\d+=", text):
         raise ValueError(f"--policy {text}: a team is a number, such as team=0=POLICY or "
                          "team=1=POLICY")
@@ -56,11 +66,18 @@ def parse_policy_option(text: str) -> tuple[str | None, str]:
 
 
 def load_agent(args: argparse.Namespace) -> Any:
-    """The policy to drive: a remote one (`--policy-url`: one policy for the whole rollout,
-    also behind an A/B split) or a local HuggyAgent."""
+    """The policy to drive.
+
+    Args:
+        args: the parsed `huggy rollout` command line.
+
+    Returns:
+        A remote one (`--policy-url`: one policy for the whole rollout, also behind an A/B split)
+            or a local `HuggyAgent`.
+    """
     if args.policy_url:
-        # optional extra: the HTTP client (requests, orjson) only for --policy-url
-        from huggy_agent.remote import RemoteAgent
+        # the HTTP client (requests) is imported only for --policy-url
+        from huggy_agent_client.remote import RemoteAgent
 
         return RemoteAgent(args.policy_url, api_key=load_api_key(args.api_key_file))
     return HuggyAgent(args.policy, device=args.device, precision=args.precision, seed=args.seed)
@@ -75,7 +92,15 @@ def _behavior_name(args: argparse.Namespace) -> str:
 
 
 def quota_text(episodes: int, slots: int) -> str:
-    """How `episodes` are spread over `slots` agent slots, in words."""
+    """How episodes are spread over agent slots, in words.
+
+    Args:
+        episodes: the episodes counted.
+        slots: the agent slots.
+
+    Returns:
+        Such as "5 from each of 18 slots".
+    """
     quotas = slot_quotas(episodes, slots)
     extra = episodes % slots
     if extra == 0:
@@ -86,8 +111,17 @@ def quota_text(episodes: int, slots: int) -> str:
 
 def summary_rows(result: RolloutResult, slots: int, behavior: str | None = None
                  ) -> list[tuple[str, object]]:
-    """(statistic, value) rows describing a rollout's episodes over `slots` agent slots of the
-    ML-Agents `behavior` (it names the terminated count: "reached stick" for Huggy)."""
+    """The statistics of a rollout's episodes, for its summary table.
+
+    Args:
+        result: the rollout's result.
+        slots: the agent slots it counted over.
+        behavior: the ML-Agents behavior (it names the terminated count: "reached stick" for
+            Huggy).
+
+    Returns:
+        (statistic, value) rows.
+    """
     returns = [e.episode_return for e in result.episodes]
     lengths = [e.length for e in result.episodes]
     terminated = sum(e.terminated for e in result.episodes)
@@ -107,7 +141,16 @@ def summary_rows(result: RolloutResult, slots: int, behavior: str | None = None
 
 
 def episode_record(number: int, episode: EpisodeResult, context: dict[str, Any]) -> str:
-    """One JSON line for the `--record` file."""
+    """One JSON line of the `--record` file.
+
+    Args:
+        number: the episode's number in the result.
+        episode: the episode.
+        context: what every line repeats (env, policy, seed, ...).
+
+    Returns:
+        The line, without its newline.
+    """
     return json.dumps({"episode": number, "slot": episode.slot, "slot_episode": episode.index,
                        "return": episode.episode_return, "length": episode.length,
                        "terminated": episode.terminated, **context})
@@ -123,7 +166,21 @@ def _policy_name(policy: Path | None) -> str:
 
 def recorders_for(args: argparse.Namespace, agent: Any, context: dict[str, Any],
                   behavior: dict | None) -> list[Recorder]:
-    """The recorders `--video`, `--demo` and `--dataset` ask for."""
+    """The recorders `--video`, `--demo` and `--dataset` ask for.
+
+    Args:
+        args: the parsed `huggy rollout` command line.
+        agent: the policy (its fingerprint goes into a dataset's metadata).
+        context: the rollout's env, policy, seed and mode.
+        behavior: the stand-in's behavior spec, None with a Unity build.
+
+    Returns:
+        The recorders, in that order.
+
+    Raises:
+        ValueError: the `--dataset` id is not of Minari's form, or exists already.
+        ImportError: `--dataset` without Minari installed.
+    """
     recorders: list[Recorder] = []
     if args.video is not None:
         recorders.append(VideoRecorder(args.video, slot=0, episodes=args.video_episodes,
@@ -148,9 +205,22 @@ def recorders_for(args: argparse.Namespace, agent: Any, context: dict[str, Any],
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    """Run `huggy rollout`; prints a summary table, returns the exit code: one behavior's
-    agents as a vector env, or, in a scene of several behaviors or teams (`--env builtin:<scene>`
-    or `--policy KEY=POLICY`), every behavior by its own policy (`run_team_rollout`)."""
+    """Run `huggy rollout` and print a summary table.
+
+    One behavior's agents run as a vector env; in a scene of several behaviors or teams
+    (`--env builtin:<scene>` or `--policy KEY=POLICY`), every behavior by its own policy
+    (`run_team_rollout`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit code: 0, or 1 when the environment died mid-rollout (the episodes counted before
+            are printed).
+
+    Raises:
+        ValueError: `--episodes` below 1, a port beyond 65535, or a policy that cannot be found.
+    """
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     base_port = UnityEnvironment.BASE_ENVIRONMENT_PORT if args.base_port is None \
@@ -214,7 +284,14 @@ def _run_one_behavior(args: argparse.Namespace) -> int:
 
 
 def recording_lines(recorders: list[Recorder]) -> list[str]:
-    """One line per file or dataset the recorders wrote."""
+    """What the recorders wrote, for the summary.
+
+    Args:
+        recorders: the rollout's recorders.
+
+    Returns:
+        One line per video, demonstration file or dataset written.
+    """
     lines = []
     for recorder in recorders:
         for path in getattr(recorder, "written", []):
@@ -231,9 +308,22 @@ def recording_lines(recorders: list[Recorder]) -> list[str]:
 
 
 def run_team_rollout(args: argparse.Namespace, options: list[tuple[str | None, str]]) -> int:
-    """Every behavior of the scene by its policy (`options`: (key or None, source); a source
-    without a key plays every behavior it fits), until each team counted `--episodes`
-    episodes; prints one row per team."""
+    """Play every behavior of the scene by its policy until each team counted `--episodes` episodes;
+    print one row per team.
+
+    Args:
+        args: the parsed command line.
+        options: (key or None, source) of each `--policy`; a source without a key plays every
+            behavior it fits.
+
+    Returns:
+        0.
+
+    Raises:
+        ValueError: options that a rollout of several teams does not take (`--policy-url`,
+            `--video`, `--demo`, `--dataset`, `--instances`), no policy, a behavior no policy
+            plays, a policy that fits no behavior, or a behavior two policies claim.
+    """
     refused = [name for name, value in (("--policy-url", args.policy_url), ("--video", args.video),
                                         ("--demo", args.demo), ("--dataset", args.dataset))
                if value is not None]
@@ -299,8 +389,17 @@ def _team_agents(env: TeamsEnv, options: list[tuple[str | None, str]],
 
 
 def team_table(result: TeamRolloutResult, names: dict[str, str]) -> str:
-    """One row per team: its behaviors and policies, episodes, goals for and against (episodes
-    won or lost before the step limit), wins, draws, losses, mean return and length."""
+    """The rollout's result by team, as a table.
+
+    Args:
+        result: the team rollout's result.
+        names: each behavior's policy source.
+
+    Returns:
+        One row per team (its behaviors and policies, episodes, goals for and against: episodes
+            won or lost before the step limit, wins, draws, losses, mean return and length), then
+            the agent-steps and seconds.
+    """
     rows = []
     for summary in result.by_team():
         mine = [e for e in result.episodes if e.team == summary.team]

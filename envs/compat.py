@@ -35,9 +35,13 @@ _lock = threading.Lock()
 
 
 def apply(own_distutils: bool = False) -> None:
-    """Apply every fix once (idempotent, thread-safe). `own_distutils` installs the distutils
-    shim even where Python has distutils (saves importing it, ~8 MB): only for processes where
-    nothing else needs distutils, such as the instance workers (`envs.bootstrap`)."""
+    """Apply every fix once (idempotent, thread-safe).
+
+    Args:
+        own_distutils: install the distutils shim even where Python has distutils, which saves
+            importing it: only for processes where nothing else needs distutils, such as the
+            instance workers (`envs.bootstrap`).
+    """
     global _applied
     with _lock:
         if _applied:
@@ -136,7 +140,14 @@ def _install_protobuf_modules() -> None:
 
 
 class StrictVersion:
-    """The part of distutils' StrictVersion that mlagents-envs uses: `.version` as ints."""
+    """The part of distutils' StrictVersion that mlagents-envs uses: `.version` as ints.
+
+    Args:
+        text: `MAJOR.MINOR[.PATCH]`.
+
+    Raises:
+        ValueError: `text` is not of that form.
+    """
 
     def __init__(self, text: str) -> None:
         match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())

@@ -29,12 +29,19 @@ from envs.protobuf_wire import varint
 
 def encode_agent_actions(continuous: np.ndarray | None, discrete: np.ndarray | None = None
                          ) -> bytes | None:
-    """Wire bytes of a `ListAgentActionProto` holding one `AgentActionProto` per row, as
-    mlagents-envs' `_generate_step_input` builds it: `continuous_actions` from `continuous`,
-    `discrete_actions` from `discrete`, and `vector_actions_deprecated` holding both (the
-    continuous ones, then the discrete ones as floats). Parsing the result gives exactly that
-    message. None (build it field by field) where a discrete action lies outside [0, 128), whose
-    varint would not take one byte. Either kind may be None or have no columns."""
+    """The wire bytes of a `ListAgentActionProto` holding one `AgentActionProto` per row, as
+    mlagents-envs' `_generate_step_input` builds it: `continuous_actions`, `discrete_actions`, and
+    `vector_actions_deprecated` holding both (the continuous ones, then the discrete ones as
+    floats). Parsing the result gives exactly that message.
+
+    Args:
+        continuous: (n, c) continuous actions, or None; may have no columns.
+        discrete: (n, branches) discrete actions, or None; may have no columns.
+
+    Returns:
+        The bytes (empty for no rows); None (build it field by field) where a discrete action lies
+            outside [0, 128), whose varint would not take one byte.
+    """
     given = continuous if continuous is not None else discrete
     n = 0 if given is None else len(given)
     if n == 0:
@@ -107,11 +114,14 @@ def install() -> None:
 
 
 def set_fast_paths(enabled: bool) -> None:
-    """Switch the speed-ups of part 3 on (the default) or back to mlagents-envs' originals
-    (`lean_step` then declines).
+    """Switch the speed-ups on (the default) or back to mlagents-envs' originals (`lean_step` then
+    declines).
 
     For measuring them (bench/bench_envs.py) and checking they change nothing (tests); takes
     effect for environments created afterwards (the communicator is chosen at creation).
+
+    Args:
+        enabled: True for this module's step functions, False for mlagents-envs' own.
     """
     from mlagents_envs import environment, rpc_utils
 
@@ -125,7 +135,15 @@ def set_fast_paths(enabled: bool) -> None:
 
 
 def original_steps_from_proto(agent_info_list: Any, behavior_spec: Any) -> Any:
-    """mlagents-envs' own `rpc_utils.steps_from_proto`."""
+    """mlagents-envs' own `rpc_utils.steps_from_proto`.
+
+    Args:
+        agent_info_list: one behavior's `AgentInfoProto`s.
+        behavior_spec: the behavior's spec.
+
+    Returns:
+        (DecisionSteps, TerminalSteps).
+    """
     return _ORIGINALS["steps_from_proto"](agent_info_list, behavior_spec)
 
 
@@ -201,12 +219,18 @@ def _masks(infos: list, width: int) -> np.ndarray:
 
 
 def read_agent_infos(agent_info_list: Any, behavior_spec: Any) -> AgentColumns | None:
-    """The agents of `agent_info_list` (mlagents-envs' `AgentInfoProto`s of one behavior) as
-    `AgentColumns`: the scalars in one pass over the agents, each observation in one bulk copy.
-    The values are exactly those of `rpc_utils.steps_from_proto`.
+    """One behavior's agent infos as arrays: the scalars in one pass over the agents, each
+    observation in one bulk copy. The values are exactly those of `rpc_utils.steps_from_proto`.
 
-    None, to leave them to mlagents-envs' own code, for no agents, a visual (rank 3)
-    observation, or an observation whose float data is not the spec's size."""
+    Args:
+        agent_info_list: mlagents-envs' `AgentInfoProto`s of one behavior.
+        behavior_spec: the behavior's spec.
+
+    Returns:
+        The agents as `AgentColumns`, in Unity's order; None, to leave them to mlagents-envs' own
+            code, for no agents, a visual (rank 3) observation, or an observation whose float data
+            is not the spec's size.
+    """
     specs = behavior_spec.observation_specs
     if not len(agent_info_list) or any(len(spec.shape) > 2 for spec in specs):
         return None
@@ -241,17 +265,25 @@ def _mean_cannot_overflow(values: np.ndarray) -> bool:
 
 def raise_on_nan_and_inf(obs: list[np.ndarray], reward: np.ndarray, group_reward: np.ndarray,
                          done: np.ndarray) -> None:
-    """mlagents-envs' NaN/inf errors for one behavior's agents (rows in Unity's order, `done`
-    marking finished ones; `obs` its vector and variable-length observations), as
-    `rpc_utils.steps_from_proto` raises them: the same checks on the same arrays in its order
-    (each observation, of deciding agents then of finished ones; then rewards, then group
-    rewards, each deciding first), so the same first field and message.
+    """Raise mlagents-envs' NaN/inf errors for one behavior's agents, as `rpc_utils.steps_from_proto`
+    raises them: the same checks on the same arrays in its order (each observation, of deciding
+    agents then of finished ones; then rewards, then group rewards, each deciding first), so the
+    same first field and message.
 
     Its check is `np.mean` in float32: NaN anywhere gives "NaN values" (so do +inf and -inf
     together), inf "Infinite values", and so do finite values whose float32 sum overflows
     (observations of 2e38). That last behaviour is kept on purpose: the fast paths promise the
     original's errors, and a policy has nothing useful to do with such observations anyway.
     A cheap exact test (`_mean_cannot_overflow`) skips the checks when none can fail.
+
+    Args:
+        obs: the behavior's vector and variable-length observations, rows in Unity's order.
+        reward: each agent's reward.
+        group_reward: each agent's group reward.
+        done: which rows are finished agents.
+
+    Raises:
+        RuntimeError: mlagents-envs' message for the first field holding NaN or infinite values.
     """
     fields = [*((values, "observations") for values in obs), (reward, "rewards"),
               (group_reward, "group_rewards")]
@@ -308,13 +340,25 @@ class AgentRows(NamedTuple):
     group_reward: np.ndarray | None = None  # (m,) float32, the agents' groups' rewards
 
     def total_reward(self) -> np.ndarray:
-        """Each agent's own reward plus its group's (a POCA scene rewards groups)."""
+        """Each agent's own reward plus its group's (a POCA scene rewards groups).
+
+        Returns:
+            (m,) float32.
+        """
         return self.reward if self.group_reward is None else self.reward + self.group_reward
 
 
 def join_rows(first: AgentRows, second: AgentRows) -> AgentRows:
-    """The rows of two exchanges in a row, `first`'s then `second`'s; the masks are
-    `second`'s (the deciding agents', where `first` has none deciding)."""
+    """The rows of two exchanges in a row.
+
+    Args:
+        first: the first exchange's rows.
+        second: the second's.
+
+    Returns:
+        `first`'s rows then `second`'s; the masks are `second`'s (the deciding agents', where
+            `first` has none deciding).
+    """
     return AgentRows(
         np.concatenate([first.agent_id, second.agent_id]),
         np.concatenate([first.reward, second.reward]),
@@ -326,7 +370,15 @@ def join_rows(first: AgentRows, second: AgentRows) -> AgentRows:
 
 
 def agent_rows(decision: Any, terminal: Any) -> AgentRows:
-    """`AgentRows` of mlagents-envs' DecisionSteps (first) and TerminalSteps."""
+    """`AgentRows` of mlagents-envs' step results.
+
+    Args:
+        decision: DecisionSteps (their rows first).
+        terminal: TerminalSteps.
+
+    Returns:
+        The rows, the masks joined into one array per deciding agent.
+    """
     mask = decision.action_mask
     return AgentRows(
         np.concatenate([decision.agent_id, terminal.agent_id]).astype(np.int64),
@@ -340,16 +392,26 @@ def agent_rows(decision: Any, terminal: Any) -> AgentRows:
 
 
 def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | None:
-    """`env.set_actions(behavior, ActionTuple(continuous))`, `env.step()` and `env.get_steps`,
-    as one exchange that reads the agents straight into `AgentRows`: no ActionTuple, no copies
-    of the input message, no DecisionSteps or TerminalSteps. Side channels and behavior specs
-    are processed as `UnityEnvironment.step` does; observations, rewards and group rewards are
-    checked for NaN and inf exactly as mlagents-envs checks them (`raise_on_nan_and_inf`).
+    """`env.set_actions(behavior, ActionTuple(continuous))`, `env.step()` and `env.get_steps`, as
+    one exchange that reads the agents straight into `AgentRows`: no ActionTuple, no copies of the
+    input message, no DecisionSteps or TerminalSteps. Side channels and behavior specs are
+    processed as `UnityEnvironment.step` does; observations, rewards and group rewards are checked
+    for NaN and inf exactly as mlagents-envs checks them (`raise_on_nan_and_inf`). While it is
+    used, `env.get_steps` is not kept up to date (a reset refreshes it).
 
-    For a loaded `env` whose only behavior is `behavior`, with one vector observation and
-    continuous actions (checked by the caller): returns None, sending nothing, for any other
-    env or when the fast paths are off (the caller then uses mlagents-envs' own calls). While
-    it is used, `env.get_steps` is not kept up to date (a reset refreshes it).
+    Args:
+        env: a loaded `UnityEnvironment` whose only behavior is `behavior`, with one vector
+            observation and continuous actions (checked by the caller).
+        behavior: the behavior's name.
+        continuous: (n, c) actions of its deciding agents.
+
+    Returns:
+        The agents after the step; None, sending nothing, for any other env or when the fast paths
+            are off (the caller then uses mlagents-envs' own calls).
+
+    Raises:
+        UnityCommunicatorStoppedException: the player answered with a status other than 200.
+        RuntimeError: NaN or infinite values in what the player sent.
     """
     from mlagents_envs.communicator_objects.command_pb2 import STEP
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
@@ -384,8 +446,18 @@ def lean_step(env: Any, behavior: str, continuous: np.ndarray) -> AgentRows | No
 
 
 def lean_rows(infos: Any, spec: Any) -> AgentRows:
-    """`AgentRows` of one behavior's agent infos, in Unity's order, with the NaN/inf errors of
-    `steps_from_proto` (`raise_on_nan_and_inf`); read in bulk where `read_agent_infos` can."""
+    """`AgentRows` of one behavior's agent infos, read in bulk where `read_agent_infos` can.
+
+    Args:
+        infos: the behavior's `AgentInfoProto`s.
+        spec: its behavior spec.
+
+    Returns:
+        The rows in Unity's order; the masks are the deciding agents' (None when all are done).
+
+    Raises:
+        RuntimeError: the NaN/inf errors of `steps_from_proto` (`raise_on_nan_and_inf`).
+    """
     columns = read_agent_infos(infos, spec)
     if columns is None:
         return agent_rows(*original_steps_from_proto(infos, spec))

@@ -5,22 +5,16 @@
     actions = player.compute_action([obs_0, obs_1])  # (N, 3) int64, or (3,) for one row
 
 They meet callers at `HuggyAgent`'s boundary: `compute_action(obs, deterministic=True, seed=None,
-row_offset=0, action_mask=None)`, a `spec` (`huggy_agent.spec.ActorSpec`: inputs obs_0 (264,)
+row_offset=0, action_mask=None)`, a `spec` (`huggy_agent_client.spec.ActorSpec`: inputs obs_0 (264,)
 and obs_1 (72,), discrete branches (3, 3, 3)), a `fingerprint` (16 hex digits, like a
 policy's weights fingerprint: it names the player and its rules' version), `describe()` and a
 no-op `warmup()`. They act from the observations alone (SoccerTwos' stacked ray frames, see
 `envs/standin/soccer/README.md`), so they play the stand-in and a real SoccerTwos build alike.
 
 - `idle` sends zeros: it stands still.
-- `random` draws each branch uniformly from counter-based noise (`huggy_agent.noise`): row i of a
-  call gets the draws of row `row_offset + i` of stream `seed` (a fresh stream from the player's
-  own generator when `seed` is None), the same on every machine. It has no mode, so it plays
-  the same whatever `deterministic` says.
-- `chaser`: when its latest forward rays see the ball it turns toward it and runs at it (a
-  forward move kicks), unless it faces its own goal (seen ahead, or the other goal seen
-  behind, in any of its three stacked frames), when it steps sideways around the ball instead
-  (backing off first from a ball within 1 m); otherwise it turns right until the ball is ahead,
-  moving forward while the way ahead is open. Deterministic.
+- `random` draws each branch uniformly from counter-based noise (`huggy_agent.noise`), the
+  same on every machine; it has no mode, so it plays the same whatever `deterministic` says.
+- `chaser` runs at the ball, and around it when it faces its own goal (`chase`); deterministic.
 
 With an action mask (True = allowed), a player whose choice is not allowed takes the first
 allowed action of that branch (`random` draws among the allowed ones).
@@ -36,9 +30,9 @@ import numpy as np
 
 from envs.standin.soccer import field, rays
 from envs.standin.soccer.sim import BRANCHES
-from huggy_agent.inputs import as_input_batches, as_mask_batch
 from huggy_agent.noise import SEED_RANGE, uniform_noise
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.inputs import as_input_batches, as_mask_batch
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 
 PREFIX = "heuristic:"
 HEURISTICS = ("idle", "random", "chaser")
@@ -68,14 +62,30 @@ TURN_LEFT, TURN_RIGHT = 1, 2  # branch 2
 
 
 def is_heuristic(source: Any) -> bool:
-    """Whether `source` names a scripted player (`heuristic:NAME`, known or not)."""
+    """Whether a source names a scripted player.
+
+    Args:
+        source: a policy source.
+
+    Returns:
+        True for a string `heuristic:NAME`, known or not.
+    """
     return isinstance(source, str) and source.startswith(PREFIX)
 
 
 def load_heuristic(source: str, seed: int | None = None) -> HeuristicPlayer:
-    """The scripted player `source` names (`heuristic:idle`, `heuristic:random` or
-    `heuristic:chaser`); `seed` seeds the generator of stochastic calls without a seed of their
-    own. ValueError for any other name, listing the known ones."""
+    """The scripted player a source names.
+
+    Args:
+        source: `heuristic:idle`, `heuristic:random` or `heuristic:chaser`.
+        seed: seeds the generator of stochastic calls without a seed of their own.
+
+    Returns:
+        The player.
+
+    Raises:
+        ValueError: any other name, listing the known ones.
+    """
     name = source[len(PREFIX):] if is_heuristic(source) else None
     if name not in HEURISTICS:
         known = ", ".join(PREFIX + known for known in HEURISTICS)
@@ -84,8 +94,15 @@ def load_heuristic(source: str, seed: int | None = None) -> HeuristicPlayer:
 
 
 class HeuristicPlayer:
-    """A scripted SoccerTwos player with the policy boundary of `HuggyAgent` (see the module
-    docstring)."""
+    """A scripted SoccerTwos player with the policy boundary of `HuggyAgent`.
+
+    Args:
+        name: `idle`, `random` or `chaser`.
+        seed: seeds the generator of stochastic calls without a seed of their own.
+
+    Raises:
+        ValueError: an unknown name.
+    """
 
     def __init__(self, name: str, seed: int | None = None) -> None:
         if name not in HEURISTICS:
@@ -101,11 +118,24 @@ class HeuristicPlayer:
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
                        row_offset: int = 0, action_mask: Any = None, memory: Any = None
                        ) -> np.ndarray:
-        """Actions for `obs` ([obs_0, obs_1], single rows or batches of N): int64 (N, 3), or
-        (3,) for single rows. Raises ValueError on a wrong shape or a non-finite value, or for
-        a `memory` (these players have none), as a policy does. `deterministic` is the policy
-        contract's; see the module docstring for `seed` and `row_offset` (they matter to
-        `random` only)."""
+        """Actions for SoccerTwos observations, as a policy's `compute_action` gives them.
+
+        Args:
+            obs: [obs_0, obs_1], single rows or batches of N.
+            deterministic: the policy contract's; no player here has a mode to choose.
+            seed: `random`'s noise stream: row i of a call gets the draws of row `row_offset + i` of
+                stream `seed`; None draws a fresh stream from the player's own generator.
+            row_offset: the stream's row of the first observation (`random` only).
+            action_mask: (N, 9) or (9,), True where allowed; None allows all.
+            memory: must be None (these players have none).
+
+        Returns:
+            int64 (N, 3) actions, or (3,) for single rows.
+
+        Raises:
+            ValueError: a wrong shape or a non-finite value, a mask that a policy would refuse, or a
+                `memory`, as a policy refuses them.
+        """
         if memory is not None:
             raise ValueError(f"{self.source} has no recurrent memory: memory must be None")
         inputs, single = as_input_batches(obs, self.spec)
@@ -122,13 +152,22 @@ class HeuristicPlayer:
         return actions[0] if single else actions
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-serialisable summary, with the keys of `HuggyAgent.describe()` that apply."""
+        """A JSON-serialisable summary, with the keys of `HuggyAgent.describe()` that apply.
+
+        Returns:
+            The spec, source, format (`heuristic`), a summary line and the fingerprint.
+        """
         return {"spec": self.spec.as_dict(), "source": self.source, "format": "heuristic",
                 "summary": f"scripted SoccerTwos player {self.source}",
                 "fingerprint": self.fingerprint}
 
     def warmup(self, batch_sizes: Iterable[int], paths: Collection[str] = ()) -> None:
-        """Nothing to prepare (the policy contract's warm-up)."""
+        """Nothing to prepare (the policy contract's warm-up).
+
+        Args:
+            batch_sizes: ignored.
+            paths: ignored.
+        """
 
 
 def _branch_views(mask: np.ndarray) -> list[np.ndarray]:
@@ -161,8 +200,21 @@ def _random_actions(uniforms: np.ndarray, mask: np.ndarray | None) -> np.ndarray
 
 
 def chase(forward_obs: np.ndarray, backward_obs: np.ndarray) -> np.ndarray:
-    """The chaser's actions (N, 3) from SoccerTwos observations (N, 264) and (N, 72): see the
-    module docstring."""
+    """The chaser's actions from SoccerTwos observations.
+
+    When its latest forward rays see the ball it turns toward it and runs at it (a forward move
+    kicks), unless it faces its own goal (seen ahead, or the other goal seen behind, in any of its
+    three stacked frames), when it steps sideways around the ball instead (backing off first from a
+    ball within `_CLOSE_METRES`); otherwise it turns right until the ball is ahead, moving forward
+    while the way ahead is open.
+
+    Args:
+        forward_obs: (N, 264) forward ray frames, oldest first.
+        backward_obs: (N, 72) backward ray frames, oldest first.
+
+    Returns:
+        (N, 3) int64 actions.
+    """
     rows = len(forward_obs)
     frames_ahead = forward_obs.reshape(rows, rays.STACKS, rays.FORWARD_RAYS,
                                        rays.VALUES_PER_RAY)  # oldest frame first

@@ -4,44 +4,18 @@
 
 A Unity player calls one unary method (`Exchange`: the handshake, then once per step) on the
 Python side's gRPC server. Python's `grpc` package costs several times more CPU per call than
-these two, in the stand-ins' client and in mlagents-envs' server (its polling thread, a pool
-thread per call and a handoff to the main thread). These do what one lockstep call needs: one
-stream per call, our headers encoded once as literals, flow control both ways, answers to the
-peer's SETTINGS and PINGs. Both poll their sockets for a while before they block, where a CPU is
-free (`envs.spin_wait`).
+these two (docs/benchmarks.md, "Environments"), and so does an exchange through python-hyper's
+`h2` state machine; every step of an environment makes one. These do what one lockstep call
+needs: one stream per call, our headers encoded once as literals, flow control both ways,
+answers to the peer's SETTINGS and PINGs. Both poll their sockets for a while before they
+block, where a CPU is free (`envs.spin_wait`).
 
-The server checks what a client sends as RFC 9113 requires (frame sizes, SETTINGS values,
-windows, stream states), decodes each request's header block with `hpack` and serves one path;
-its caps (`ServerLimits`) bound what one client can make it hold or do. What a client gets for
-what it gets wrong:
-
-- a frame that breaks HTTP/2 (a frame over `MAX_FRAME_SIZE`, a bad SETTINGS value, a window
-  pushed past 2**31 - 1 on the connection, DATA or RST_STREAM on a stream never opened, a
-  stream id going backwards, a header block that does not decode): GOAWAY with the error code
-  RFC 9113 names, and the connection closed; one that breaks a stream only (a WINDOW_UPDATE of
-  zero or past 2**31 - 1 on a stream, DATA after the request ended): RST_STREAM on it;
-- more control frames than `ServerLimits.control_frames_per_second`, a header block over
-  `max_header_list_bytes` or in more than `max_continuation_frames` CONTINUATION frames:
-  GOAWAY ENHANCE_YOUR_CALM, the connection closed;
-- more than `max_concurrent_streams` calls at once on a connection: RST_STREAM REFUSED_STREAM
-  (gRPC clients retry it);
-- a call to another path: grpc-status UNIMPLEMENTED; a message over `max_message_bytes`
-  (seen from gRPC's 5-byte length prefix, before the body is taken): RESOURCE_EXHAUSTED; a body
-  that is not one uncompressed message: INTERNAL. The rest of such a request is dropped unread
-  (RST_STREAM NO_ERROR asks the client to stop sending it).
-
-The server never blocks on a client: its sockets do not block, and what a client has not read
-waits in that connection's buffer; past `max_unsent_bytes` the server stops reading from it
-(as grpcio does) and drops it after `send_stall_timeout_s`, while the other connections and
-the call in hand go on. The client (`UnaryClient`) checks what its server sends the same way
-and raises `ExchangeError` rather than wait on a broken peer. It does not decode the server's
-headers (it keeps no HPACK table): a stream that ends after exactly one message is an answer,
-which is how a gRPC server ends an OK unary call.
-
-The frames are handled here rather than by python-hyper's `h2` (a maintained HTTP/2 state
-machine): an exchange through `h2`'s ends costs several times the CPU of these, and every step
-of an environment makes one (`bench/bench_unity_link.py`). The tests hold this server's verdict
-on each way of breaking HTTP/2 to `h2`'s, or to RFC 9113's where `h2` departs from it.
+The server checks what a client sends as RFC 9113 requires and holds each client to the caps of
+`ServerLimits` (what a client gets for each fault is listed above `_ServerConnection`). It never
+blocks on a client: past `max_unsent_bytes` unread it stops reading from that connection, as
+grpcio does, and drops it after `send_stall_timeout_s`. The client checks what its server sends
+the same way and raises `ExchangeError` rather than wait on a broken peer. The tests hold the
+server's verdicts to `h2`'s, or to RFC 9113's where `h2` departs from it.
 """
 
 from __future__ import annotations
@@ -245,7 +219,14 @@ def status_headers(code: int, message: str = "") -> bytes:
 
 
 def grpc_message(payload: bytes) -> bytes:
-    """`payload` as one uncompressed gRPC message (its 5-byte length prefix, then `payload`)."""
+    """A payload framed as one uncompressed gRPC message.
+
+    Args:
+        payload: the serialized message.
+
+    Returns:
+        Its 5-byte length prefix, then `payload`.
+    """
     return _MESSAGE_PREFIX.pack(0, len(payload)) + payload
 
 
@@ -611,7 +592,9 @@ class _Connection:
 
 class UnaryClient(_Connection):
     """Calls `path` on the gRPC server at `host`:`port` with serialized request bytes and
-    returns the serialized response bytes. One call at a time (the exchange is lockstep).
+    returns the serialized response bytes. One call at a time (the exchange is lockstep). It
+    does not decode the server's headers (it keeps no HPACK table): a stream that ends after
+    exactly one message is an answer, which is how a gRPC server ends an OK unary call.
 
     Args:
         host: the server's address.
@@ -803,6 +786,23 @@ class _Stream:
         self.call: tuple | None = None
 
 
+# What a client gets for what it gets wrong:
+# - a frame that breaks HTTP/2 (a frame over `MAX_FRAME_SIZE`, a bad SETTINGS value, a window
+#   pushed past 2**31 - 1 on the connection, DATA or RST_STREAM on a stream never opened, a
+#   stream id going backwards, a header block that does not decode): GOAWAY with the error code
+#   RFC 9113 names, and the connection closed; one that breaks a stream only (a WINDOW_UPDATE of
+#   zero or past 2**31 - 1 on a stream, DATA after the request ended): RST_STREAM on it;
+# - more control frames than `ServerLimits.control_frames_per_second`, a header block over
+#   `max_header_list_bytes` or in more than `max_continuation_frames` CONTINUATION frames:
+#   GOAWAY ENHANCE_YOUR_CALM, the connection closed;
+# - more than `max_concurrent_streams` calls at once on a connection: RST_STREAM REFUSED_STREAM
+#   (gRPC clients retry it);
+# - a call to another path: grpc-status UNIMPLEMENTED; a message over `max_message_bytes`
+#   (seen from gRPC's 5-byte length prefix, before the body is taken): RESOURCE_EXHAUSTED; a body
+#   that is not one uncompressed message: INTERNAL. The rest of such a request is dropped unread
+#   (RST_STREAM NO_ERROR asks the client to stop sending it).
+# What a client has not read waits in its connection's buffer (the sockets do not block), and the
+# other connections and the call in hand go on while one is stalled.
 class _ServerConnection(_Connection):
     """One client's connection to `UnaryServer`, free of I/O: bytes in through `receive`,
     bytes out in `outbound`. Appends each complete call to `calls` as (self, stream, request),

@@ -43,14 +43,33 @@ class EnvironmentStartError(RuntimeError):
 
 
 def instance_seed(seed: int, instance: int) -> int:
-    """The seed of instance `instance` when an environment of several instances is seeded with
-    `seed`: `(seed + instance * 10_368_889) mod 2**24`. Instance 0 keeps a valid seed as is; the
-    stride is odd, so the instances of one reset get distinct seeds (up to 2**24 instances)."""
+    """The seed of one instance when an environment of several instances is seeded.
+
+    Instance 0 keeps a valid seed as is; the stride is odd, so the instances of one reset get
+    distinct seeds (up to 2**24 instances).
+
+    Args:
+        seed: the environment's seed.
+        instance: the instance's index.
+
+    Returns:
+        `(seed + instance * 10_368_889) mod 2**24`.
+    """
     return (int(seed) + int(instance) * INSTANCE_SEED_STRIDE) % MAX_SEED
 
 
 def check_seed(seed: int) -> int:
-    """`seed` as an int, or ValueError when it is outside [0, MAX_SEED)."""
+    """A seed checked to travel exactly as float32.
+
+    Args:
+        seed: an integer.
+
+    Returns:
+        `seed` as an int.
+
+    Raises:
+        ValueError: `seed` is outside [0, MAX_SEED).
+    """
     if not 0 <= int(seed) < MAX_SEED:
         raise ValueError(f"seed must be in [0, {MAX_SEED}), got {seed}")
     return int(seed)
@@ -119,20 +138,42 @@ class SlotLayout:
 
     @classmethod
     def of(cls, behavior_spec: Any) -> SlotLayout:
-        """The layout of an mlagents-envs `BehaviorSpec`."""
+        """The layout of an mlagents-envs behavior.
+
+        Args:
+            behavior_spec: its `BehaviorSpec`.
+
+        Returns:
+            The layout.
+        """
         action = behavior_spec.action_spec
         return cls(tuple(tuple(int(d) for d in o.shape) for o in behavior_spec.observation_specs),
                    int(action.continuous_size), tuple(int(b) for b in action.discrete_branches))
 
     @classmethod
     def of_policy(cls, spec: Any) -> SlotLayout:
-        """The layout a policy of interface `spec` (`huggy_agent.spec.ActorSpec`) acts in."""
+        """The layout a policy acts in.
+
+        Args:
+            spec: its interface (`huggy_agent_client.spec.ActorSpec`).
+
+        Returns:
+            The layout.
+        """
         return cls(tuple(tuple(int(d) for d in i.shape) for i in spec.inputs),
                    int(spec.continuous_size), tuple(int(b) for b in spec.discrete_branches))
 
     def check_fits(self, spec: Any, source: str, behavior: str) -> None:
-        """ValueError, naming both, unless a policy of interface `spec` (from `source`) acts in
-        this layout, the layout of `behavior`."""
+        """Check that a policy acts in this layout, the layout of `behavior`.
+
+        Args:
+            spec: the policy's interface (`huggy_agent_client.spec.ActorSpec`).
+            source: where the policy came from, named in the error.
+            behavior: the behavior, named in the error.
+
+        Raises:
+            ValueError: the policy's layout differs, naming both.
+        """
         theirs = SlotLayout.of_policy(spec)
         if theirs != self:
             raise ValueError(f"{source} ({theirs.describe()}) does not fit {behavior} "
@@ -150,8 +191,17 @@ class SlotLayout:
                 and not self.discrete_branches)
 
     def split_actions(self, actions: Any) -> tuple[Any, Any]:
-        """(continuous, discrete) of actions in this layout's form (unchecked): a hybrid
-        behavior's pair, else one array of the kind it has, and None for the other."""
+        """The two kinds of a step's actions, in this layout's form (unchecked).
+
+        Args:
+            actions: a hybrid behavior's pair (continuous, discrete), else one array of the kind it has.
+
+        Returns:
+            (continuous, discrete), None for a kind the layout does not have.
+
+        Raises:
+            ValueError: a hybrid behavior's actions that are not a pair.
+        """
         if self.continuous_size and self.discrete_branches:
             if not isinstance(actions, tuple) or len(actions) != 2:
                 raise ValueError("expected (continuous, discrete) actions for this hybrid "
@@ -160,7 +210,11 @@ class SlotLayout:
         return (actions, None) if self.continuous_size else (None, actions)
 
     def describe(self) -> str:
-        """Such as `(59,) -> 21 continuous` or `(3, 84, 84), (8,) -> discrete (3, 2)`."""
+        """The layout in words.
+
+        Returns:
+            Such as `(59,) -> 21 continuous` or `(3, 84, 84), (8,) -> discrete (3, 2)`.
+        """
         actions = [f"{self.continuous_size} continuous"] if self.continuous_size else []
         if self.discrete_branches:
             actions.append(f"discrete {self.discrete_branches}")
@@ -208,7 +262,16 @@ class StepBuffers:
 
     @classmethod
     def nbytes(cls, n: int, layout: SlotLayout, pose_size: int = 0) -> int:
-        """Bytes `over` needs for `n` slots (each array starts on a 64-byte boundary)."""
+        """Bytes `over` needs for `n` slots (each array starts on a 64-byte boundary).
+
+        Args:
+            n: the slots.
+            layout: what one slot holds.
+            pose_size: columns of the pose arrays (0 without rendering).
+
+        Returns:
+            The size in bytes.
+        """
         total = 0
         for _, shape, dtype in cls._fields(n, layout, pose_size):
             total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
@@ -217,8 +280,18 @@ class StepBuffers:
     @classmethod
     def over(cls, n: int, layout: SlotLayout, buffer: Any = None,
              pose_size: int = 0) -> StepBuffers:
-        """Buffers for `n` slots laid out in `buffer` (a writable buffer of at least `nbytes`
-        bytes, such as a shared mmap), or in fresh memory when None. Masks start all True."""
+        """Buffers for `n` slots, their masks all True.
+
+        Args:
+            n: the slots.
+            layout: what one slot holds.
+            buffer: a writable buffer of at least `nbytes` bytes (such as a shared mmap) to lay them
+                out in; None for fresh memory.
+            pose_size: columns of the pose arrays (0 without rendering).
+
+        Returns:
+            The buffers, views of `buffer`.
+        """
         if buffer is None:
             buffer = bytearray(cls.nbytes(n, layout, pose_size))
         arrays, offset = {}, 0
@@ -234,7 +307,15 @@ class StepBuffers:
         return buffers
 
     def rows(self, start: int, stop: int) -> StepBuffers:
-        """Views of slots [start, stop)."""
+        """Views of some slots.
+
+        Args:
+            start: the first slot.
+            stop: the slot after the last.
+
+        Returns:
+            Buffers of slots [start, stop), sharing memory with these.
+        """
         return StepBuffers(
             tuple(o[start:stop] for o in self.obs), tuple(o[start:stop] for o in self.final_obs),
             *(getattr(self, name)[start:stop] for name in (
@@ -258,11 +339,22 @@ class InstanceInfo:
 
 
 def open_unity(config: InstanceConfig, side_channels: Sequence[Any]) -> tuple[Any, int, int]:
-    """The `UnityEnvironment` of `config` with `side_channels`, on the first free port of
-    `config.worker_ids`, with that worker id and port. A port another process takes between the
-    check and the bind moves on to the next worker id (programs on one machine race for free
-    ports). RuntimeError when every port is in use, EnvironmentStartError when the executable
-    cannot be started or never connects."""
+    """Start a `UnityEnvironment` on the first free port of `config.worker_ids`.
+
+    A port another process takes between the check and the bind moves on to the next worker id
+    (programs on one machine race for free ports).
+
+    Args:
+        config: how to start the instance.
+        side_channels: mlagents-envs side channels to register.
+
+    Returns:
+        (the environment, its worker id, its port).
+
+    Raises:
+        RuntimeError: every port is in use.
+        EnvironmentStartError: the executable cannot be started or never connects.
+    """
     from mlagents_envs.environment import UnityEnvironment
     from mlagents_envs.exception import (
         UnityEnvironmentException,
@@ -297,12 +389,23 @@ def open_unity(config: InstanceConfig, side_channels: Sequence[Any]) -> tuple[An
 
 
 class UnityInstance:
-    """One Unity process and its agents as `num_agents` stable slots (see the module docstring).
+    """One Unity process and its agents as `num_agents` stable slots: slot s is the agent at row s of
+    the first decision after a reset, and a successor takes the lowest slot that an agent freed.
 
-    Starts the executable on the first free port of `config.worker_ids`, resets it once, checks
-    that the behavior has one vector observation and continuous actions only; `step` checks that
-    every agent decides at every step. `reset` and `step` write into `StepBuffers` of
-    `num_agents` rows. The caller checks that `config.file_name` exists.
+    Starts the executable on the first free port of `config.worker_ids`, resets it once, checks the
+    behavior's layout against `config.layout` and its agents against `config.num_agents` where
+    given; `step` checks that every agent decides at every step. `reset` and `step` write into
+    `StepBuffers` of `num_agents` rows. The caller checks that `config.file_name` exists.
+
+    Args:
+        config: how to start the instance.
+
+    Raises:
+        RuntimeError: every port tried is in use.
+        EnvironmentStartError: the executable cannot be started or never connects.
+        ValueError: the behavior is not found (or several and none named), its layout or agent
+            count differs from `config`'s, or an opponent names the driven behavior or does not fit
+            its own.
     """
 
     def __init__(self, config: InstanceConfig) -> None:
@@ -384,7 +487,12 @@ class UnityInstance:
         return names[0]
 
     def info(self) -> InstanceInfo:
-        """The scene's sizes, the behavior, the worker id, port and Unity process id."""
+        """What the started instance reports.
+
+        Returns:
+            The scene's sizes, the behavior, the worker id, port and Unity process id, and whether the
+                stand-in sends poses.
+        """
         process = getattr(self._unity, "_process", None)
         return InstanceInfo(self.num_agents, self.layout, self.behavior_name, self.worker_id,
                             self.port, None if process is None else process.pid,
@@ -393,8 +501,16 @@ class UnityInstance:
     # -- episodes -------------------------------------------------------------------------------
 
     def reset(self, seed: int | None, out: StepBuffers) -> None:
-        """Reset every agent (reseeding the environment first when `seed` is given, which must
-        be in [0, MAX_SEED)) and write the first observations and agent ids into `out`."""
+        """Reset every agent and write the first observations and agent ids into `out`.
+
+        Args:
+            seed: reseeds the environment first, in [0, MAX_SEED); None keeps its seed.
+            out: the buffers of `num_agents` rows.
+
+        Raises:
+            ValueError: `seed` is out of range.
+            RuntimeError: another number of agents than at start decides after the reset.
+        """
         if seed is not None:
             self._parameters.set_float_parameter("seed", float(check_seed(seed)))
         self._unity.reset()
@@ -422,11 +538,21 @@ class UnityInstance:
         out.truncated[:] = False
 
     def step(self, out: StepBuffers) -> None:
-        """Send `out.actions` (one row per slot) and fill `out` with the step's results: the
-        next observation of each slot (its successor's first one where an episode ended, with
-        the finished agent's last observation and id in `final_obs`/`final_agent_id`), the
-        reward, terminated (ended before its max step) and truncated (interrupted at it); with
-        rendering, the poses."""
+        """Send `out.actions` (one row per slot) and fill `out` with the step's results.
+
+        The next observation of each slot is its successor's first one where an episode ended, with the
+        finished agent's last observation and id in `final_obs`/`final_agent_id`; then the reward,
+        terminated (ended before its max step) and truncated (interrupted at it); with rendering, the
+        poses.
+
+        Args:
+            out: the buffers of `num_agents` rows.
+
+        Raises:
+            RuntimeError: not every agent decides at the step (a DecisionRequester with period 1 is
+                needed), more agents appear than there are slots, or agents only finish for
+                `MAX_QUIET_EXCHANGES` exchanges in a row.
+        """
         self._step(out)
         if self._pose_channel is not None:
             self._write_poses(out)

@@ -1,12 +1,14 @@
 """mlagents-envs' communicator with its gRPC server run in the caller's thread.
 
 mlagents-envs serves the Unity player's calls with `grpc`'s synchronous server: a polling
-thread, a pool thread per call, and a handoff of each message to the main thread and back,
-400-570 us of CPU per exchange on a 2-core machine. The exchange is lockstep (the player waits for
-each answer), so `LockstepCommunicator` reads the player's calls and writes the answers itself
-when the environment steps, with `envs.http2.UnaryServer`: no threads, no handoffs. Everything
-above the server is mlagents-envs' own `RpcCommunicator` (its handshake, timeouts and
-`poll_callback` checks), which reaches the server through `unity_to_external.parent_conn`.
+thread, a pool thread per call, and a handoff of each message to the main thread and back:
+several times the CPU per exchange of serving the call in the thread that steps the environment
+(docs/benchmarks.md, "Environments").
+The exchange is lockstep (the player waits for each answer), so `LockstepCommunicator` reads the
+player's calls and writes the answers itself when the environment steps, with
+`envs.http2.UnaryServer`: no threads, no handoffs. Everything above the server is mlagents-envs'
+own `RpcCommunicator` (its handshake, timeouts and `poll_callback` checks), which reaches the
+server through `unity_to_external.parent_conn`.
 
 It listens on `LISTEN_HOST` (127.0.0.1; mlagents-envs' own server listens on every address, for
 a player in another container: set `LISTEN_HOST`, or `envs.fast_step.set_fast_paths(False)`
@@ -27,7 +29,11 @@ call to any other path with UNIMPLEMENTED."""
 
 class MessageChannel:
     """The `parent_conn` of `LockstepCommunicator`: `UnityMessageProto`s in and out of a
-    `UnaryServer`, with the methods of the `multiprocessing` connection it replaces."""
+    `UnaryServer`, with the methods of the `multiprocessing` connection it replaces.
+
+    Args:
+        server: the server the player calls.
+    """
 
     def __init__(self, server: UnaryServer) -> None:
         from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
@@ -36,15 +42,30 @@ class MessageChannel:
         self._parse = UnityMessageProto.FromString
 
     def send(self, message: Any) -> None:
-        """Answer the player's last call with `message`."""
+        """Answer the player's last call.
+
+        Args:
+            message: a `UnityMessageProto`.
+        """
         self._server.answer(message.SerializeToString())
 
     def recv(self) -> Any:
-        """The player's next call's message (waiting for it)."""
+        """The player's next call's message, waiting for it.
+
+        Returns:
+            The `UnityMessageProto` it sent.
+        """
         return self._parse(self._server.receive())
 
     def poll(self, timeout: float = 0.0) -> bool:
-        """True once the player has called; False after `timeout` seconds."""
+        """Whether the player has called.
+
+        Args:
+            timeout: how long to wait for a call, in seconds (negative counts as 0).
+
+        Returns:
+            True once the player has called; False after `timeout` seconds.
+        """
         return self._server.poll(max(float(timeout), 0.0))
 
     def close(self) -> None:
@@ -53,7 +74,17 @@ class MessageChannel:
 
 def lockstep_communicator(worker_id: int = 0, base_port: int = 5005,
                           timeout_wait: int = 30) -> Any:
-    """A `LockstepCommunicator` (mlagents-envs' `UnityEnvironment._get_communicator`)."""
+    """A `LockstepCommunicator`, made as mlagents-envs' `UnityEnvironment._get_communicator` makes
+    its communicator.
+
+    Args:
+        worker_id: the worker id; the port is `base_port + worker_id`.
+        base_port: the first port.
+        timeout_wait: seconds to wait for the player.
+
+    Returns:
+        The communicator.
+    """
     return _communicator_class()(worker_id, base_port, timeout_wait)
 
 

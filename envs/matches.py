@@ -62,8 +62,17 @@ class MatchOutcome:
 
 
 def team_behaviors(behaviors: Sequence[str]) -> tuple[str, str]:
-    """The behaviors of team 0 and team 1 of a scene whose two teams share a behavior;
-    ValueError naming the scene's behaviors otherwise."""
+    """The behaviors of team 0 and team 1 of a scene whose two teams share a behavior.
+
+    Args:
+        behaviors: the scene's behaviors.
+
+    Returns:
+        (team 0's behavior, team 1's).
+
+    Raises:
+        ValueError: the scene is not of two teams sharing one behavior (naming its behaviors).
+    """
     by_team = {team_of(b): b for b in behaviors}
     names = {b.split("?team=")[0] for b in behaviors}
     if len(behaviors) != 2 or set(by_team) != {0, 1} or len(names) != 1:
@@ -73,13 +82,28 @@ def team_behaviors(behaviors: Sequence[str]) -> tuple[str, str]:
 
 
 def arena_of(group_id: np.ndarray) -> np.ndarray:
-    """The arena of each row's group (groups 2a + 1 and 2a + 2 are arena a's)."""
+    """The arena of each row's group (groups 2a + 1 and 2a + 2 are arena a's).
+
+    Args:
+        group_id: the rows' group ids.
+
+    Returns:
+        int64 arena indices.
+    """
     return (np.asarray(group_id, np.int64) - 1) // 2
 
 
 def arenas_in(rows: Mapping[str, BehaviorRows], behaviors: Sequence[str]) -> int:
-    """How many arenas have an agent of `behaviors` deciding among `rows` (after a reset:
-    every arena of the scene)."""
+    """How many arenas have an agent of `behaviors` deciding among `rows` (after a reset: every
+    arena of the scene).
+
+    Args:
+        rows: each behavior's rows.
+        behaviors: the behaviors counted.
+
+    Returns:
+        The number of arenas.
+    """
     return len(np.unique(np.concatenate([arena_of(rows[b].group_id[:rows[b].deciding])
                                          for b in behaviors])))
 
@@ -101,9 +125,23 @@ def count_arenas(env: TeamsEnv) -> int:
 
 def play_matches(env: TeamsEnv, plans: Sequence[MatchPlan], agents: Mapping[str, Agent],
                  deterministic: bool = False) -> list[MatchOutcome]:
-    """Play `plans` at once, plan k on arena k (the scene needs at least as many arenas), each
-    until its arena's first episode ends; `agents` by label. Rows of other arenas, and of an
-    arena whose match is over, get zero actions. ValueError for a label `agents` lacks."""
+    """Play matches at once, plan k on arena k, each until its arena's first episode ends.
+
+    Rows of other arenas, and of an arena whose match is over, get zero actions.
+
+    Args:
+        env: a scene of two teams sharing one behavior, with at least as many arenas as plans.
+        plans: the matches.
+        agents: {label: agent} for every label the plans name.
+        deterministic: the policies' mean actions, or draws.
+
+    Returns:
+        One outcome per plan, in order.
+
+    Raises:
+        ValueError: a label `agents` lacks, a scene not of two teams sharing a behavior, or fewer
+            arenas than plans.
+    """
     if not plans:
         return []
     missing = sorted(({p.team0 for p in plans} | {p.team1 for p in plans}) - set(agents))

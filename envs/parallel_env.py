@@ -14,11 +14,6 @@ Unity gives an agent a new id every episode, so agents come and go without any b
 - an agent that skips a decision (neither decides nor finishes in an exchange) stays in
   `agents`; the results give it its last observation and reward 0, and its action, if any, is
   not sent (`infos[agent]["decides"]` is False).
-
-Rewards are the agent's own reward plus its group's reward (a POCA scene such as SoccerTwos
-rewards only groups); `infos[agent]` holds both apart (`"reward"`, `"group_reward"`), with
-`"group_id"`, `"team"`, `"behavior"`, `"decides"`, and `"action_mask"` (True = allowed) for
-discrete actions.
 """
 
 from __future__ import annotations
@@ -36,13 +31,20 @@ from envs.vector_env import spaces_of
 
 
 class UnityParallelEnv(ParallelEnv):
-    """Every agent of an ML-Agents scene (see the module docstring).
+    """Every agent of an ML-Agents scene.
 
     Args:
         file_name: a Unity build, "builtin" (the Huggy stand-in, or the behaviors of
             `behavior_spec`) or "builtin:soccertwos" (the stand-in SoccerTwos).
         **kwargs: as for `envs.teams.TeamsEnv` (`behavior_spec`, `worker_id`, `base_port`,
             `seed`, `env_parameters`, ...).
+
+    Raises:
+        ValueError: an unknown scene, parameters the stand-in would ignore, or a seed out of
+            range.
+        FileNotFoundError: a build that is not there.
+        RuntimeError: every port tried was busy.
+        EnvironmentStartError: the executable could not be started, or never connected.
     """
 
     metadata = {"name": "unity_parallel_v0", "render_modes": [], "is_parallelizable": True}
@@ -62,9 +64,31 @@ class UnityParallelEnv(ParallelEnv):
         return self._teams.behaviors
 
     def observation_space(self, agent: str) -> gymnasium.Space:
+        """An agent's observation space (the same object for every agent of a behavior).
+
+        Args:
+            agent: `Behavior?team=T?agent_id=K`.
+
+        Returns:
+            A Box, or a Tuple of Boxes.
+
+        Raises:
+            ValueError: the name is of no behavior of this scene.
+        """
         return self._spaces[self._known_behavior(agent)][0]
 
     def action_space(self, agent: str) -> gymnasium.Space:
+        """An agent's action space (the same object for every agent of a behavior).
+
+        Args:
+            agent: `Behavior?team=T?agent_id=K`.
+
+        Returns:
+            A Box, a MultiDiscrete, or a Tuple of both.
+
+        Raises:
+            ValueError: the name is of no behavior of this scene.
+        """
         return self._spaces[self._known_behavior(agent)][1]
 
     def _known_behavior(self, agent: str) -> str:
@@ -76,8 +100,18 @@ class UnityParallelEnv(ParallelEnv):
 
     def reset(self, seed: int | None = None, options: dict | None = None
               ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-        """New episodes for every agent (the scene reseeded with `seed`, in [0, 2**24)): every
-        deciding agent's first observation and info."""
+        """New episodes for every agent.
+
+        Args:
+            seed: reseeds the scene, in [0, 2**24); None keeps its seed.
+            options: unused.
+
+        Returns:
+            (observations, infos) of every deciding agent.
+
+        Raises:
+            ValueError: `seed` is out of range.
+        """
         self._rows = self._teams.reset(seed)
         self.agents, self.possible_agents, self._last_obs = [], [], {}
         observations, _, _, _, infos = self._results(set())
@@ -86,10 +120,27 @@ class UnityParallelEnv(ParallelEnv):
     def step(self, actions: Mapping[str, Any]) -> tuple[
             dict[str, Any], dict[str, float], dict[str, bool], dict[str, bool],
             dict[str, dict[str, Any]]]:
-        """Send the deciding agents' actions (the others' are ignored) and return the results
-        of every agent that was live, and of every agent that appeared (see the module
-        docstring). ValueError for an action of an agent that is not live, or a deciding agent
-        without one."""
+        """Send the deciding agents' actions (the others' are ignored) and return the results of every
+        agent that was live, and of every agent that appeared.
+
+        Rewards are the agent's own reward plus its group's reward (a POCA scene such as SoccerTwos
+        rewards only groups).
+
+        Args:
+            actions: {agent: action} for every deciding agent of `agents`.
+
+        Returns:
+            observations: each agent's observation (its last one where it finished or skipped).
+            rewards: each agent's own reward plus its group's.
+            terminated: each agent's episode reached its end.
+            truncated: each agent's episode was cut by the step limit.
+            infos: per agent `"reward"` and `"group_reward"` apart, `"group_id"`, `"team"`,
+                `"behavior"`, `"decides"`, and `"action_mask"` (True = allowed) for a deciding agent
+                with discrete actions.
+
+        Raises:
+            ValueError: an action of an agent that is not live, or a deciding agent without one.
+        """
         stray = sorted(set(actions) - set(self.agents))
         if stray:
             raise ValueError(f"actions for agents that are not live: {stray[:4]}"

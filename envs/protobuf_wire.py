@@ -6,7 +6,14 @@ from __future__ import annotations
 
 
 def varint(value: int) -> bytes:
-    """Base-128 varint of a non-negative integer."""
+    """The base-128 varint of an integer.
+
+    Args:
+        value: a non-negative integer.
+
+    Returns:
+        Its varint bytes.
+    """
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -18,12 +25,27 @@ def varint(value: int) -> bytes:
 
 
 def varint_size(value: int) -> int:
-    """Bytes of the varint of a non-negative integer."""
+    """The length of an integer's varint.
+
+    Args:
+        value: a non-negative integer.
+
+    Returns:
+        Its varint's bytes, at least 1.
+    """
     return max(1, -(-value.bit_length() // 7))
 
 
 def read_varint(data: bytes, offset: int) -> tuple[int, int]:
-    """(value, offset after it) of the varint at `offset` of `data`."""
+    """Read one varint.
+
+    Args:
+        data: the bytes.
+        offset: where the varint starts.
+
+    Returns:
+        (value, offset after it).
+    """
     value = shift = 0
     while True:
         byte = data[offset]
@@ -35,10 +57,26 @@ def read_varint(data: bytes, offset: int) -> tuple[int, int]:
 
 
 def length_delimited(field: int, payload: bytes) -> bytes:
-    """Tag, length and payload of a message, bytes or string field."""
+    """A length-delimited field (message, bytes or string).
+
+    Args:
+        field: the field number.
+        payload: the field's bytes.
+
+    Returns:
+        Its tag, length and payload.
+    """
     return varint(field << 3 | 2) + varint(len(payload)) + payload
 
 
 def packed_floats_header(field: int, count: int) -> bytes:
-    """Tag and length of a packed repeated float field of `count` values."""
+    """The tag and length of a packed repeated float field; the floats follow.
+
+    Args:
+        field: the field number.
+        count: how many floats.
+
+    Returns:
+        The header bytes.
+    """
     return varint(field << 3 | 2) + varint(4 * count)

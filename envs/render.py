@@ -188,8 +188,19 @@ class _ArenaView:
 
 
 def huggy_frame(state: np.ndarray, trail: np.ndarray, overlay: Overlay) -> np.ndarray:
-    """The frame of one dog: `state` its pose row (`envs.standin.poses.POSE_SIZE` values),
-    `trail` its recent floor positions (k, 2) oldest first. Returns (480, 640, 3) uint8."""
+    """The frame of one dog.
+
+    Args:
+        state: its pose row (`envs.standin.poses.POSE_SIZE` values).
+        trail: its recent floor positions (k, 2), oldest first.
+        overlay: the text drawn over the frame.
+
+    Returns:
+        A (480, 640, 3) uint8 frame.
+
+    Raises:
+        ValueError: `state` is not one pose row.
+    """
     state = np.asarray(state, dtype=np.float64)
     if state.shape != (pose.POSE_SIZE,):
         raise ValueError(f"expected a pose of {pose.POSE_SIZE} values, got shape {state.shape}")
@@ -357,9 +368,19 @@ def _wrap(text: str, width: int) -> list[str]:
 
 
 def visual_frame(image: np.ndarray, min_height: int = 256) -> np.ndarray:
-    """A camera observation (C, H, W) in [0, 1] with 1 or 3 channels as an (H', W', 3) uint8
-    frame, scaled up by a whole factor (nearest neighbour) to at least `min_height` pixels high
-    and to even sizes (H.264 in yuv420p needs them)."""
+    """A camera observation as a video frame.
+
+    Args:
+        image: (C, H, W) in [0, 1], with 1 or 3 channels.
+        min_height: the frame's least height: the image is scaled up by a whole factor (nearest
+            neighbour) to reach it.
+
+    Returns:
+        An (H', W', 3) uint8 frame of even sizes (H.264 in yuv420p needs them).
+
+    Raises:
+        ValueError: `image` is not (C, H, W) with 1 or 3 channels.
+    """
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[0] not in (1, 3):
         raise ValueError(f"expected a (C, H, W) image with 1 or 3 channels, got shape "
@@ -377,7 +398,12 @@ def visual_frame(image: np.ndarray, min_height: int = 256) -> np.ndarray:
 class SlotTracks:
     """Per slot: the running episode's return, length and trail (floor positions), and the same
     for the episode that ended at the last step (`final_*`), with how it ended. Fed by the
-    vector env after each reset and step."""
+    vector env after each reset and step.
+
+    Args:
+        slots: the agent slots.
+        trail_length: the most positions kept per trail.
+    """
 
     def __init__(self, slots: int, trail_length: int = TRAIL_LENGTH) -> None:
         self.returns = np.zeros(slots)
@@ -391,7 +417,11 @@ class SlotTracks:
         self.final_trails: list[list[tuple[float, float]]] = [[] for _ in range(slots)]
 
     def reset(self, positions: np.ndarray | None) -> None:
-        """Every slot starts an episode; `positions` (slots, 2) floor positions, or None."""
+        """Every slot starts an episode.
+
+        Args:
+            positions: (slots, 2) floor positions, or None without poses.
+        """
         self.returns[:] = 0.0
         self.lengths[:] = 0
         for slot, trail in enumerate(self.trails):
@@ -402,8 +432,16 @@ class SlotTracks:
     def step(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
              positions: np.ndarray | None = None, final_positions: np.ndarray | None = None
              ) -> None:
-        """Add one step: `positions` where each slot is now (a successor's first where an episode
-        ended), `final_positions` where ended episodes ended."""
+        """Add one step.
+
+        Args:
+            rewards: (slots,) the step's rewards.
+            terminated: (slots,) episodes that reached their end.
+            truncated: (slots,) episodes cut at their max step.
+            positions: (slots, 2) where each slot is now (a successor's first where an episode
+                ended), or None.
+            final_positions: (slots, 2) where the ended episodes ended, or None.
+        """
         self.returns += rewards
         self.lengths += 1
         ended = terminated | truncated
@@ -423,7 +461,15 @@ class SlotTracks:
                 trail.append(tuple(positions[slot].tolist()))
 
     def trail(self, slot: int, final: bool = False) -> np.ndarray:
-        """(k, 2) positions of the slot's running (or, `final`, just ended) episode."""
+        """The floor positions of a slot's episode.
+
+        Args:
+            slot: the slot.
+            final: the episode that just ended, rather than the running one.
+
+        Returns:
+            (k, 2) positions, oldest first.
+        """
         points: Sequence[tuple[float, float]] = (self.final_trails[slot][-self.trail_length:]
                                                  if final else self.trails[slot])
         return np.asarray(points, dtype=np.float64).reshape(-1, 2)

@@ -18,9 +18,18 @@ class PoseChannel(SideChannel):
         self._latest: bytes | None = None
 
     def on_message_received(self, msg: IncomingMessage) -> None:
+        """Keep the message's record (mlagents-envs calls this).
+
+        Args:
+            msg: the message from the stand-in.
+        """
         self._latest = msg.get_raw_bytes()
 
     def take(self) -> PoseMessage | None:
-        """The record of the last message, decoded, or None when none came since the last call."""
+        """The record of the last message, once.
+
+        Returns:
+            The decoded record, or None when no message came since the last call.
+        """
         payload, self._latest = self._latest, None
         return None if payload is None else decode_payload(payload)

@@ -35,7 +35,12 @@ class RolloutResult:
 
 class RolloutInterrupted(RuntimeError):
     """The environment died mid-rollout; `.result` holds the episodes counted before, which
-    no longer fill every quota (and so are not an unbiased sample)."""
+    no longer fill every quota (and so are not an unbiased sample).
+
+    Args:
+        message: what happened.
+        result: the episodes counted before.
+    """
 
     def __init__(self, message: str, result: RolloutResult) -> None:
         super().__init__(message)

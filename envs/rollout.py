@@ -35,9 +35,15 @@ ESTIMATOR_DESCRIPTION = (
 
 
 def terminated_label(behaviors: Sequence[str | None]) -> str:
-    """How reports name terminated episodes of `behaviors` (ML-Agents behavior names such as
-    `Huggy?team=0`): "reached stick" when every one is Huggy, whose episodes terminate at the
-    stick, else "terminated"."""
+    """How reports name terminated episodes.
+
+    Args:
+        behaviors: ML-Agents behavior names such as `Huggy?team=0` (None for an unknown one).
+
+    Returns:
+        "reached stick" when every one is Huggy, whose episodes terminate at the stick, else
+            "terminated".
+    """
     huggy = bool(behaviors) and all(
         behavior is not None and behavior.split("?")[0] == "Huggy" for behavior in behaviors)
     return "reached stick" if huggy else "terminated"
@@ -49,20 +55,52 @@ class Agent(Protocol):
     reports masks) and with memory (an agent whose `spec.memory_size` > 0)."""
 
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
-                       row_offset: int = 0, **masks_and_memory: Any) -> Any: ...
+                       row_offset: int = 0, **masks_and_memory: Any) -> Any:
+        """Actions for a batch of observations, as `HuggyAgent.compute_action` gives them.
+
+        Args:
+            obs: the observations.
+            deterministic: the mean action or a draw.
+            seed: the noise stream of a stochastic call.
+            row_offset: the stream's row of the first observation.
+            **masks_and_memory: `action_mask` and `memory`, where the policy takes them.
+
+        Returns:
+            The actions; for a recurrent policy (actions, next memory).
+        """
+        ...
 
 
 STEP_SEED_MULTIPLIER = 1_000_003  # seed of step t in stochastic mode: seed * M + t (mod 2**63)
 
 
 def step_seed(seed: int, step: int) -> int:
-    """The `compute_action` seed of decision `step` in a stochastic rollout seeded with `seed`."""
+    """The `compute_action` seed of one decision in a stochastic rollout.
+
+    Args:
+        seed: the rollout's seed.
+        step: the decision's index.
+
+    Returns:
+        `(seed * STEP_SEED_MULTIPLIER + step) mod 2**63`.
+    """
     return (seed * STEP_SEED_MULTIPLIER + step) % 2**63
 
 
 def slot_quotas(episodes: int, slots: int) -> np.ndarray:
-    """Episodes each of `slots` slots contributes to `episodes` in all: `episodes // slots`,
-    plus one for the first `episodes % slots` slots. (slots,) int64, summing to `episodes`."""
+    """The episodes each slot contributes to a count.
+
+    Args:
+        episodes: the episodes in all, >= 0.
+        slots: the slots, >= 1.
+
+    Returns:
+        (slots,) int64 summing to `episodes`: `episodes // slots`, plus one for the first
+            `episodes % slots` slots.
+
+    Raises:
+        ValueError: `episodes` < 0 or `slots` < 1.
+    """
     if episodes < 0 or slots < 1:
         raise ValueError(f"need episodes >= 0 and slots >= 1, got {episodes} and {slots}")
     quotas = np.full(slots, episodes // slots, dtype=np.int64)
@@ -215,17 +253,27 @@ def rollout(
     progress: Callable[[EpisodeResult], None] | None = None,
     recorders: Sequence[Recorder] = (),
 ) -> RolloutResult:
-    """Run `env` (a `UnityVectorEnv`) until every slot has finished its quota of episodes.
+    """Run a vector env until every slot has finished its quota of episodes.
 
     Every step calls `agent.compute_action(obs)` once for all agents (of every instance), with
     their action masks where the env reports them, and their memories for a recurrent policy
-    (zeros when an episode starts).
-    Slot quotas follow `slot_quotas(episodes, env.num_envs)`; see the module docstring for why.
-    With `seed`, the env is reset with it, and in stochastic mode decision t uses
-    `compute_action(..., seed=step_seed(seed, t))`, so a local and a remote agent give identical
-    results. `progress` is called with each counted episode as it ends (in the order they end).
-    `recorders` see every step of every slot (`envs.recording.base`) until the last counted
-    episode ends, then the result (None if interrupted).
+    (zeros when an episode starts). Slot quotas follow `slot_quotas(episodes, env.num_envs)`; the
+    module docstring says why.
+
+    Args:
+        agent: the policy (local or remote).
+        env: a `UnityVectorEnv`.
+        episodes: the episodes to count, >= 1.
+        deterministic: the policy's mean actions, or draws.
+        seed: resets the env with it; in stochastic mode decision t then uses
+            `compute_action(..., seed=step_seed(seed, t))`, so a local and a remote agent give
+            identical results.
+        progress: called with each counted episode as it ends (in the order they end).
+        recorders: see every step of every slot (`envs.recording.base`) until the last counted
+            episode ends, then the result (None if interrupted).
+
+    Returns:
+        The counted episodes in (slot, index) order, the agent-steps and the wall time.
 
     Raises:
         RolloutInterrupted: the Unity process died or stopped answering; `.result` holds the
@@ -279,30 +327,38 @@ def rollout_per_instance(
     deterministic: bool = True,
     recorders: Sequence[Sequence[Recorder]] = (),
 ) -> list[RolloutResult]:
-    """One independent rollout per instance of `env` (a `UnityVectorEnv` of K instances),
-    stepped together: what `rollout(agent, <one instance>, episodes[j], deterministic,
-    seeds[j])` gives, for every instance j at once.
+    """One independent rollout per instance of a multi-instance env, stepped together: what
+    `rollout(agent, <one instance>, episodes[j], deterministic, seeds[j])` gives, for every
+    instance j at once.
 
     Instance j is reset with `seeds[j]` (`reset(options={"seeds": seeds})`) and counts
     `episodes[j]` episodes with per-slot quotas over its own slots, numbered from 0 within the
-    instance (`slot_quotas(episodes[j], slots of j)`). Every step calls the policy once per
-    instance that has not filled its quotas, with that instance's rows only and, in stochastic
-    mode, `step_seed(seeds[j], t)`: the batch and the seeds a one-instance rollout would use, so
-    no float can differ with K. An instance that is done (or has `episodes[j] == 0`) gets zero
-    actions, which cannot affect the others, until every instance is done.
+    instance. Every step calls the policy once per instance that has not filled its quotas, with
+    that instance's rows only and, in stochastic mode, `step_seed(seeds[j], t)`: the batch and the
+    seeds a one-instance rollout would use, so no float can differ with K. An instance that is done
+    (or has `episodes[j] == 0`) gets zero actions, which cannot affect the others, until every
+    instance is done.
 
-    `recorders[j]` (empty or one list per instance) see instance j's slots, numbered from 0,
-    until its quotas are filled (`envs.recording.base`), then its result.
+    Args:
+        agent: the policy (local or remote).
+        env: a `UnityVectorEnv` of K instances.
+        episodes: the episodes each instance counts, each >= 0.
+        seeds: each instance's seed.
+        deterministic: the policy's mean actions, or draws.
+        recorders: empty, or one list per instance: `recorders[j]` see instance j's slots,
+            numbered from 0, until its quotas are filled (`envs.recording.base`), then its result.
 
-    Returns one `RolloutResult` per instance; `agent_steps` counts instance j's agent-steps
-    until its quotas were filled (as `rollout` would), `seconds` is its share of the shared wall
-    time in proportion to those agent-steps (the shares add up to the wall time).
+    Returns:
+        One result per instance; `agent_steps` counts instance j's agent-steps until its quotas
+            were filled (as `rollout` would), `seconds` is its share of the shared wall time in
+            proportion to those agent-steps (the shares add up to the wall time).
 
     Raises:
-        RolloutInterrupted: an instance died or stopped answering (the whole environment is
-            then closed); `.result` holds every instance's counted episodes, slots numbered
-            across instances.
-        ValueError: `episodes` or `seeds` do not give one non-negative count per instance.
+        RolloutInterrupted: an instance died or stopped answering (the whole environment is then
+            closed); `.result` holds every instance's counted episodes, slots numbered across
+            instances.
+        ValueError: `episodes`, `seeds` or `recorders` do not give one entry per instance, or a
+            count is negative.
     """
     from mlagents_envs.exception import UnityException
 

@@ -24,11 +24,16 @@ class UnityEnv(gymnasium.Env):
     already started its successor, which `reset()` then hands out without restarting Unity,
     unless a seed is given). Infos hold only the agent's `action_mask` for its next decision
     where it has discrete actions (True = allowed): Unity's agent ids change every episode, so
-    they would make equal seeds give unequal infos. Keyword arguments go to the vector env.
+    they would make equal seeds give unequal infos.
 
-    With `render_mode="rgb_array"`, `render()` returns the agent's frame (the vector env's
-    `render_frame`): after a step that ended its episode, the episode's last frame; after
-    `reset()`, the new episode's first.
+    Args:
+        file_name: the Unity executable; None for the built-in stand-in.
+        agent_index: the slot this env shows.
+        render_mode: None, or "rgb_array" for `render()`.
+        **kwargs: the vector env's other arguments (`UnityVectorEnv`).
+
+    Raises:
+        ValueError: `agent_index` is not a slot of the vector env; else as `UnityVectorEnv` raises.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": RENDER_FPS}
@@ -62,6 +67,16 @@ class UnityEnv(gymnasium.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start the agent's next episode.
+
+        Args:
+            seed: reseeds the environment and resets every agent; None hands out the successor that
+                the vector env started when the last episode ended, without restarting Unity.
+            options: the vector env's reset options.
+
+        Returns:
+            (obs, info): the first observation, and the action mask where there are discrete actions.
+        """
         super().reset(seed=seed)
         i = self.agent_index
         if seed is None and self._successor is not None:
@@ -74,6 +89,23 @@ class UnityEnv(gymnasium.Env):
         return obs, info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """One step of the agent (every other agent gets zero actions).
+
+        Args:
+            action: an element of `action_space`.
+
+        Returns:
+            obs: the next observation; the agent's own last one when its episode ended.
+            reward: the step's reward.
+            terminated: the episode reached its goal.
+            truncated: the episode was interrupted at its max step.
+            info: the action mask for the next decision where there are discrete actions; empty when
+                the episode ended.
+
+        Raises:
+            RuntimeError: no `reset()` since the env was made or the last episode ended.
+            ValueError: `action` is not in `action_space`.
+        """
         if self._needs_reset:
             raise RuntimeError("call reset() before step(), and again after an episode ends")
         if not self.action_space.contains(_as_space(action, self.action_space)):
@@ -93,7 +125,12 @@ class UnityEnv(gymnasium.Env):
         return obs, float(rewards[i]), bool(terminated[i]), bool(truncated[i]), info
 
     def render(self) -> np.ndarray | None:
-        """The agent's frame, (H, W, 3) uint8; None, with a warning, without a render mode."""
+        """The agent's frame (the vector env's `render_frame`): after a step that ended its episode, the
+        episode's last frame; after `reset()`, the new episode's first.
+
+        Returns:
+            (H, W, 3) uint8; None, with a warning, without a render mode.
+        """
         if self.render_mode is None:
             gymnasium.logger.warn("render() called on an environment made without render_mode; "
                                   "pass render_mode='rgb_array'")

@@ -3,21 +3,11 @@
 In the Unity exchange each side waits while the other works, a few hundred microseconds per
 step with the stand-in. A process that blocks lets its CPU go idle, and a virtual machine's
 idle CPU is halted: waking it when the peer's message comes takes time, and the caches come
-back cold (on a 2-core cloud VM, one Huggy forward pass took 34 us back to back, 58-67 us after
-sleeping 0.5 ms and 236-251 us after sleeping 5 ms). Polling the socket for a bounded time keeps
-the CPU running and takes the message as soon as it is there.
+back cold (docs/benchmarks.md, "Polling before blocking, with a CPU to spare"). Polling the
+socket for a bounded time keeps the CPU running and takes the message as soon as it is there.
 
-Polling takes a CPU, so it is done only while that CPU is nobody else's:
-- where the process may run on at least 2 CPUs (its affinity when the `SpinWait` is made: a
-  worker pinned to one core shares it with its player, and never polls);
-- while no more tasks are runnable than the machine has CPUs (`/proc/loadavg`, read between
-  polls), so polling stops as soon as another task needs a CPU;
-- when the last wait ended within the budget: a peer that takes longer (a Unity player that
-  renders, a policy on large batches) is waited for by blocking, and a peer that slows down
-  costs one budget of polling;
-- with several instances side by side, only where there are 2 CPUs per instance (each pair of
-  processes one CPU each; `environment_for_instances`, which the instance workers start with).
-It is off where `/proc/loadavg` cannot be read (not Linux).
+Polling takes a CPU, so it is done only while that CPU is nobody else's (the rules are listed at
+`SpinWait`). It is off where `/proc/loadavg` cannot be read (not Linux).
 
 `HUGGY_SPIN_WAIT_US` (an environment variable, read as each server or client is made; the
 players a Python side starts inherit it) is the budget in microseconds: `DEFAULT_BUDGET_US` when
@@ -33,14 +23,25 @@ from collections.abc import Callable, Iterator, Mapping
 
 ENVIRONMENT_VARIABLE = "HUGGY_SPIN_WAIT_US"
 DEFAULT_BUDGET_US = 2000
-"""Longest poll of one wait: the stand-in's waits take 0.3-0.9 ms on a 2-core machine."""
+"""Longest poll of one wait: a few times the stand-in's usual wait, so that a Unity player that
+renders, or a policy on a large batch, is waited for by blocking."""
 _LOADAVG = "/proc/loadavg"
 
 
 def budget_from_environment(environ: Mapping[str, str] = os.environ) -> float:
-    """The polling budget in seconds that `HUGGY_SPIN_WAIT_US` in `environ` sets (a whole number
-    of microseconds, 0 for none; `DEFAULT_BUDGET_US` when unset or empty). ValueError names the
-    variable, what it takes and what it held."""
+    """The polling budget that `HUGGY_SPIN_WAIT_US` sets.
+
+    Args:
+        environ: the environment to read.
+
+    Returns:
+        The budget in seconds: the variable's whole number of microseconds (0 for none);
+            `DEFAULT_BUDGET_US` when it is unset or empty.
+
+    Raises:
+        ValueError: the variable holds anything but a whole number (naming the variable, what it
+            takes and what it held).
+    """
     text = environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_BUDGET_US / 1e6
@@ -52,10 +53,18 @@ def budget_from_environment(environ: Mapping[str, str] = os.environ) -> float:
 
 def environment_for_instances(instances: int, environ: Mapping[str, str] = os.environ,
                               allowed_cpus: int | None = None) -> dict[str, str]:
-    """The environment for the processes of `instances` instances run side by side (each a
-    Python side and its player): `environ`, with polling off (`HUGGY_SPIN_WAIT_US=0`) where
-    this process may use fewer than 2 CPUs per instance (`allowed_cpus`, its affinity by
-    default) and `environ` does not set the budget itself."""
+    """The environment for the processes of instances run side by side (each a Python side and its
+    player).
+
+    Args:
+        instances: how many instances.
+        environ: the environment to start from.
+        allowed_cpus: the CPUs this process may use; None: its affinity.
+
+    Returns:
+        A copy of `environ`, with polling off (`HUGGY_SPIN_WAIT_US=0`) where there are fewer than 2
+            CPUs per instance and `environ` does not set the budget itself.
+    """
     if allowed_cpus is None:
         allowed_cpus = _allowed_cpus()
     if ENVIRONMENT_VARIABLE in environ or 2 * instances <= allowed_cpus:
@@ -71,8 +80,12 @@ def _allowed_cpus() -> int:
 
 
 def runnable_tasks_reader() -> Callable[[], int] | None:
-    """A function returning how many tasks the machine has runnable now (the kernel's count in
-    `/proc/loadavg`, this one included); None where that file cannot be read."""
+    """A reader of how many tasks the machine has runnable now.
+
+    Returns:
+        A function returning the kernel's count in `/proc/loadavg` (this task included); None where
+            that file cannot be read or has another layout.
+    """
     try:
         descriptor = os.open(_LOADAVG, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -89,12 +102,29 @@ def runnable_tasks_reader() -> Callable[[], int] | None:
 
 
 class SpinWait:
-    """Polls a readiness check before a blocking wait, within the rules of this module.
+    """Polls a readiness check before a blocking wait, only while that CPU is nobody else's:
 
-    `runnable` counts the machine's runnable tasks, `cpus` is the machine's CPU count and
-    `allowed_cpus` the number this process may run on, all this machine's by default (polling is
-    off where the count cannot be read); `budget_s` is `HUGGY_SPIN_WAIT_US`'s by default;
-    `clock` tells the time in seconds."""
+    - where the process may run on at least 2 CPUs (its affinity when the `SpinWait` is made: a
+      worker pinned to one core shares it with its player, and never polls);
+    - while no more tasks are runnable than the machine has CPUs (`/proc/loadavg`, read between
+      polls), so polling stops as soon as another task needs a CPU;
+    - when the last wait ended within the budget: a peer that takes longer (a Unity player that
+      renders, a policy on large batches) is waited for by blocking, and a peer that slows down
+      costs one budget of polling;
+    - with several instances side by side, only where there are 2 CPUs per instance (each pair of
+      processes one CPU each; `environment_for_instances`, which the instance workers start with).
+
+    Args:
+        budget_s: the longest poll of one wait, in seconds; None: `HUGGY_SPIN_WAIT_US`'s.
+        runnable: counts the machine's runnable tasks; None: this machine's (polling is off where
+            the count cannot be read).
+        cpus: the machine's CPU count; None: this machine's.
+        allowed_cpus: the CPUs this process may run on; None: its affinity.
+        clock: tells the time in seconds.
+
+    Raises:
+        ValueError: `budget_s` is None and `HUGGY_SPIN_WAIT_US` is malformed.
+    """
 
     def __init__(self, budget_s: float | None = None,
                  runnable: Callable[[], int] | None = None, cpus: int | None = None,
@@ -112,9 +142,17 @@ class SpinWait:
 
     @contextlib.contextmanager
     def waiting(self, ready: Callable[[], bool]) -> Iterator[bool]:
-        """Around one blocking wait: first polls `ready` (a check that must not block) while the
-        rules allow, up to the budget; yields whether it came true, then the caller waits (which
-        returns at once when it did). The whole wait's length decides whether the next polls."""
+        """Around one blocking wait: first poll `ready` while the rules allow, up to the budget.
+
+        The whole wait's length (until the `with` block ends) decides whether the next wait polls.
+
+        Args:
+            ready: a check that must not block.
+
+        Yields:
+            Whether `ready` came true while polling; the caller then waits (which returns at once when
+                it did).
+        """
         start = self._clock()
         caught = self.enabled and self._last_wait_s <= self.budget_s and self._poll(ready, start)
         try:

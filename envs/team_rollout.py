@@ -68,7 +68,11 @@ class TeamRolloutResult:
     seconds: float = 0.0
 
     def by_team(self) -> list[TeamSummary]:
-        """The summary of each team that counted episodes, by team number."""
+        """Each team's counted episodes, in numbers.
+
+        Returns:
+            The summary of each team that counted episodes, by team number.
+        """
         found = []
         for team in sorted({e.team for e in self.episodes}):
             mine = [e for e in self.episodes if e.team == team]
@@ -124,11 +128,27 @@ class _Units:
 def rollout_teams(env: TeamsEnv, agents: Mapping[str, Agent], episodes: int = 20,
                   seed: int | None = None, deterministic: bool = True,
                   progress: Callable[[TeamEpisode], None] | None = None) -> TeamRolloutResult:
-    """Drive every behavior of `env` with its policy (`agents`: behavior -> agent) until every
-    team has counted `episodes` episodes (see the module docstring); reset with `seed`.
-    Behavior b (in the scene's order) draws its noise at decision t with `step_seed(B * seed +
-    b, t)`, B the number of behaviors (also in deterministic play, for a policy without a
-    mode). ValueError for a behavior without an agent, or `episodes` < 1."""
+    """Drive every behavior of a scene with its policy until every team has counted its episodes
+    (units and quotas: the module docstring).
+
+    Behavior b (in the scene's order) draws its noise at decision t with
+    `step_seed(B * seed + b, t)`, B the number of behaviors (also in deterministic play, for a
+    policy without a mode).
+
+    Args:
+        env: the scene.
+        agents: {behavior: agent}, one for every behavior.
+        episodes: the episodes each team counts, >= 1.
+        seed: resets the scene with it and seeds the noise; None: the policies draw fresh noise.
+        deterministic: the policies' mean actions, or draws.
+        progress: called with each counted episode as it ends.
+
+    Returns:
+        Every team's counted episodes in (team, unit, index) order, agent-steps and wall time.
+
+    Raises:
+        ValueError: a behavior without an agent, or `episodes` < 1.
+    """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     missing = [b for b in env.behaviors if b not in agents]

@@ -36,9 +36,16 @@ MAX_QUIET_EXCHANGES = 1000
 
 
 def builtin_stand_in(file_name: str | None, behavior_spec: Any = None) -> str | None:
-    """The built-in stand-in `file_name` starts, as `resolve_builtin` reads it (a key of
-    `envs.standin.parameters.STAND_INS`: "huggy", "spec" with `behavior_spec`, or a scene);
-    None for a Unity build or an unknown scene."""
+    """The built-in stand-in a `file_name` starts, as `resolve_builtin` reads it.
+
+    Args:
+        file_name: None, "builtin", "builtin:<scene>" or a Unity build.
+        behavior_spec: the behaviors the spec-driven stand-in plays, or None.
+
+    Returns:
+        A key of `envs.standin.parameters.STAND_INS` ("huggy", "spec" with `behavior_spec`, or a
+            scene); None for a Unity build or an unknown scene.
+    """
     if file_name is None or file_name == BUILTIN:
         return "huggy" if behavior_spec is None else "spec"
     if file_name.startswith(BUILTIN + ":") and file_name.split(":", 1)[1] in SCENES:
@@ -48,9 +55,17 @@ def builtin_stand_in(file_name: str | None, behavior_spec: Any = None) -> str | 
 
 def check_builtin_parameters(file_name: str | None, behavior_spec: Any = None,
                              parameters: Iterable[tuple[str, float]] = ()) -> None:
-    """ValueError for an EnvironmentParameters key or value that the built-in stand-in of
-    `file_name` (as `resolve_builtin` reads it) would ignore (`envs.standin.parameters`);
-    nothing for a Unity build, whose parameters are its own."""
+    """Refuse EnvironmentParameters that the built-in stand-in of `file_name` would ignore
+    (`envs.standin.parameters`); nothing for a Unity build, whose parameters are its own.
+
+    Args:
+        file_name: None, "builtin", "builtin:<scene>" or a Unity build.
+        behavior_spec: the behaviors the spec-driven stand-in plays, or None.
+        parameters: (key, value) pairs.
+
+    Raises:
+        ValueError: a key or value the stand-in would ignore.
+    """
     stand_in = builtin_stand_in(file_name, behavior_spec)
     if stand_in is not None:
         check_parameters(stand_in, parameters)
@@ -59,11 +74,21 @@ def check_builtin_parameters(file_name: str | None, behavior_spec: Any = None,
 def resolve_builtin(file_name: str | None, behavior_spec: Any = None,
                     parameters: Iterable[tuple[str, float]] = ()
                     ) -> tuple[str, tuple[str, ...]]:
-    """The executable and extra arguments of `file_name`: a build as it is; "builtin" (or None)
-    the Huggy stand-in, or the spec-driven stand-in playing `behavior_spec`; "builtin:<scene>"
-    that scene of the stand-in. ValueError for an unknown scene or for `parameters` the
-    stand-in would ignore (`check_builtin_parameters`), FileNotFoundError for a build that is
-    not there."""
+    """The executable and extra arguments of a `file_name`.
+
+    Args:
+        file_name: a build (as it is); "builtin" or None (the Huggy stand-in, or the spec-driven
+            stand-in playing `behavior_spec`); "builtin:<scene>" (that scene of the stand-in).
+        behavior_spec: the behaviors the spec-driven stand-in plays, or None.
+        parameters: (key, value) EnvironmentParameters, checked against the stand-in.
+
+    Returns:
+        (executable, arguments).
+
+    Raises:
+        ValueError: an unknown scene, or `parameters` the stand-in would ignore.
+        FileNotFoundError: a build that is not there.
+    """
     check_builtin_parameters(file_name, behavior_spec, parameters)
     if file_name is None or file_name == BUILTIN:
         if behavior_spec is not None:
@@ -99,6 +124,11 @@ class BehaviorRows:
         return int(len(self.done) - self.done.sum())
 
     def names(self) -> list[str]:
+        """The rows' agent names.
+
+        Returns:
+            `Name?team=T?agent_id=K` per row (`agent_name`).
+        """
         return [agent_name(self.behavior, int(i)) for i in self.agent_id]
 
 
@@ -120,17 +150,28 @@ def _rows(behavior: str, decision: Any, terminal: Any) -> BehaviorRows:
 
 
 class TeamsEnv:
-    """Every behavior of one Unity process (see the module docstring).
+    """Every behavior of one Unity process, batch by batch.
 
     Args:
         file_name: a Unity build, "builtin" (the stand-in: Huggy, or `behavior_spec`'s
             behaviors) or "builtin:<scene>" ("builtin:soccertwos").
         behavior_spec: for "builtin", the behaviors the spec-driven stand-in plays: a policy's
             spec, or a list of specs with their "behavior", "team" and "agents".
-        worker_id: as for `envs.UnityVectorEnv`, like `base_port`, `seed`, `no_graphics`,
-            `timeout_wait`, `time_scale` and `log_folder`.
+        worker_id: as for `envs.UnityVectorEnv`.
+        base_port: as for `envs.UnityVectorEnv`.
+        seed: as for `envs.UnityVectorEnv`, in [0, 2**24).
+        no_graphics: as for `envs.UnityVectorEnv`.
+        timeout_wait: as for `envs.UnityVectorEnv`.
+        time_scale: as for `envs.UnityVectorEnv`.
         env_parameters: floats for the EnvironmentParameters side channel (the stand-in
             SoccerTwos reads `num_arenas`, `max_environment_steps`, `ball_touch`).
+        log_folder: as for `envs.UnityVectorEnv`.
+
+    Raises:
+        ValueError: an unknown scene, parameters the stand-in would ignore, or a seed out of range.
+        FileNotFoundError: a build that is not there.
+        RuntimeError: every port tried was busy.
+        EnvironmentStartError: the executable could not be started, or never connected.
     """
 
     def __init__(self, file_name: str | None = BUILTIN, *, behavior_spec: Any = None,
@@ -179,14 +220,27 @@ class TeamsEnv:
         return None if process is None else process.pid
 
     def set_parameters(self, values: Mapping[str, float]) -> None:
-        """Send EnvironmentParameters side-channel values (applied by the scene at its next
-        reset, such as the stand-in SoccerTwos' `arena_seed_K`)."""
+        """Send EnvironmentParameters side-channel values, applied by the scene at its next reset (such
+        as the stand-in SoccerTwos' `arena_seed_K`).
+
+        Args:
+            values: {key: value}.
+        """
         for key, value in values.items():
             self._parameters.set_float_parameter(key, float(value))
 
     def reset(self, seed: int | None = None) -> dict[str, BehaviorRows]:
-        """Start new episodes for every agent (reseeding the scene first when `seed` is given,
-        in [0, 2**24)); each behavior's first decisions."""
+        """Start new episodes for every agent.
+
+        Args:
+            seed: reseeds the scene first, in [0, 2**24); None keeps its seed.
+
+        Returns:
+            Each behavior's rows: its first decisions.
+
+        Raises:
+            ValueError: `seed` is out of range.
+        """
         if seed is not None:
             self._parameters.set_float_parameter("seed", float(check_seed(seed)))
         self._unity.reset()
@@ -194,9 +248,20 @@ class TeamsEnv:
 
     def step(self, actions: Mapping[str, tuple[np.ndarray | None, np.ndarray | None]]
              ) -> dict[str, BehaviorRows]:
-        """Send each behavior's actions for its deciding rows of the last exchange (continuous
-        (n, c) float32 or None, discrete (n, branches) integers or None; a behavior left out
-        gets zeros), then exchange until some agent decides or finishes."""
+        """Send each behavior's actions for its deciding rows of the last exchange, then exchange until
+        some agent decides or finishes.
+
+        Args:
+            actions: {behavior: (continuous (n, c) float32 or None, discrete (n, branches) integers
+                or None)}; a behavior left out, or a kind given as None, gets zeros.
+
+        Returns:
+            Each behavior's rows after the exchange.
+
+        Raises:
+            ValueError: actions for an unknown behavior, or of another shape.
+            RuntimeError: no agent decided or finished in `MAX_QUIET_EXCHANGES` exchanges.
+        """
         from mlagents_envs.base_env import ActionTuple
 
         unknown = sorted(set(actions) - set(self.behaviors))

@@ -15,12 +15,7 @@ slot and its successor takes it (`envs.instance`). Autoreset is same-step (gymna
 `AutoresetMode.SAME_STEP`): a finished slot returns its successor's first observation, with the
 finished agent's last observation in `infos["final_obs"]` (mask `infos["_final_obs"]`).
 ML-Agents' terminal steps map to `terminated`, interrupted ones (max step) to `truncated`.
-
-Rendering (`render_mode="rgb_array"`): the built-in stand-in playing Huggy sends its agents'
-poses on a side channel of its own (`envs.standin.poses`), and frames are drawn from them
-(`envs.render.huggy_frame`); a behavior with a camera observation (C, H, W) of 1 or 3 channels
-gives that image (`envs.render.visual_frame`). `render()` returns one frame per slot, as
-Gymnasium's vector envs do; `render_frame(slot)` draws one.
+Frames: `render_mode="rgb_array"`, see `UnityVectorEnv.render`.
 """
 
 from __future__ import annotations
@@ -62,7 +57,16 @@ RENDER_FPS = 1.0 / DT
 
 
 def spaces_of(layout: SlotLayout) -> tuple[gymnasium.Space, gymnasium.Space]:
-    """The single-slot observation and action spaces of a behavior (see the module docstring)."""
+    """The single-slot observation and action spaces of a behavior.
+
+    Args:
+        layout: what one slot holds.
+
+    Returns:
+        (observation space, action space): one observation is a Box, several a Tuple of Boxes (an
+            image (C, H, W) in [0, 1], others unbounded); continuous actions a Box in [-1, 1],
+            discrete ones a MultiDiscrete of the branch sizes, both a Tuple (continuous, discrete).
+    """
     boxes = [gymnasium.spaces.Box(0.0, 1.0, shape, np.float32) if len(shape) == 3
              else gymnasium.spaces.Box(-np.inf, np.inf, shape, np.float32)
              for shape in layout.observations]
@@ -101,18 +105,37 @@ def scene_parameters(num_agents: int | None = None, max_steps: int | None = None
                      arena_size: float | None = None,
                      env_parameters: Mapping[str, float] | None = None
                      ) -> tuple[tuple[str, float], ...]:
-    """The EnvironmentParameters `UnityVectorEnv` sends its scene, as (key, float) pairs:
-    `num_agents`, `max_steps` and `arena_size` where given, then `env_parameters`."""
+    """The EnvironmentParameters `UnityVectorEnv` sends its scene.
+
+    Args:
+        num_agents: agents per instance, or None.
+        max_steps: steps before an episode is interrupted, or None.
+        arena_size: the arena's half width, or None.
+        env_parameters: more parameters, or None.
+
+    Returns:
+        (key, float) pairs: `num_agents`, `max_steps` and `arena_size` where given, then
+            `env_parameters`.
+    """
     return tuple((key, float(value)) for key, value in (
         ("num_agents", num_agents), ("max_steps", max_steps), ("arena_size", arena_size),
         *(env_parameters or {}).items()) if value is not None)
 
 
 def check_num_envs(file_name: str | None, behavior_spec: Any, num_envs: int) -> None:
-    """ValueError naming `num_envs` where it cannot size the built-in stand-in of `file_name`:
-    other than 1 it is sent as the parameter `num_agents`, which a scene sized otherwise (the
-    stand-in SoccerTwos, by `num_arenas`) does not take. Nothing for num_envs=1, a Unity build
-    or a stand-in that takes `num_agents`."""
+    """Refuse a `num_envs` that cannot size the built-in stand-in of `file_name`: other than 1 it is
+    sent as the parameter `num_agents`, which a scene sized otherwise (the stand-in SoccerTwos, by
+    `num_arenas`) does not take.
+
+    Args:
+        file_name: the env's `file_name` (None or `builtin...` for a stand-in).
+        behavior_spec: the env's `behavior_spec`.
+        num_envs: the env's `num_envs`.
+
+    Raises:
+        ValueError: `num_envs` is not 1 and the stand-in does not take `num_agents` (nothing for a
+            Unity build).
+    """
     stand_in = builtin_stand_in(file_name, behavior_spec)
     if num_envs == 1 or stand_in is None:
         return
@@ -135,7 +158,7 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             behavior; "builtin:soccertwos" the stand-in SoccerTwos (drive one team with
             `behavior_name`, play the other with `opponents`).
         behavior_spec: for the stand-in, the behavior it plays (`envs.standin.spec_sim`): a
-            policy file or results folder (its spec), a `huggy_agent.spec.ActorSpec` or its
+            policy file or results folder (its spec), a `huggy_agent_client.spec.ActorSpec` or its
             `as_dict()`. Ignored with a Unity build, whose scene fixes it.
         worker_id: offset from `base_port` (default 5005); a busy port moves on to the next
             worker id, up to `port_attempts` ports, then raises RuntimeError. Instance i of K
@@ -163,12 +186,12 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             starts one worker process per instance (`envs.workers`); all step together.
         pin_cores: with several instances, pin instance i's worker and Unity process to the
             i-th CPU core this process may use (wrapping around), so the handoffs between the
-            two stay on one core (2 stand-in instances on 2 cores: +24-29% agent-decisions/s).
+            two stay on one core (docs/benchmarks.md, "Summary", the row of 2 instances).
             Off by default: for a machine of your own. Several pinned environments at once
             share the same first cores, and a Unity build's own threads want several cores.
-        render_mode: None, or "rgb_array" for frames (see the module docstring): the stand-in
-            playing Huggy, or a behavior with a camera observation; anything else raises
-            ValueError here. The stand-in then sends its poses after every step (the
+        render_mode: None, or "rgb_array" for frames (see `render`): the stand-in playing
+            Huggy, or a behavior with a camera observation; anything else raises ValueError
+            here. The stand-in then sends its poses after every step (the
             simulation's numbers are unchanged); without it nothing changes on the wire.
         render_label: a name drawn on every frame (the policy's); `render_frame` can override it.
         opponents: the scene's other behaviors, played in the instances' own processes so that
@@ -179,12 +202,21 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
             (Unity then repeats zeros).
         opponents_deterministic: the opponents play their most likely actions; by default they
             sample, seeded by the reset's seed and the step.
+        port_attempts: how many worker ids (ports) an instance tries before it gives up.
 
     `num_envs` is the number of agent slots in all; `instance_slices[i]` are instance i's.
     `reset(seed=s)` reseeds instance i with `instance_seed(s, i)` = `(s + i * 10_368_889) mod
     2**24` (instance 0 with s itself); `reset(options={"seeds": [s_0, ..., s_{K-1}]})` reseeds
     each instance with its own seed. If an instance fails, every process is closed and
     `envs.workers.InstanceError` names it.
+
+    Raises:
+        ValueError: an argument out of its range, `num_envs` that the instances or the scene
+            cannot take, a behavior that is not found or that this env does not drive, an
+            opponent that does not fit its behavior, or `render_mode` without frames to draw.
+        FileNotFoundError: `file_name` names no Unity executable.
+        RuntimeError: every port tried was busy.
+        EnvironmentStartError: the Unity executable could not be started, or never connected.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"],
@@ -355,10 +387,23 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every agent of every instance. With `seed`, the environment is reseeded first
-        (stand-in: every observation and reward after this depends only on `seed`), instance i
-        with `instance_seed(seed, i)`; `options={"seeds": [...]}` gives each instance its own
-        seed instead. Seeds must be in [0, MAX_SEED) (they travel as float32)."""
+        """Reset every agent of every instance.
+
+        Args:
+            seed: reseed the environment first (stand-in: every observation and reward after this
+                depends only on `seed`), instance i with `instance_seed(seed, i)`; in [0, MAX_SEED)
+                (seeds travel as float32).
+            options: `{"seeds": [...]}` gives each instance its own seed instead (one per instance,
+                each in [0, MAX_SEED)).
+
+        Returns:
+            (obs, infos): each slot's first observation (one (N, *shape) array, or a tuple of them),
+                and infos with `agent_id` and, with discrete actions, `action_mask`.
+
+        Raises:
+            ValueError: a seed out of range, both `seed` and `options["seeds"]`, another number of
+                seeds than instances, or an unknown option.
+        """
         seeds = self._instance_seeds(seed, options or {})
         super().reset(seed=seed)
         self._instances.reset(seeds)
@@ -404,16 +449,22 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
     def step(
         self, actions: Any
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Send one action row per slot: (N, continuous) floats, (N, branches) integers, or for
-        both a tuple (continuous, discrete) such as `huggy_agent.Actions`. Returns (obs,
-        rewards, terminated, truncated, infos).
+        """Send one action row per slot and step every instance.
+
+        Args:
+            actions: (N, continuous) floats, (N, branches) integers, or for both a tuple
+                (continuous, discrete) such as `huggy_agent.Actions`.
 
         Returns:
-            obs: each slot's next observation (a successor's first one where an episode ended);
-                rewards (N,) float32; terminated (N,) bool: reached the episode's goal;
-                truncated (N,) bool: interrupted at max step; infos with `agent_id`,
-                `action_mask` (discrete actions) and, where an episode ended,
+            obs: each slot's next observation (a successor's first one where an episode ended).
+            rewards: (N,) float32.
+            terminated: (N,) bool: reached the episode's goal.
+            truncated: (N,) bool: interrupted at max step.
+            infos: `agent_id`, `action_mask` (discrete actions) and, where an episode ended,
                 `final_obs`/`final_info`.
+
+        Raises:
+            ValueError: actions of another shape, or discrete actions outside their branches.
         """
         buffers = self._buffers
         continuous, discrete = self._split_actions(actions)
@@ -445,8 +496,16 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
     # -- rendering ------------------------------------------------------------------------------
 
     def render(self) -> tuple[np.ndarray, ...] | None:
-        """One (H, W, 3) uint8 frame per slot (Gymnasium's vector convention), each as
-        `render_frame(slot)`; None, with a warning, without a render mode."""
+        """One frame per slot, each as `render_frame(slot)`, as Gymnasium's vector envs render.
+
+        The built-in stand-in playing Huggy sends its agents' poses on a side channel of its own
+        (`envs.standin.poses`), and frames are drawn from them (`envs.render.huggy_frame`); a behavior
+        with a camera observation (C, H, W) of 1 or 3 channels gives that image
+        (`envs.render.visual_frame`).
+
+        Returns:
+            One (H, W, 3) uint8 frame per slot; None, with a warning, without a render mode.
+        """
         if self.render_mode is None:
             gymnasium.logger.warn("render() called on an environment made without render_mode; "
                                   "pass render_mode='rgb_array'")
@@ -455,9 +514,21 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
 
     def render_frame(self, slot: int, *, final: bool = False, label: str | None = None
                      ) -> np.ndarray:
-        """The frame of agent slot `slot` now, or with `final` the last frame of the episode it
-        ended at the last step (valid only right after that step). `label` (default
-        `render_label`) names the policy on a drawn frame. Returns (H, W, 3) uint8."""
+        """The frame of one agent slot.
+
+        Args:
+            slot: the slot.
+            final: the last frame of the episode the slot ended at the last step (valid only right
+                after that step) instead of the frame now.
+            label: names the policy on a drawn frame (default `render_label`).
+
+        Returns:
+            An (H, W, 3) uint8 frame.
+
+        Raises:
+            RuntimeError: the env was made without `render_mode="rgb_array"`.
+            ValueError: `slot` is out of range.
+        """
         if self._tracks is None:
             raise RuntimeError("this environment was made without render_mode='rgb_array'")
         if not 0 <= slot < self.num_envs:
@@ -499,8 +570,11 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
         return continuous, discrete
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Close every connection, worker and Unity process (through `close()`, which is
-        idempotent)."""
+        """Close every connection, worker and Unity process (through `close()`, which is idempotent).
+
+        Args:
+            **kwargs: Gymnasium's `close` arguments, unused.
+        """
         instances = getattr(self, "_instances", None)
         if instances is not None:
             instances.close()
@@ -519,8 +593,16 @@ class UnityVectorEnv(gymnasium.vector.VectorEnv):
 class HuggyVectorEnv(UnityVectorEnv):
     """The Huggy preset of `UnityVectorEnv`: `file_name=None` is the built-in Huggy stand-in, and
     the behavior must have one vector observation and continuous actions only, as Huggy's has
-    (observations are one (N, obs_size) array, actions one (N, act_size) array). Arguments as
-    `UnityVectorEnv`'s, but for `behavior_spec`."""
+    (observations are one (N, obs_size) array, actions one (N, act_size) array).
+
+    Args:
+        *args: as `UnityVectorEnv`'s.
+        **kwargs: as `UnityVectorEnv`'s, but for `behavior_spec`.
+
+    Raises:
+        ValueError: `behavior_spec` is given, or the behavior is not of Huggy's kind; else as
+            `UnityVectorEnv` raises.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("behavior_spec") is not None:

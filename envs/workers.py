@@ -18,12 +18,6 @@ in parallel instead of in one Python process.
   `timeout_wait` + `ANSWER_MARGIN_S` is killed. In each case every other worker is closed (each
   closes its Unity process), and `InstanceError` names the instance. A worker whose caller
   disappears closes its instance and exits.
-
-Wire commands (caller -> worker, worker's answer):
-    InstanceConfig, pickled              -> ("ready", InstanceInfo) | ("error", kind, message)
-    ("attach", rows, layout, start)      -> ("ready",)
-    b"s" step | b"r" + int64 seed (-1: none) reset | b"c" close
-                                         -> b"k" | b"e" + pickled (kind, message)
 """
 
 from __future__ import annotations
@@ -61,6 +55,11 @@ from envs.spin_wait import environment_for_instances
 ANSWER_MARGIN_S = 30.0
 """Seconds beyond `timeout_wait` (a worker's own limit per Unity exchange) that the caller waits
 for a worker's answer, and for a closing worker to exit, before killing it."""
+# Wire commands (caller -> worker, worker's answer):
+#     InstanceConfig, pickled              -> ("ready", InstanceInfo) | ("error", kind, message)
+#     ("attach", rows, layout, start)      -> ("ready",)
+#     b"s" step | b"r" + int64 seed (-1: none) reset | b"c" close
+#                                          -> b"k" | b"e" + pickled (kind, message)
 _STEP, _RESET, _CLOSE, _OK, _ERROR = b"s", b"r", b"c", b"k", b"e"
 _START_ERRORS: dict[str, type[Exception]] = {
     "EnvironmentStartError": EnvironmentStartError, "ValueError": ValueError,
@@ -71,7 +70,12 @@ _START_ERRORS: dict[str, type[Exception]] = {
 class InstanceError(UnityException):
     """One instance of a multi-instance `UnityVectorEnv` failed (its Unity process or its worker
     died, or stopped answering). `instance` is its index; every process of the environment has
-    been closed by the time this is raised."""
+    been closed by the time this is raised.
+
+    Args:
+        message: what failed.
+        instance: the instance's index, or None.
+    """
 
     def __init__(self, message: str, instance: int | None = None) -> None:
         super().__init__(message)
@@ -96,7 +100,18 @@ class _Worker:
 class InstanceWorkers:
     """K instance workers behind one `StepBuffers` of every slot (instance i's agents in rows
     `slices[i]`, instance 0's first). Start-up is parallel: every worker starts its Unity process
-    at once. Any failure closes every worker and raises (see the module docstring)."""
+    at once. Any failure closes every worker and raises (the faults are in the module docstring).
+
+    Args:
+        configs: how to start each instance.
+
+    Raises:
+        EnvironmentStartError: a Unity executable could not be started, or never connected.
+        ValueError: an instance's behavior or sizes differ from instance 0's, or a start-up check
+            of `UnityInstance` failed.
+        RuntimeError: every port an instance tried was busy, or its start failed otherwise.
+        InstanceError: a worker died or stopped answering during start-up.
+    """
 
     def __init__(self, configs: Sequence[InstanceConfig]) -> None:
         self._timeout = max(config.timeout_wait for config in configs) + ANSWER_MARGIN_S
@@ -182,13 +197,26 @@ class InstanceWorkers:
     # -- running --------------------------------------------------------------------------------
 
     def reset(self, seeds: Sequence[int | None]) -> None:
-        """Reset every instance, instance i reseeded with `seeds[i]` unless it is None."""
+        """Reset every instance.
+
+        Args:
+            seeds: one per instance: instance i is reseeded with `seeds[i]` unless it is None.
+
+        Raises:
+            InstanceError: an instance's Unity process or worker failed (every worker is closed).
+            RuntimeError: the workers are closed, or an instance failed otherwise.
+        """
         for worker, seed in zip(self._workers, seeds, strict=True):
             self._send(worker, _RESET + struct.pack("<q", -1 if seed is None else int(seed)))
         self._collect()
 
     def step(self) -> None:
-        """Step every instance with the actions in `buffers.actions`; results land in `buffers`."""
+        """Step every instance with the actions in `buffers.actions`; results land in `buffers`.
+
+        Raises:
+            InstanceError: an instance's Unity process or worker failed (every worker is closed).
+            RuntimeError: the workers are closed, or an instance failed otherwise.
+        """
         for worker in self._workers:
             self._send(worker, _STEP)
         self._collect()
@@ -294,8 +322,16 @@ def _kill_orphan(pid: int, port: int) -> None:
 
 
 def serve(conn: Connection, memory_fd: int) -> int:
-    """The worker's side: start the instance, attach to the shared rows, then run commands
-    until told to close, until an error (reported first), or until the caller is gone."""
+    """The worker's side: start the instance, attach to the shared rows, then run commands until told
+    to close, until an error (reported to the caller first), or until the caller is gone.
+
+    Args:
+        conn: the worker's end of its socket pair.
+        memory_fd: the shared memory segment's file descriptor.
+
+    Returns:
+        The worker's exit code: 0 when told to close, 1 after an error or when the caller is gone.
+    """
     try:
         message = conn.recv_bytes()
         if message == _CLOSE:
@@ -346,8 +382,14 @@ def _pin_to_core(core: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m envs.workers --instance I --channel FD --memory FD` (started by
-    `InstanceWorkers`)."""
+    """`python -m envs.workers --instance I --channel FD --memory FD` (started by `InstanceWorkers`).
+
+    Args:
+        argv: the command line without the program name; None reads `sys.argv`.
+
+    Returns:
+        The exit code of `serve`.
+    """
     parser = argparse.ArgumentParser(prog="python -m envs.workers")
     parser.add_argument("--instance", type=int, required=True)
     parser.add_argument("--channel", type=int, required=True)

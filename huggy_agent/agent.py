@@ -5,10 +5,11 @@
     actions = agent.compute_action(obs, deterministic=True, seed=None, action_mask=None)
 
 `obs` is one array for a single-input policy; a list or tuple in `obs_0, obs_1, ...` order
-otherwise (see `huggy_agent.inputs`). Continuous-only policies return float32 (N, c), discrete-only
-int64 (N, branches), hybrid `Actions(continuous, discrete)`; a single row comes back without N.
-Recurrent policies take `memory=` (None: zeros, an episode's start) and return (actions, memory).
-The types: `PolicyActions` and `ActionResult`; `split_memory` takes a result apart.
+otherwise (see `huggy_agent_client.inputs`). Continuous-only policies return float32 (N, c),
+discrete-only int64 (N, branches), hybrid `Actions(continuous, discrete)`; a single row comes back
+without N. Recurrent policies take `memory=` (None: zeros, an episode's start) and return
+(actions, memory). The types, `PolicyActions` and `ActionResult`, and `split_memory`, which takes
+a result apart, are in `huggy_agent_client.actions`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -39,9 +40,10 @@ from huggy_agent.engines import (
 from huggy_agent.formats import LoadedPolicy, load_policy
 from huggy_agent.formats.sources import hub_provenance
 from huggy_agent.heads import ContinuousHead, discrete_actions
-from huggy_agent.inputs import as_input_batches, as_mask_batch, as_memory_batch
 from huggy_agent.noise import gaussian_noise, uniform_noise
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.actions import ActionResult, Actions, PolicyActions
+from huggy_agent_client.inputs import as_input_batches, as_mask_batch, as_memory_batch
+from huggy_agent_client.spec import ActorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -52,33 +54,12 @@ _Result = TypeVar("_Result")
 
 
 def bundled_policy_path() -> Path:
-    """The default policy shipped with the package (see assets/ORIGIN.md)."""
+    """The default policy shipped with the package (see assets/ORIGIN.md).
+
+    Returns:
+        The path of the bundled `Huggy.onnx`.
+    """
     return Path(str(resources.files("huggy_agent") / "assets" / "Huggy.onnx"))
-
-
-class Actions(NamedTuple):
-    """A hybrid policy's actions: float32 continuous and int64 discrete, same rows."""
-
-    continuous: np.ndarray
-    discrete: np.ndarray
-
-
-PolicyActions: TypeAlias = np.ndarray | Actions
-"""A policy's actions by its kind: float32 (N, c) for continuous-only policies, int64
-(N, branches) for discrete-only ones, `Actions` for hybrid ones; a single row without N."""
-
-ActionResult: TypeAlias = PolicyActions | tuple[PolicyActions, np.ndarray]
-"""What `compute_action` returns: `PolicyActions`, or for a recurrent policy the pair
-(`PolicyActions`, the next memory: float32 (N, memory_size), a single row without N)."""
-
-
-def split_memory(result: ActionResult) -> tuple[PolicyActions, np.ndarray | None]:
-    """(actions, next memory) of a `compute_action` result; the memory is None for a policy
-    without one."""
-    if isinstance(result, tuple) and not isinstance(result, Actions):
-        actions, memory = result
-        return actions, memory
-    return result, None
 
 
 class RowsPart(Protocol):
@@ -138,10 +119,17 @@ class HuggyAgent:
         seed: seeds the generator used by stochastic calls that pass no seed of their own.
         engine: `auto` (the fastest correct engine for the device and precision, by a fixed rule:
             see `huggy_agent.engines.auto_engine`), `torch`, `onnxruntime` (CPU, fp32),
-            `cuda-graph` or `npu-graph`. Every engine meets the numerical contract. A graph
-            engine checks each graph it captures against eager torch; on a mismatch or an
-            error in capture or replay the agent runs `torch` from then on, logs one warning,
-            and says why in `engine_reason`.
+            `native` (CPU, fp32, MLP policies), `cuda-graph` or `npu-graph`. Every engine meets
+            the numerical contract. A graph engine checks each graph it captures against eager
+            torch; on a mismatch or an error in capture or replay the agent runs `torch` from then
+            on, logs one warning, and says why in `engine_reason`.
+
+    Raises:
+        FileNotFoundError: the policy does not exist.
+        PolicyLoadError: the policy cannot be loaded or run (see `huggy_agent.formats.load_policy`).
+        ValueError: an unknown device, precision or engine, or an engine that cannot run on that
+            device in that precision.
+        RuntimeError: the device is not here.
     """
 
     def __init__(self, policy: str | Path | None = None, *, device: str = "auto",
@@ -178,7 +166,24 @@ class HuggyAgent:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "fp32",
                         seed: int | None = None, engine: str = "auto") -> HuggyAgent:
-        """Load `path` (a `.onnx`, a `.pt` or a results folder); see the class docstring."""
+        """Load a policy; the same as `HuggyAgent(path, ...)`.
+
+        Args:
+            path: a `.onnx`, a `.pt` or a results folder.
+            device: see `HuggyAgent`.
+            precision: see `HuggyAgent`.
+            seed: see `HuggyAgent`.
+            engine: see `HuggyAgent`.
+
+        Returns:
+            The agent.
+
+        Raises:
+            FileNotFoundError: see `HuggyAgent`.
+            PolicyLoadError: see `HuggyAgent`.
+            ValueError: see `HuggyAgent`.
+            RuntimeError: see `HuggyAgent`.
+        """
         return cls(path, device=device, precision=precision, seed=seed, engine=engine)
 
     @property
@@ -237,7 +242,18 @@ class HuggyAgent:
         return PolicyOutputs(mu, log_sigma, logits, memory, len(inputs[0]))
 
     def distribution(self, obs: Any, memory: Any = None) -> PolicyOutputs:
-        """One forward pass over every row of `obs` (see `compute_action`); float32 outputs."""
+        """One forward pass over every row of `obs`, without the action heads.
+
+        Args:
+            obs: as for `compute_action`.
+            memory: a recurrent policy's memory, as for `compute_action`.
+
+        Returns:
+            The actor's float32 outputs for every row (a single row comes back as a batch of one).
+
+        Raises:
+            ValueError: as `compute_action` raises for `obs` and `memory`.
+        """
         inputs, _ = as_input_batches(obs, self.spec)
         if self.spec.memory_size:
             inputs.append(as_memory_batch(memory, self.spec, len(inputs[0])))
@@ -250,12 +266,25 @@ class HuggyAgent:
     def actions_from(self, outputs: PolicyOutputs, deterministic: bool = True,
                      seed: int | None = None, row_offset: int = 0,
                      action_mask: Any = None) -> PolicyActions:
-        """Apply the action heads to `outputs` (N rows): (N, c) float32, (N, branches) int64, or
-        `Actions` for a hybrid policy (see `huggy_agent.heads`).
+        """Apply the action heads to outputs of `distribution` (see `huggy_agent.heads`).
 
         Stochastic noise is drawn on the host: row i gets the noise of row `row_offset + i` of
-        stream `seed` (a fresh stream from the agent's generator when `seed` is None), Gaussian
-        for continuous actions and uniform for discrete ones, on every device alike.
+        stream `seed`, Gaussian for continuous actions and uniform for discrete ones, on every device
+        alike.
+
+        Args:
+            outputs: the actor's outputs for N rows.
+            deterministic: the mean action (True) or a draw from the policy's distribution.
+            seed: the noise stream of a stochastic call; None: a fresh stream from the agent's
+                generator.
+            row_offset: the row of the stream that the first row takes.
+            action_mask: for discrete actions, as for `compute_action`.
+
+        Returns:
+            (N, c) float32, (N, branches) int64, or `Actions` for a hybrid policy.
+
+        Raises:
+            ValueError: an action mask that `compute_action` would refuse.
         """
         spec = self.spec
         rows = len(outputs)
@@ -285,15 +314,24 @@ class HuggyAgent:
 
     def actions_of_parts(self, outputs: PolicyOutputs, parts: Sequence[RowsPart]
                          ) -> list[PolicyActions]:
-        """The actions of consecutive parts of `outputs` (one part per caller of a shared
-        forward pass): part k is what `actions_from(outputs[its rows], part.deterministic,
-        part.seed, part.row_offset, part.action_mask)` gives, streams for `seed=None` drawn
-        in the order of `parts`.
+        """The actions of consecutive parts of `outputs`, one part per caller of a shared forward pass.
 
-        A continuous-only policy's head runs once over all the deterministic rows and once over
-        all the stochastic ones (each stochastic part with its own noise), not once per part:
-        the same element-wise operations on the same values. Other policies take
-        `actions_from` part by part. Raises ValueError when the parts do not cover `outputs`.
+        Part k gets what `actions_from(outputs[its rows], part.deterministic, part.seed,
+        part.row_offset, part.action_mask)` gives; streams for `seed=None` are drawn in the order of
+        `parts`. A continuous-only policy's head runs once over all the deterministic rows and once
+        over all the stochastic ones (each stochastic part with its own noise), not once per part: the
+        same element-wise operations on the same values. Other policies take `actions_from` part by
+        part.
+
+        Args:
+            outputs: the actor's outputs for every part's rows, in order.
+            parts: the callers' parts, covering `outputs` exactly.
+
+        Returns:
+            One `PolicyActions` per part, in order.
+
+        Raises:
+            ValueError: the parts do not cover `outputs`, or a part's action mask is refused.
         """
         total = sum(part.rows for part in parts)
         if total != len(outputs):
@@ -334,14 +372,28 @@ class HuggyAgent:
     def compute_action(self, obs: Any, deterministic: bool = True, seed: int | None = None,
                        row_offset: int = 0, action_mask: Any = None, memory: Any = None
                        ) -> ActionResult:
-        """Actions for `obs`, one row or a batch: `PolicyActions` by the policy's kind, with the
-        next memory for a recurrent policy (see `ActionResult`).
+        """Actions for `obs`, one row or a batch.
 
-        `obs` may be lists, numpy arrays or torch tensors. `action_mask`: None (all allowed) or
-        bools / 0-1, (sum of branches,) or (N, sum of branches), True = allowed. `memory` (a
-        recurrent policy only): None for zeros, (m,) or (N, m). Raises ValueError on a wrong
-        shape, a non-finite value, or a branch with no allowed action. See `actions_from` for
-        `seed` and `row_offset`.
+        Args:
+            obs: one array for a single-input policy; a list or tuple in `obs_0, obs_1, ...` order
+                otherwise; a single row or a batch (N, ...) of lists, numpy arrays or torch tensors.
+            deterministic: the mean action (True) or a draw from the policy's distribution.
+            seed: the noise stream of a stochastic call: row i gets the noise of row
+                `row_offset + i`, so a split batch gets the same actions. None: a fresh stream from the
+                agent's generator.
+            row_offset: the row of the stream that the first row of `obs` takes.
+            action_mask: None (all allowed), or bools or 0/1, (sum of branches,) or
+                (N, sum of branches), True where allowed.
+            memory: a recurrent policy's memory: None for zeros (an episode's start), (m,) or (N, m).
+
+        Returns:
+            `PolicyActions` by the policy's kind: float32 (N, c), int64 (N, branches) or `Actions`;
+                for a recurrent policy the pair (actions, next memory). A single row comes back without
+                N.
+
+        Raises:
+            ValueError: a wrong shape, a non-finite value, a mask or memory the policy does not take,
+                or a branch with no allowed action.
         """
         row_act = self._row_act
         if (row_act is not None and type(obs) is np.ndarray and obs.shape == self._row_shape
@@ -381,19 +433,27 @@ class HuggyAgent:
         return actions, new_memory[0] if single else new_memory
 
     def expect_row(self) -> None:
-        """A hint that a one-observation `compute_action` comes soon (a server calls it when a
-        request reaches it idle): the native engine wakes a second core to share that pass (see
-        `NativeEngine.expect_row`); other engines ignore it. The actions are the same."""
+        """A hint that a one-observation `compute_action` comes soon (a server calls it when a request
+        reaches it idle).
+
+        The native engine wakes a second core to share that pass (see `NativeEngine.expect_row`); other
+        engines ignore it. The actions are the same.
+        """
         self._engine.expect_row()
 
     def warmup(self, batch_sizes: Iterable[int], paths: Collection[str] = WARMUP_PATHS) -> None:
-        """Run each of `paths` once per batch size on zero observations (all actions allowed,
-        zero memory), so that later calls of those sizes find everything ready (graph engines
-        capture and check their rungs here, and a failing one is replaced by `torch`; the CPU
-        engines set up their buffers). Leaves the agent's
-        noise generator untouched.
+        """Run each path once per batch size on zero observations, so that later calls are ready.
 
-        `paths`: `deterministic` and `stochastic` (compute_action), `distribution`.
+        Graph engines capture and check their graphs here (a failing one is replaced by `torch`); the
+        CPU engines set up their buffers. The observations are zeros, all actions allowed, the memory
+        zero; the agent's noise generator is left untouched.
+
+        Args:
+            batch_sizes: the row counts to prepare.
+            paths: some of `deterministic` and `stochastic` (`compute_action`) and `distribution`.
+
+        Raises:
+            ValueError: an unknown path.
         """
         unknown = sorted(set(paths) - set(WARMUP_PATHS))
         if unknown:
@@ -410,8 +470,13 @@ class HuggyAgent:
                 self.distribution(obs)
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-serialisable summary: spec, architecture, parameter counts, origin, device,
-        precision, engine (with why it runs)."""
+        """A JSON-serialisable summary of the agent.
+
+        Returns:
+            The spec, architecture, parameter counts, source (and Hub source), format, step,
+                fingerprint, device, precision, engine, why that engine runs, and the engine's own
+                details.
+        """
         return {
             "spec": self.spec.as_dict(),
             "architecture": self.arch.as_dict(),
@@ -441,8 +506,8 @@ STD_FINGERPRINT_BITS = 8
 
 
 def weights_fingerprint(loaded: LoadedPolicy) -> str:
-    """A 16-hex-digit hash of the architecture and the weights, the same for one run's `.pt` and
-    `.onnx` on any machine: it hashes only values that no machine's arithmetic touched.
+    """A hash of the architecture and the weights, the same for one run's `.pt` and `.onnx` on any
+    machine: it hashes only values that no machine's arithmetic touched.
 
     Stored tensors (every layer, the normalizers' means, log-sigma) enter bit for bit. A
     normalizer's std is derived: a `.pt` stores a running variance and a step count (the loader
@@ -450,6 +515,12 @@ def weights_fingerprint(loaded: LoadedPolicy) -> str:
     holds the std that its exporter folded in float32, which can be 1 ulp off the correctly
     rounded value. So std enters rounded to `STD_FINGERPRINT_BITS` significant bits, far coarser
     than that ulp and exact to compute (frexp, a power of two, rint).
+
+    Args:
+        loaded: the policy.
+
+    Returns:
+        16 hex digits.
     """
     digest = hashlib.sha256(json.dumps(loaded.arch.as_dict(), sort_keys=True).encode())
     for key in expected_keys(loaded.arch):

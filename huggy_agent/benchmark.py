@@ -46,12 +46,28 @@ class Candidate:
 
 
 def flops_per_observation(agent: HuggyAgent) -> int:
-    """Multiply-adds x 2 of the Linear layers for one observation (~1.13 MFLOP for Huggy)."""
+    """The floating-point operations of the Linear layers for one observation.
+
+    Args:
+        agent: the policy.
+
+    Returns:
+        2 x the multiply-adds of every weight matrix (about 1.13 MFLOP for Huggy).
+    """
     return 2 * sum(p.numel() for name, p in agent.net.named_parameters() if name.endswith("weight"))
 
 
 def matmul_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float:
-    """This machine's float32 matrix-multiply rate (GFLOP/s) at `threads`, measured now."""
+    """This machine's float32 matrix-multiply rate, measured now.
+
+    Args:
+        threads: torch's thread count for the measurement (left set afterwards).
+        size: the side of the square matrices multiplied.
+        seconds: how long to multiply.
+
+    Returns:
+        The rate in GFLOP/s.
+    """
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
     out = torch.empty(size, size)
@@ -64,9 +80,18 @@ def matmul_gflops(threads: int, size: int = 1024, seconds: float = 1.0) -> float
 
 
 def mlp_parts(agent: HuggyAgent) -> tuple[Normalizer | None, nn.Sequential]:
-    """The normalizer (None without one) and an `nn.Sequential` of the body and mu layers of an
-    MLP policy such as Huggy's (`huggy_agent.actor.MlpPolicy`): what a user would run by hand.
-    ValueError for any other kind (the plain-eager baselines cover that kind only)."""
+    """The parts of an MLP policy such as Huggy's that a user would run by hand.
+
+    Args:
+        agent: a policy with one vector input and continuous actions only
+            (`huggy_agent.actor.MlpPolicy`).
+
+    Returns:
+        The normalizer (None without one) and an `nn.Sequential` of the body and mu layers.
+
+    Raises:
+        ValueError: any other kind of policy (the plain-eager baselines cover that kind only).
+    """
     parts = mlp_policy(agent.net)
     body = agent.net.network_body._body_endoder.seq_layers
     return parts.normalizer, nn.Sequential(*body, parts.mu)
@@ -102,8 +127,8 @@ def _onnxruntime(onnx_path: Path, threads: int, output: str) -> Callable[[np.nda
 
 SETTLE_S = 0.1
 """The pause before each candidate's turn: onnxruntime's worker threads spin for a while after
-each run, and would slow whichever candidate comes next on the same cores (at a batch of 4096
-on 2 cores, the candidate after an onnxruntime session measured 0.55-0.7x its rate)."""
+each run, and would slow whichever candidate comes next on the same cores (docs/benchmarks.md,
+"Summary", the `huggy benchmark` rows)."""
 
 
 EVICT_BYTES = 64 << 20
@@ -185,13 +210,31 @@ def _start_ms(policy: str | Path | None, device: str, engine: str) -> tuple[floa
 def run_benchmark(policy: str | Path | None = None, threads: int | None = None,
                   rounds: int = 10, calls: int = 200, batch_size: int = 4096,
                   batch_repeats: int = 5, engines: Sequence[str] = ("all",)) -> dict[str, Any]:
-    """All figures of `huggy benchmark` as a dict (docs/policy.md, "Engines", says what each means).
+    """All figures of `huggy benchmark` (docs/policy.md, "Engines", says what each means).
 
     Row 0 is `huggy compute_action` through `auto` on the CPU, rows 1 and 2 the references
     (onnxruntime on the policy's ML-Agents ONNX file or an export of it, plain eager torch), rows
     3 and 4 stochastic actions (ours through `auto`, onnxruntime's in-graph sampling), then one
-    row per other (engine, device) of `engines` (names, or `all`): the engine `auto` runs on the
-    CPU is row 0 (a second session of it would only compete with the first for the cores).
+    row per other (engine, device) of `engines`: the engine `auto` runs on the CPU is row 0 (a
+    second session of it would only compete with the first for the cores).
+
+    Args:
+        policy: the policy (None: the bundled one); an MLP policy.
+        threads: torch's and onnxruntime's thread count; None keeps torch's current count.
+        rounds: interleaved rounds of single-observation calls.
+        calls: warm calls per candidate and round (and `calls // 20`, at least 5, cold ones).
+        batch_size: rows of the throughput batch.
+        batch_repeats: timed batch calls per candidate (the best counts).
+        engines: engine names, or `all` for every engine that runs here.
+
+    Returns:
+        The thread count, batch size, FLOP per observation, matmul rate, `auto`'s engine, load and
+            first-call times per engine, one result per candidate (latency percentiles in
+            microseconds, cold p50, batch throughput, share of the matmul rate, ratios to
+            onnxruntime) and the headline ratios.
+
+    Raises:
+        ValueError: the policy is not an MLP policy, or an engine named runs on no device here.
     """
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -17,7 +17,11 @@ DEVICE_KINDS = ("auto", "cpu", "cuda", "npu")
 
 @functools.cache
 def npu_available() -> bool:
-    """Whether torch-npu imports and reports at least one NPU."""
+    """Whether torch-npu imports and reports at least one NPU (checked once per process).
+
+    Returns:
+        True when an NPU is usable; False when torch-npu is missing, fails to import, or finds none.
+    """
     try:
         import torch_npu  # noqa: F401
     except (ImportError, RuntimeError, OSError):
@@ -26,7 +30,11 @@ def npu_available() -> bool:
 
 
 def available_devices() -> list[str]:
-    """Kinds of device usable in this process, best first, always ending with `cpu`."""
+    """The kinds of device usable in this process, best first.
+
+    Returns:
+        A sublist of `["npu", "cuda", "cpu"]`, always ending with `cpu`.
+    """
     kinds = []
     if npu_available():
         kinds.append("npu")
@@ -36,9 +44,18 @@ def available_devices() -> list[str]:
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
-    """`auto` -> the best available device; `cpu`, `cuda[:N]`, `npu[:N]` -> that device if present.
+    """The device a spelling names, checked to be present here.
 
-    Raises ValueError for an unknown spelling and RuntimeError for a device that is not here.
+    Args:
+        spec: `auto` (the best available device: NPU, then CUDA, then CPU), `cpu`, `cuda[:N]` or
+            `npu[:N]`, or a `torch.device`.
+
+    Returns:
+        The device; `cuda` and `npu` without an index mean index 0.
+
+    Raises:
+        ValueError: an unknown spelling.
+        RuntimeError: the device is not here (no usable NPU, no CUDA, or no CUDA device `N`).
     """
     if isinstance(spec, torch.device):
         spec = str(spec)
@@ -62,7 +79,17 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_precision(name: str) -> torch.dtype:
-    """`fp32`, `fp16` or `bf16` -> the torch dtype of the policy's layers."""
+    """The torch dtype of the policy's layers for a precision name.
+
+    Args:
+        name: `fp32`, `fp16` or `bf16`.
+
+    Returns:
+        `torch.float32`, `torch.float16` or `torch.bfloat16`.
+
+    Raises:
+        ValueError: any other name.
+    """
     if name not in PRECISIONS:
         raise ValueError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}")
     return PRECISIONS[name]

@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from huggy_agent.agent import Actions, HuggyAgent, split_memory
+from huggy_agent.agent import HuggyAgent
 from huggy_agent.devices import PRECISIONS, available_devices
 from huggy_agent.heads import masked_probabilities
 from huggy_agent.numerics import PRECISION_ACTION_ATOL
 from huggy_agent.reference import canonical_inputs, float64_outputs
+from huggy_agent_client.actions import Actions, split_memory
 
 # The error each precision is expected to stay within, against float64 (max abs, actions in [-1, 1]).
 PRECISION_TOLERANCE = PRECISION_ACTION_ATOL
@@ -39,13 +40,28 @@ class Agreement:
         return self.finite and self.max_abs_error <= self.tolerance
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-serialisable, with `passed`."""
+        """The agreement as JSON-serialisable data.
+
+        Returns:
+            Every field, and `passed`.
+        """
         return {**asdict(self), "passed": self.passed}
 
 
 def compare(label: str, actions: np.ndarray, reference: np.ndarray,
             tolerance: float | None = None) -> Agreement:
-    """Max/mean abs error and cosine similarity of `actions` against `reference` (flattened)."""
+    """How closely a set of actions matches a reference, both flattened.
+
+    Args:
+        label: names the comparison in reports.
+        actions: the actions compared.
+        reference: the reference, of the same size.
+        tolerance: the max abs error allowed; None for none.
+
+    Returns:
+        The max and mean abs error, the cosine similarity, whether every action is finite, and
+            the tolerance.
+    """
     a = np.asarray(actions, np.float64).ravel()
     r = np.asarray(reference, np.float64).ravel()
     error = np.abs(a - r)
@@ -55,8 +71,16 @@ def compare(label: str, actions: np.ndarray, reference: np.ndarray,
 
 
 def comparable_outputs(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarray:
-    """What a precision report compares, flattened: the deterministic continuous actions and
-    the probabilities of every discrete action (both in [-1, 1]), and the new memory."""
+    """What a precision report compares of a policy's pass over `inputs`.
+
+    Args:
+        agent: the policy.
+        inputs: one array per observation input.
+
+    Returns:
+        One row per observation, flattened: the deterministic continuous actions, the
+            probabilities of every discrete action (all allowed), and the new memory, side by side.
+    """
     outputs = agent.distribution(inputs if len(inputs) > 1 else inputs[0])
     parts = []
     with torch.inference_mode():
@@ -88,10 +112,20 @@ def _float64_comparable(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarr
 
 def precision_report(policy: str | Path | None, devices: list[str] | None = None,
                      count: int = 1024) -> list[Agreement]:
-    """Each precision on each device (default: every available kind) against float64, on
-    `count` canonical inputs, plus 64 rows scaled by 1e3 to show that large observations stay
-    finite (the normalizers are float32 in every precision). Compared: continuous actions,
-    discrete action probabilities and memories (see `comparable_outputs`)."""
+    """Each precision on each device against float64.
+
+    Compared on `count` canonical inputs plus 64 rows scaled by 1e3, to show that large
+    observations stay finite (the normalizers are float32 in every precision): continuous actions,
+    discrete action probabilities and memories (see `comparable_outputs`).
+
+    Args:
+        policy: the policy (None: the bundled one).
+        devices: device kinds; None: every kind available here.
+        count: canonical rows.
+
+    Returns:
+        One agreement per (device, precision), with the precision's tolerance.
+    """
     reference_agent = HuggyAgent(policy, device="cpu")
     inputs = canonical_inputs(reference_agent.loaded, count)
     inputs = [np.concatenate([a, a[:64] * (1e3 if arch.input.kind == "vector" else 1.0)])
@@ -107,10 +141,18 @@ def precision_report(policy: str | Path | None, devices: list[str] | None = None
 
 
 def reference_actions(agent: HuggyAgent) -> dict[str, list[Any]]:
-    """Deterministic actions for canonical row 0 (every action allowed; zero memory): float
-    `continuous` and/or integer `discrete` lists. Two deployments serve the same model computed
-    correctly when these agree within the numerical contract's tolerance (`huggy_agent.numerics`);
-    they are not hashed, since floats need not match bit for bit across machines or devices."""
+    """Deterministic actions for canonical row 0 (every action allowed; zero memory).
+
+    Two deployments serve the same model computed correctly when these agree within the numerical
+    contract's tolerance (`huggy_agent.numerics`); they are not hashed, since floats need not match
+    bit for bit across machines or devices.
+
+    Args:
+        agent: the policy.
+
+    Returns:
+        A float `continuous` list and/or an integer `discrete` list.
+    """
     inputs = [a[0] for a in canonical_inputs(agent.loaded, 1)]
     actions, _ = split_memory(agent.compute_action(inputs if len(inputs) > 1 else inputs[0]))
     if isinstance(actions, Actions):
@@ -120,13 +162,28 @@ def reference_actions(agent: HuggyAgent) -> dict[str, list[Any]]:
 
 
 def fingerprints(agent: HuggyAgent) -> dict[str, Any]:
-    """The weights hash (exact, see `weights_fingerprint`) and the reference actions."""
+    """What identifies a served policy.
+
+    Args:
+        agent: the policy.
+
+    Returns:
+        The weights hash (exact, see `weights_fingerprint`), the reference actions and the source.
+    """
     return {"fingerprint": agent.fingerprint, "reference_actions": reference_actions(agent),
             "source": str(agent.loaded.origin)}
 
 
 def policy_stats(agent: HuggyAgent) -> dict[str, Any]:
-    """Parameter counts per layer and per part, normalizer and log-sigma statistics."""
+    """Statistics of a policy's weights.
+
+    Args:
+        agent: the policy.
+
+    Returns:
+        Parameter counts per layer and per part, each normalizer's mean and std ranges, the
+            loader's extras, and log-sigma statistics where the policy has a state-independent one.
+    """
     layers = [{"name": name, "shape": list(p.shape), "count": p.numel()}
               for name, p in agent.net.named_parameters()]
     stats: dict[str, Any] = {"layers": layers, "parameters": agent.net.parameter_counts(),
@@ -153,9 +210,18 @@ def policy_stats(agent: HuggyAgent) -> dict[str, Any]:
 
 def onnx_reference(onnx_path: str | Path, agent: HuggyAgent, inputs: list[np.ndarray]
                    ) -> np.ndarray:
-    """onnxruntime's deterministic actions on an ML-Agents ONNX file, comparable with
-    `_ours_for_onnx`: continuous actions (tanh of a SAC export's raw mean) and discrete actions
-    (every action allowed; zero memory), side by side."""
+    """onnxruntime's deterministic actions on an ML-Agents ONNX file, every action allowed and zero
+    memory.
+
+    Args:
+        onnx_path: the ML-Agents ONNX file.
+        agent: the same policy loaded here (for its spec and head).
+        inputs: one array per observation input.
+
+    Returns:
+        float64 (N, continuous + branches): the continuous actions (tanh of a SAC export's raw mean)
+            and the discrete actions, side by side.
+    """
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -186,8 +252,17 @@ def _ours_for_onnx(agent: HuggyAgent, inputs: list[np.ndarray]) -> np.ndarray:
 
 
 def onnx_compare(agent: HuggyAgent, onnx_path: str | Path, count: int = 1000) -> Agreement:
-    """Our deterministic actions against onnxruntime's on the same ONNX file (see
-    `onnx_reference`); discrete actions count as errors of 1 or more where they differ."""
+    """Our deterministic actions against onnxruntime's on the same ONNX file (see `onnx_reference`).
+
+    Args:
+        agent: the policy.
+        onnx_path: its ML-Agents ONNX file.
+        count: canonical rows.
+
+    Returns:
+        The agreement, with the tolerance of the agent's precision; discrete actions count as
+            errors of 1 or more where they differ.
+    """
     inputs = canonical_inputs(agent.loaded, count)
     return compare(f"{agent.device} {agent.precision} {agent.engine} vs onnxruntime",
                    _ours_for_onnx(agent, inputs),

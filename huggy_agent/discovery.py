@@ -46,15 +46,29 @@ class FoundPolicy:
 
 
 def short_label(path: str | os.PathLike[str]) -> str:
-    """`parent/file`, such as `ppo_gamma_0.8/Huggy.onnx`: enough to tell files apart in a table
-    or a chart, never a whole absolute path."""
+    """A label that tells files apart in a table or a chart, never a whole absolute path.
+
+    Args:
+        path: a file.
+
+    Returns:
+        `parent/file`, such as `ppo_gamma_0.8/Huggy.onnx` (the parent of the resolved path);
+            the file name alone where there is no parent.
+    """
     path = Path(path)
     parent = path.resolve().parent.name
     return f"{parent}/{path.name}" if parent else path.name
 
 
 def unique_labels(labels: Sequence[str]) -> list[str]:
-    """`labels` in order, each repeat made unique by `#2`, `#3`, ... (the first keeps its label)."""
+    """The one rule every command uses to make repeated labels unique.
+
+    Args:
+        labels: labels, possibly repeated.
+
+    Returns:
+        `labels` in order, each repeat suffixed `#2`, `#3`, ... (the first keeps its label).
+    """
     seen: dict[str, int] = {}
     unique = []
     for label in labels:
@@ -84,12 +98,23 @@ def _in_folder(path: Path, run: str) -> list[FoundPolicy]:
 
 
 def find_policies(sources: Sequence[str | os.PathLike[str]]) -> list[FoundPolicy]:
-    """One policy per file that `sources` name, in order (see the module docstring); sources on
-    the Hugging Face Hub (`hf://owner/repo[@revision][/path]`) are fetched through its cache
-    first, and keep the source and the commit it resolved to.
+    """One policy per file that `sources` name, in order; nothing is loaded.
 
-    Raises FileNotFoundError for a path that does not exist and ValueError for an empty list or a
-    folder without policy files. Files are not loaded here.
+    Sources on the Hugging Face Hub (`hf://owner/repo[@revision][/path]`) are fetched through its
+    cache first, and keep the source and the commit it resolved to.
+
+    Args:
+        sources: policy files, ML-Agents results folders (every checkpoint on disk, by step; a folder
+            with only its final export gives that export) and Hub sources.
+
+    Returns:
+        The policies found, labels made unique by `unique_labels`.
+
+    Raises:
+        ValueError: `sources` is empty, a results folder holds no policy file, or a Hub source is
+            malformed.
+        FileNotFoundError: a path does not exist, or a Hub repository, revision or path cannot be
+            found (offline: is not in the cache).
     """
     if not sources:
         raise ValueError("expected at least one policy (a .pt, an .onnx or a results folder)")

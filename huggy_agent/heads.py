@@ -36,7 +36,16 @@ class ContinuousHead:
     kind: Head
 
     def torch(self, outputs: tuple[torch.Tensor, ...], noise: torch.Tensor | None) -> torch.Tensor:
-        """On the outputs' device, with no host synchronisation (graph engines capture it)."""
+        """Continuous actions on the outputs' device, with no host synchronisation (graph engines capture
+        it).
+
+        Args:
+            outputs: the actor's outputs, `mu` (N, c) first and `log_sigma` second.
+            noise: host noise z (N, c) already on the device, or None for deterministic actions.
+
+        Returns:
+            The (N, c) actions: PPO's clipped and scaled into [-1, 1], SAC's through tanh.
+        """
         mu, log_sigma = outputs[0], outputs[1]
         action = mu if noise is None else mu + noise * torch.exp(log_sigma)
         if self.kind == "sac":
@@ -44,7 +53,15 @@ class ContinuousHead:
         return torch.clamp(action, -PPO_ACTION_CLIP, PPO_ACTION_CLIP) / PPO_ACTION_CLIP
 
     def numpy(self, outputs: tuple[np.ndarray, ...], noise: np.ndarray | None) -> np.ndarray:
-        """On the host; returns a new array."""
+        """Continuous actions on the host, the same operations in the same order as `torch`.
+
+        Args:
+            outputs: the actor's outputs as arrays, `mu` (N, c) first and `log_sigma` second.
+            noise: host noise z (N, c), or None for deterministic actions.
+
+        Returns:
+            A new (N, c) array of actions: PPO's clipped and scaled into [-1, 1], SAC's through tanh.
+        """
         mu, log_sigma = outputs[0], outputs[1]
         action: np.ndarray
         if noise is None:
@@ -65,7 +82,17 @@ class ContinuousHead:
 
     def apply(self, mu: Tensor, log_sigma: Tensor, noise: np.ndarray | None
               ) -> np.ndarray:
-        """(N, c) float32 numpy actions: on the host where the outputs are, else on their device."""
+        """Continuous actions computed where the outputs are: on the host for CPU tensors, else on their
+        device.
+
+        Args:
+            mu: (N, c) means.
+            log_sigma: (N, c) log standard deviations, or PPO's (1, c) that broadcasts over rows.
+            noise: host noise z (N, c), or None for deterministic actions.
+
+        Returns:
+            (N, c) float32 actions as a numpy array.
+        """
         if mu.device.type == "cpu":
             return self.numpy((mu.numpy(), log_sigma.numpy()), noise)
         device_noise = None if noise is None else torch.from_numpy(noise).to(mu.device)
@@ -74,8 +101,16 @@ class ContinuousHead:
 
 def masked_probabilities(logits: torch.Tensor, branches: tuple[int, ...],
                          mask: torch.Tensor | None) -> list[torch.Tensor]:
-    """Per branch, the (N, b) probabilities after masking (mask: 1/True = allowed), in float32
-    (float64 for float64 logits)."""
+    """Per branch, the action probabilities after masking as ML-Agents masks them.
+
+    Args:
+        logits: (N, sum of branches) logits.
+        branches: the size of each branch.
+        mask: (N, sum of branches), 1 or True where an action is allowed; None allows all.
+
+    Returns:
+        One (N, b) tensor per branch, float32 (float64 for float64 logits).
+    """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if mask is not None:
         allowed = mask.to(device=logits.device, dtype=logits.dtype)
@@ -85,7 +120,18 @@ def masked_probabilities(logits: torch.Tensor, branches: tuple[int, ...],
 
 def discrete_actions(logits: torch.Tensor, branches: tuple[int, ...], mask: torch.Tensor | None,
                      uniforms: np.ndarray | None) -> np.ndarray:
-    """(N, branches) int64 actions; `uniforms` (N, branches) in [0, 1), None for the arg-max."""
+    """Discrete actions, one per branch: the arg-max, or a draw by inverting the branch's CDF.
+
+    Args:
+        logits: (N, sum of branches) logits.
+        branches: the size of each branch.
+        mask: (N, sum of branches), 1 or True where an action is allowed; None allows all.
+        uniforms: (N, branches) uniforms in [0, 1) for stochastic actions; None for the arg-max
+            (the first on ties).
+
+    Returns:
+        (N, branches) int64 actions; a forbidden action is never drawn.
+    """
     probabilities = masked_probabilities(logits, branches, mask)
     if uniforms is None:
         return torch.stack([torch.argmax(p, dim=1) for p in probabilities], dim=1).cpu().numpy()

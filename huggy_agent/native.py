@@ -26,12 +26,20 @@ KERNELS = _load()
 
 
 def mlp_kernels() -> tuple[str, ...]:
-    """The MLP kernels this CPU runs, fastest first: `avx2` (x86-64 with AVX2 and FMA) and
-    `generic` (any CPU); none where the kernels were not built."""
+    """The compiled MLP kernels this CPU runs.
+
+    Returns:
+        Fastest first: `avx2` (x86-64 with AVX2 and FMA) and `generic` (any CPU); empty where the
+            kernels were not built.
+    """
     return () if KERNELS is None else tuple(KERNELS.kernels())
 
 
 def noise_kernels() -> tuple[str, ...]:
-    """The noise kernels this CPU runs, fastest first: `avx2` (x86-64 with AVX2; no fused
-    multiply-add, so FMA is not needed) and `generic`; none where the kernels were not built."""
+    """The compiled noise kernels this CPU runs.
+
+    Returns:
+        Fastest first: `avx2` (x86-64 with AVX2; the kernels use no fused multiply-add, so FMA is
+            not needed) and `generic`; empty where the kernels were not built.
+    """
     return () if KERNELS is None else tuple(KERNELS.noise_kernels())

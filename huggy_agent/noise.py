@@ -1,10 +1,10 @@
 """Counter-based noise on the host: the same bits on every machine, device, split and engine.
 
 Entry (i, j) of `gaussian_noise(seed, rows, cols, row_offset)` (and of `uniform_noise`, a second
-stream) depends only on
-(seed, row_offset + i, j): a batch split into pieces, each given its row offset, gets bit-identical
-noise, and so does the same request whether a server batches it alone or with others. SplitMix64
-hashes the counter; Box-Muller turns two 53-bit uniforms into one normal.
+stream) depends only on (seed, row_offset + i, j): a batch split into pieces, each given its row
+offset, gets bit-identical noise, and so does the same request whether a server batches it alone
+or with others. SplitMix64 hashes the counter; Box-Muller turns two 53-bit uniforms into one
+normal.
 
 Bit-identical across machines by construction: libm's and numpy's SIMD `log` and `cos` differ by
 an ulp between CPUs (numpy picks AVX-512 versions where it can), so the logarithm and the cosine
@@ -13,8 +13,8 @@ never fused by numpy, after exact range reductions (frexp, powers of two, floor)
 accurate to a few float64 ulps, far below the float32 that the noise is returned in.
 
 The package's compiled kernels (`huggy_agent.native`), where built, run the same operations in
-the same order in C without fused multiply-adds: the same bits in ~1 us rather than ~100 us per
-call. A probe at import compares the two, and numpy draws the noise if they ever differ.
+the same order in C without fused multiply-adds: the same bits, far faster (docs/benchmarks.md,
+"The policy"). A probe at import compares the two, and numpy draws the noise if they ever differ.
 """
 
 from __future__ import annotations
@@ -108,7 +108,20 @@ def _check_seed(seed: int) -> None:
 
 
 def gaussian_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.ndarray:
-    """(rows, cols) float32 standard-normal noise for rows `row_offset ..` of stream `seed`."""
+    """Standard-normal noise for rows `row_offset, row_offset + 1, ...` of stream `seed`.
+
+    Args:
+        seed: the stream, in [0, 2**64).
+        rows: how many rows.
+        cols: values per row.
+        row_offset: the index of the first row in the stream (counted modulo 2**64).
+
+    Returns:
+        A (rows, cols) float32 array whose entry (i, j) depends only on (seed, row_offset + i, j).
+
+    Raises:
+        ValueError: `seed` is outside [0, 2**64).
+    """
     _check_seed(seed)
     if _COMPILED is None:
         return _numpy_gaussian_noise(seed, rows, cols, row_offset)
@@ -118,9 +131,23 @@ def gaussian_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.n
 
 
 def uniform_noise(seed: int, rows: int, cols: int, row_offset: int = 0) -> np.ndarray:
-    """(rows, cols) float64 uniforms in [0, 1) for rows `row_offset ..` of stream `seed`: a
-    stream of its own (another key), exact on every machine (integer hashing and one exact
-    scaling). Discrete actions draw one per (row, branch)."""
+    """Uniforms in [0, 1) for rows `row_offset, row_offset + 1, ...` of stream `seed`.
+
+    A stream of its own (another key), exact on every machine (integer hashing and one exact
+    scaling). Discrete actions draw one per (row, branch).
+
+    Args:
+        seed: the stream, in [0, 2**64).
+        rows: how many rows.
+        cols: values per row.
+        row_offset: the index of the first row in the stream (counted modulo 2**64).
+
+    Returns:
+        A (rows, cols) float64 array whose entry (i, j) depends only on (seed, row_offset + i, j).
+
+    Raises:
+        ValueError: `seed` is outside [0, 2**64).
+    """
     _check_seed(seed)
     if _COMPILED is None:
         return _numpy_uniform_noise(seed, rows, cols, row_offset)

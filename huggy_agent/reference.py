@@ -16,10 +16,20 @@ from huggy_agent.heads import ContinuousHead
 
 
 def canonical_inputs(loaded: LoadedPolicy, count: int = 256, seed: int = 0) -> list[np.ndarray]:
-    """`count` float32 rows of every observation input: vectors drawn from their normalizer's
-    statistics (mean + std * N(0, 1); N(0, 1) without one), images U[0, 1), variable-length
-    inputs with a random number of entities N(0, 1) then zero padding. Row 0 of each vector input
-    is all zeros."""
+    """Reproducible float32 rows of every observation input of a policy.
+
+    Vectors are drawn from their normalizer's statistics (mean + std * N(0, 1); N(0, 1) without
+    one), images from U[0, 1), variable-length inputs as a random number of N(0, 1) entities then
+    zero padding. Row 0 of each vector input is all zeros.
+
+    Args:
+        loaded: the policy.
+        count: rows per input.
+        seed: seeds the draws.
+
+    Returns:
+        One float32 (count, *shape) array per input, in `obs_i` order.
+    """
     rng = np.random.default_rng(seed)
     arrays = []
     for index, arch in enumerate(loaded.arch.inputs):
@@ -43,7 +53,19 @@ def canonical_inputs(loaded: LoadedPolicy, count: int = 256, seed: int = 0) -> l
 
 
 def canonical_observations(loaded: LoadedPolicy, count: int = 256, seed: int = 0) -> np.ndarray:
-    """`canonical_inputs` of a single-input policy, as one (count, ...) array."""
+    """`canonical_inputs` of a single-input policy, as one array.
+
+    Args:
+        loaded: the policy.
+        count: rows.
+        seed: seeds the draws.
+
+    Returns:
+        A float32 (count, *shape) array.
+
+    Raises:
+        ValueError: the policy has several observation inputs.
+    """
     (array,) = canonical_inputs(loaded, count, seed) if len(loaded.arch.inputs) == 1 else (None,)
     if array is None:
         raise ValueError(f"{loaded.origin}: the policy has {len(loaded.arch.inputs)} observation "
@@ -53,7 +75,17 @@ def canonical_observations(loaded: LoadedPolicy, count: int = 256, seed: int = 0
 
 def float64_outputs(loaded: LoadedPolicy, inputs: list[np.ndarray],
                     memory: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-    """The actor's outputs (see `huggy_agent.actor.networks`) in float64 on the CPU."""
+    """The actor's outputs computed in float64 on the CPU.
+
+    Args:
+        loaded: the policy.
+        inputs: one array per observation input, in `obs_i` order.
+        memory: (N, memory_size) for a recurrent policy; None means zeros.
+
+    Returns:
+        The outputs in `Actor.forward`'s order, only those the policy has: mu, log_sigma, the
+            discrete logits, the new memory.
+    """
     actor = loaded.build().double()
     tensors = [torch.from_numpy(np.asarray(a, np.float64)) for a in inputs]
     if loaded.arch.memory_size:
@@ -66,7 +98,16 @@ def float64_outputs(loaded: LoadedPolicy, inputs: list[np.ndarray],
 
 def float64_actions(loaded: LoadedPolicy, inputs: list[np.ndarray] | np.ndarray,
                     noise: np.ndarray | None = None) -> np.ndarray:
-    """The continuous actions in float64; deterministic unless standard-normal `noise` is given."""
+    """The continuous actions computed in float64 on the CPU.
+
+    Args:
+        loaded: a policy with continuous actions.
+        inputs: one array per observation input, or one array for a single-input policy.
+        noise: standard-normal noise (N, c) for stochastic actions; None for deterministic ones.
+
+    Returns:
+        The (N, c) float64 actions.
+    """
     if isinstance(inputs, np.ndarray):
         inputs = [inputs]
     mu, log_sigma = float64_outputs(loaded, inputs)[:2]

@@ -19,8 +19,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
     Returns:
         The header line, a rule and one line per row, joined by newlines, without trailing
-        spaces; a column whose values are all numbers or None is right-aligned, any other
-        left-aligned.
+            spaces; a column whose values are all numbers or None is right-aligned, any other
+            left-aligned.
     """
     cells = [[_cell(value) for value in row] for row in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h)
@@ -54,6 +54,14 @@ def _cell(value: object) -> str:
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:
-    """`count` and `noun` as English says it: "1 item", "2 items" (`many`: an irregular plural,
-    such as "policies")."""
+    """A count and a noun as English says it: "1 item", "2 items".
+
+    Args:
+        count: how many.
+        noun: the singular.
+        many: an irregular plural (such as "policies"); None adds an "s".
+
+    Returns:
+        The count, a space and the noun, singular for 1.
+    """
     return f"{count} {noun if count == 1 else many or noun + 's'}"

@@ -1,6 +1,7 @@
 """The serving rules that need no cluster: request parsing, batch settings, accelerator placement,
 the Serve config file, and the remote client's failure modes. At the end, the hostile request
-bodies once more, over real HTTP to real Serve on the session cluster."""
+bodies once more, over real HTTP to real Serve on the session cluster, and a client that cannot
+import torch acting through it."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from deploy.serving.parsing import parse_act_request, plain_one_row
 from deploy.serving.responses import ApiError, act_response
 from deploy.serving.routes import ApiKey, check_route
 from huggy_agent import HuggyAgent
-from huggy_agent.http_api import load_api_key
 from huggy_agent.native import KERNELS
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.remote import RemoteAgent, RemoteServerError
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.http_api import load_api_key
+from huggy_agent_client.remote import RemoteAgent, RemoteServerError
+from huggy_agent_client.spec import ActorSpec, ObservationInput
+from tests.support.client import actions_without_torch, assert_in_process_actions
 from tests.support.fixtures import REPO_ROOT
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster
@@ -547,6 +549,14 @@ def test_clients_that_leave_mid_body_over_http_are_counted_and_the_server_serves
     np.testing.assert_allclose(np.asarray(good.json()["actions"], np.float32),
                                HuggyAgent(device="cpu").compute_action(obs), rtol=0,
                                atol=FP32_ACTION_ATOL)
+
+
+def test_a_client_without_torch_gets_the_in_process_actions_from_serve(served_url: str) -> None:
+    """`RemoteAgent` in a fresh interpreter where torch, onnx, onnxruntime and orjson cannot be
+    imported, as a user of huggy-agent-client alone has it, against real Serve."""
+    obs = np.random.default_rng(8).standard_normal((5, OBS)).astype(np.float32)
+    answers = actions_without_torch(served_url, obs)
+    assert_in_process_actions(answers, obs)
 
 
 def test_banner_names_who_answers_v1_act() -> None:

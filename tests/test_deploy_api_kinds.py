@@ -14,7 +14,7 @@ from deploy.serving.openapi import openapi_document
 from deploy.serving.parsing import parse_act_request
 from deploy.serving.responses import ApiError
 from huggy_agent.formats import load_policy
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 from tests.support.fixtures import fixtures_dir, mlagents_policy_files
 
 PYRAMIDS = ActorSpec(tuple(ObservationInput(f"obs_{i}", (size,), "vector")

@@ -25,7 +25,7 @@ from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_ser
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.remote import RemoteAgent, RemoteRequestError
+from huggy_agent_client.remote import RemoteAgent, RemoteRequestError
 from tests.support.fixtures import mlagents_fixtures_dir
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster

@@ -26,11 +26,11 @@ import grpc
 import numpy as np
 import pytest
 
-from deploy.serving.grpc_ingress import ACT_METHOD
 from huggy_agent import HuggyAgent
 from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.remote import RemoteAgent
+from huggy_agent_client.http_api import GRPC_ACT_METHOD
+from huggy_agent_client.remote import RemoteAgent
 from tests.support.processes import (
     OutputFollower,
     free_port,
@@ -276,7 +276,7 @@ async def call_all(address: str, bodies: list[bytes], first_answer: threading.Ev
                    ) -> list[tuple[float, str]]:
     """Call /huggy.v1.Policy/Act with every body at once: (time answered, status code name)."""
     async with grpc.aio.insecure_channel(address) as channel:
-        act = channel.unary_unary(ACT_METHOD)
+        act = channel.unary_unary(GRPC_ACT_METHOD)
 
         async def call(body: bytes) -> tuple[float, str]:
             try:
@@ -297,7 +297,7 @@ def test_huggy_serve_answers_the_grpc_calls_in_flight_when_it_stops() -> None:
     cut; then the port is closed and no process is left."""
     grpc_port = free_server_port()
     with own_server((), "--grpc-port", str(grpc_port)) as server:
-        assert f"gRPC {ACT_METHOD} on 127.0.0.1:{grpc_port} by replica" in server.output()
+        assert f"gRPC {GRPC_ACT_METHOD} on 127.0.0.1:{grpc_port} by replica" in server.output()
         obs = np.random.default_rng(7).standard_normal((256, 59)).astype(np.float32)
         first_answer = threading.Event()
         answers: list[tuple[float, str]] = []

@@ -37,7 +37,7 @@ import requests
 
 from deploy.serving.server import DEFAULT_INGRESS, deploy, serve_running, start_serve, stop_serve
 from deploy.serving.settings import AppArgs
-from huggy_agent.http_api import ACT_PATH, HEALTH_PATH, INFO_PATH, RETRY_AFTER_S
+from huggy_agent_client.http_api import ACT_PATH, HEALTH_PATH, INFO_PATH, RETRY_AFTER_S
 from tests.support.processes import (
     OutputFollower,
     free_port,

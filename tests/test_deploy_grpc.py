@@ -16,11 +16,11 @@ import grpc
 import numpy as np
 import pytest
 
-from deploy.serving.grpc_ingress import ACT_METHOD
 from deploy.serving.server import deploy, start_serve, stop_serve
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from huggy_agent_client.http_api import GRPC_ACT_METHOD
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster
 
@@ -66,7 +66,7 @@ def test_grpc_act_answers_like_in_process(grpc_targets: dict[str, Target]) -> No
     local = HuggyAgent(device="cpu")
     obs = np.random.default_rng(9).standard_normal((5, 59)).astype(np.float32)
     with grpc.insecure_channel(target.address) as channel:
-        act = channel.unary_unary(ACT_METHOD)
+        act = channel.unary_unary(GRPC_ACT_METHOD)
         body = json.dumps({"obs": obs.tolist(), "deterministic": False, "seed": 42}).encode()
         answer = json.loads(act(body, metadata=target.metadata, timeout=30))
         np.testing.assert_allclose(np.asarray(answer["actions"], dtype=np.float32),
@@ -95,7 +95,7 @@ def test_grpc_takes_the_api_key_as_metadata(grpc_targets: dict[str, Target]) -> 
     obs = np.random.default_rng(10).standard_normal((2, 59)).astype(np.float32)
     body = json.dumps({"obs": obs.tolist()}).encode()
     with grpc.insecure_channel(target.address) as channel:
-        act = channel.unary_unary(ACT_METHOD)
+        act = channel.unary_unary(GRPC_ACT_METHOD)
         for metadata, problem in ((keyed, "no Authorization header"),
                                   ((*keyed, ("authorization", "Bearer wrong")),
                                    "a wrong API key")):
@@ -116,7 +116,7 @@ def test_a_call_without_the_application_metadata(grpc_targets: dict[str, Target]
     sends it to `huggy serve`'s app, "huggy", which answers it."""
     body = json.dumps({"obs": [0.0] * 59}).encode()
     with grpc.insecure_channel(grpc_targets["default"].address) as channel:
-        act = channel.unary_unary(ACT_METHOD)
+        act = channel.unary_unary(GRPC_ACT_METHOD)
         if request.node.callspec.params["grpc_targets"] == "serve":
             with pytest.raises(grpc.RpcError) as refused:
                 act(body, timeout=30)

@@ -134,17 +134,17 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
         "    # huggy: the caps of deploy/serving/limits.py", "    maxconn 100",
         "    tune.bufsize 8192", "    tune.h2.fe.max-concurrent-streams 6",
         "    tune.h2.fe.glitches-threshold 9"]
-    assert lines[lines.index("defaults") + 1:lines.index("defaults") + 6] == [
+    assert lines[lines.index("defaults") + 1:lines.index("defaults") + 7] == [
         "    # huggy: the caps of deploy/serving/limits.py", "    timeout client 5s",
         "    timeout http-request 3s", "    timeout http-keep-alive 4s",
-        "    timeout queue 250ms"]
+        "    timeout queue 250ms", "    option http-buffer-request"]
     assert [line.split()[:2] for line in lines if line.strip().startswith(
         ("maxconn", "timeout client", "tune.bufsize", "timeout http-keep-alive"))] == [
         ["maxconn", "100"], ["tune.bufsize", "8192"], ["timeout", "client"],
         ["timeout", "http-keep-alive"]]  # Ray's own replaced
-    replaced = ("errorfile 50", "return status 404", ":8500 check", "bind ", "maxconn", "timeout client",
-                "timeout http-request", "timeout http-keep-alive", "timeout queue",
-                "tune.bufsize", "tune.h2.fe.", "SERVE_REPLICA")
+    replaced = ("errorfile 50", "return status 404", ":8500 check", "bind ", "maxconn",
+                "timeout client", "timeout http-request", "timeout http-keep-alive",
+                "timeout queue", "tune.bufsize", "tune.h2.fe.", "SERVE_REPLICA")
     kept = [line for line in original.splitlines()
             if not any(replaced_part in line for replaced_part in replaced)]
     assert [line for line in lines if line in kept] == kept  # in the same order
@@ -286,7 +286,8 @@ def test_the_side_ports_differ_from_each_other_and_from_the_http_port() -> None:
 
 
 @pytest.mark.parametrize("missing", ["errorfile 503", "http-request return status 404",
-                                     "use_backend http-huggy if", "frontend http_frontend"])
+                                     "use_backend http-huggy if", "frontend http_frontend",
+                                     "defaults"])
 def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
         tmp_path: Path, page: Path, missing: str) -> None:
     config = "".join(line for line in ray_config(tmp_path).splitlines(keepends=True)
@@ -298,7 +299,8 @@ def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
     assert f"supports Ray {SUPPORTED_RAY} (pip install '{RAY_REQUIREMENT}')" in message
     assert {"errorfile 503": "found 2 of 3", "http-request return status 404": "not-found answer",
             "use_backend http-huggy if": "the rule routing to http-huggy",
-            "frontend http_frontend": "the HTTP frontend's address"}[missing] in message
+            "frontend http_frontend": "the HTTP frontend's address",
+            "defaults": "the 'global' and 'defaults' sections"}[missing] in message
 
 
 def test_the_start_up_check_passes_on_the_installed_ray_and_refuses_a_release_without_lines(

@@ -30,7 +30,8 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
-from hyperframe.frame import ContinuationFrame, Frame, GoAwayFrame, HeadersFrame
+from h2.errors import ErrorCodes
+from hyperframe.frame import ContinuationFrame, DataFrame, Frame, GoAwayFrame, HeadersFrame
 
 from deploy.serving import haproxy
 from deploy.serving.haproxy import error_page, real_binary
@@ -230,12 +231,44 @@ def events_until(sock: socket.socket, connection: h2.connection.H2Connection,
     return events
 
 
-def test_http2_advertises_the_streams_cap_and_ends_a_continuation_flood_at_the_glitches(
-        tmp_path: Path, page: Path) -> None:
-    """HAProxy's SETTINGS carry `max_concurrent_streams`; a header block continued by empty
-    CONTINUATION frames, far past `max_glitches` of them, ends the connection (GOAWAY, then
-    closed), and the listener never sees the request."""
-    limits = ServingLimits(max_concurrent_streams=3, max_glitches=5)
+def read_to_the_end(sock: socket.socket) -> bytes:
+    """What `sock` receives until the peer closes it (or resets it)."""
+    received = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def call_in_pieces(connection: h2.connection.H2Connection, size: int) -> bytes:
+    """A gRPC call with the key whose header block comes in `size`-byte pieces: a HEADERS
+    frame and CONTINUATION frames, the last with END_HEADERS; then its message."""
+    block = connection.encoder.encode([
+        (":method", "POST"), (":scheme", "http"), (":path", ACT), (":authority", "x"),
+        ("content-type", "application/grpc"), ("authorization", KEY), ("x-pad", "p" * 150)])
+    pieces = [block[offset:offset + size] for offset in range(0, len(block), size)]
+    headers = HeadersFrame(1)
+    headers.data = pieces[0]
+    frames = [headers]
+    for piece in pieces[1:]:
+        continuation = ContinuationFrame(1)
+        continuation.data = piece
+        frames.append(continuation)
+    frames[-1].flags.add("END_HEADERS")
+    message = DataFrame(1)
+    message.data = b"\x00\x00\x00\x00\x02{}"
+    message.flags.add("END_STREAM")
+    return b"".join(frame.serialize() for frame in [*frames, message])
+
+
+@pytest.mark.parametrize("glitches", [5, 100])
+def test_a_header_block_in_many_tiny_pieces_counts_against_max_glitches(
+        tmp_path: Path, page: Path, glitches: int) -> None:
+    """A call whose header block comes in 2-byte pieces (82 frames) is 6 glitches in HAProxy's
+    count (one per 16 pieces under 1 KiB): past a threshold of 5 the connection ends with
+    GOAWAY ENHANCE_YOUR_CALM and the listener sees nothing; under the default of 100 the same
+    call is answered. HAProxy's SETTINGS advertise `max_concurrent_streams`."""
+    limits = ServingLimits(max_glitches=glitches, max_concurrent_streams=3)
     with FrontDoor(tmp_path, page, limits, grpc=True) as door:
         sock, connection = h2_client(door.grpc_port)
         with sock:
@@ -244,50 +277,110 @@ def test_http2_advertises_the_streams_cap_and_ends_a_continuation_flood_at_the_g
             changed = next(e for e in settings if isinstance(e, h2.events.RemoteSettingsChanged))
             streams = changed.changed_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS]
             assert streams.new_value == 3
+            sock.sendall(call_in_pieces(connection, 2))
+            if glitches == 5:
+                frames = frames_of(read_to_the_end(sock))
+                assert [frame.error_code for frame in frames if isinstance(frame, GoAwayFrame)
+                        ] == [ErrorCodes.ENHANCE_YOUR_CALM]
+            else:  # the answer's frames, read raw: the client's h2 never opened the stream
+                received = b""
+                while not any(isinstance(frame, HeadersFrame) and "END_STREAM" in frame.flags
+                              for frame in frames_of(received)):
+                    chunk = sock.recv(65536)
+                    assert chunk, "closed before the answer"
+                    received += chunk
+                blocks = [connection.decoder.decode(frame.data, raw=True)  # in order: HPACK
+                          for frame in frames_of(received) if isinstance(frame, HeadersFrame)]
+                assert (b"grpc-status", b"0") in [(bytes(n), bytes(v)) for n, v in blocks[-1]]
+    assert len(door.recorder.admitted) == (0 if glitches == 5 else 1)
+
+
+def test_a_header_block_that_never_ends_is_cut_at_the_request_timeout(
+        tmp_path: Path, page: Path) -> None:
+    """HEADERS without END_HEADERS, then empty CONTINUATION frames: HAProxy takes them out of
+    its buffer as they come (its memory stays bounded) and counts no glitch until a block ends,
+    so what bounds the flood is time: at `request_timeout_s` the connection ends (GOAWAY, then
+    closed) while other clients are answered; the listener never sees the call."""
+    limits = ServingLimits(request_timeout_s=1.0)
+    with FrontDoor(tmp_path, page, limits, grpc=True) as door:
+        sock, connection = h2_client(door.grpc_port)
+        with sock:
             headers = HeadersFrame(1)
             headers.data = connection.encoder.encode(
                 [(":method", "POST"), (":scheme", "http"), (":path", ACT),
                  (":authority", "x"), ("content-type", "application/grpc")])
-            flood = headers.serialize() + ContinuationFrame(1).serialize() * 1000
-            received = b""
-            with contextlib.suppress(OSError):  # closed while we wrote: the ending we wait for
-                sock.sendall(flood)
             with contextlib.suppress(OSError):
-                while chunk := sock.recv(65536):
-                    received += chunk
-            assert GoAwayFrame.type in frame_types(received)
-    assert door.recorder.admitted == []
+                sock.sendall(headers.serialize() + ContinuationFrame(1).serialize() * 10_000)
+            assert post(door.port)[0] == 200  # meanwhile
+            assert GoAwayFrame.type in [frame.type for frame in frames_of(read_to_the_end(sock))]
+    assert door.recorder.handed == [("/v1/act", b"{}")]
 
 
-def frame_types(data: bytes) -> list[int]:
-    """The type of each whole HTTP/2 frame in `data` (hyperframe reads their headers)."""
-    types, offset = [], 0
+def frames_of(data: bytes) -> list[Frame]:
+    """The whole HTTP/2 frames in `data`, read by hyperframe."""
+    frames, offset = [], 0
     while len(data) - offset >= 9:
         frame, length = Frame.parse_frame_header(memoryview(data[offset:offset + 9]))
-        types.append(frame.type)
+        if len(data) - offset - 9 < length:
+            break
+        frame.parse_body(memoryview(data[offset + 9:offset + 9 + length]))
+        frames.append(frame)
         offset += 9 + length
-    return types
+    return frames
+
+
+def open_calls(connection: h2.connection.H2Connection, count: int) -> None:
+    """`count` gRPC calls with the key whose headers are sent and their messages never are."""
+    for stream in range(1, 2 * count, 2):
+        connection.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
+                                         (":path", ACT), (":authority", "x"),
+                                         ("content-type", "application/grpc"),
+                                         ("authorization", KEY)])
 
 
 def test_a_client_that_stops_sending_mid_request_is_cut_at_the_client_timeout(
         tmp_path: Path, page: Path) -> None:
-    """A gRPC call's headers then nothing: HAProxy ends the stream at the client timeout; the
-    listener, which admitted the request and waited for its message, counts a client gone."""
+    """A gRPC call's headers then nothing: HAProxy holds it (the listener never sees it) and
+    ends the stream at the client timeout."""
     limits = ServingLimits(client_timeout_s=0.5)
     with FrontDoor(tmp_path, page, limits, grpc=True) as door:
         sock, connection = h2_client(door.grpc_port)
         with sock:
-            connection.send_headers(1, [(":method", "POST"), (":scheme", "http"),
-                                        (":path", ACT), (":authority", "x"),
-                                        ("content-type", "application/grpc"),
-                                        ("authorization", KEY)])
+            open_calls(connection, 1)
             sock.sendall(connection.data_to_send())
             ended = (h2.events.StreamReset, h2.events.ConnectionTerminated, h2.events.StreamEnded)
-            events_until(sock, connection, lambda events: any(isinstance(e, ended)
-                                                              for e in events))
-        wait_for(lambda: door.recorder.left == 1, "the listener to count the client gone")
+            events = events_until(sock, connection, lambda events: any(isinstance(e, ended)
+                                                                       for e in events))
+            assert any(isinstance(e, ended) for e in events)
+    assert door.recorder.admitted == [] and door.recorder.handed == []
+
+
+def test_requests_whose_bodies_do_not_come_hold_no_replica_slot(tmp_path: Path,
+                                                                  page: Path) -> None:
+    """With one request at a time per replica, 3 gRPC calls that send their headers and no
+    message and an HTTP/1.1 request whose body stops short stay in HAProxy (the replica's
+    server has no session in its statistics, the listener has seen none of them), and an
+    ordinary request is answered meanwhile rather than queued behind them until the queue
+    timeout (0.5 s) answers it 503; the timeouts that would end them are an hour."""
+    limits = ServingLimits(max_connections_per_replica=1, queue_timeout_s=0.5,
+                           request_timeout_s=3600, client_timeout_s=3600)
+    with FrontDoor(tmp_path, page, limits, grpc=True) as door, \
+            socket.create_connection(("127.0.0.1", door.port), timeout=WAIT_S) as short:
+        sock, connection = h2_client(door.grpc_port)
+        with sock:
+            open_calls(connection, 3)
+            sock.sendall(connection.data_to_send())
+            short.sendall(b"POST /v1/act HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k\r\n"
+                          b"content-length: 100\r\n\r\n{\"obs\": ")
+            wait_for(lambda: int(stats(door)[(f"{haproxy.GRPC_FRONTEND}", "FRONTEND")]["scur"])
+                     >= 1 and int(stats(door)[("http_frontend", "FRONTEND")]["scur"]) >= 1,
+                     "the calls and the request in HAProxy")
+            assert post(door.port)[0] == 200
+            replica = next(row for (proxy, server), row in stats(door).items()
+                           if proxy == "http-huggy" and server.startswith("SERVE_REPLICA"))
+            assert replica["scur"] == "0"
+    assert door.recorder.handed == [("/v1/act", b"{}")]
     assert [path for _, path, _ in door.recorder.admitted] == ["/v1/act"]
-    assert door.recorder.handed == []
 
 
 def test_maxconn_stays_within_the_open_file_limit_haproxy_inherits(tmp_path: Path,

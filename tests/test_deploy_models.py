@@ -33,7 +33,8 @@ from deploy.serving.catalogue import PolicyEntry, PolicySet, catalogue
 from deploy.serving.server import DEFAULT_INGRESS, deploy, start_serve, stop_serve
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
-from huggy_agent.http_api import (
+from huggy_agent.numerics import FP32_ACTION_ATOL as TOL
+from huggy_agent_client.http_api import (
     POLICY_ID_HEADER,
     SESSION_KEY_LIMIT,
     Split,
@@ -41,8 +42,7 @@ from huggy_agent.http_api import (
     session_point,
     unknown_policy_message,
 )
-from huggy_agent.numerics import FP32_ACTION_ATOL as TOL
-from huggy_agent.remote import RemoteAgent
+from huggy_agent_client.remote import RemoteAgent
 from tests.support.fixtures import REPO_ROOT, fixtures_dir, mlagents_fixtures_dir
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster
@@ -167,7 +167,7 @@ def test_sessions_keep_their_policy_in_another_process() -> None:
     """Python's own `hash` of a str changes per process (PYTHONHASHSEED); the assignment must
     not: another process with another hash seed than this one assigns every key alike."""
     keys = [f"user-{i}" for i in range(200)]
-    code = ("import sys; from huggy_agent.http_api import Split; s = Split.parse(sys.argv[1]); "
+    code = ("import sys; from huggy_agent_client.http_api import Split; s = Split.parse(sys.argv[1]); "
             f"print(','.join(s.assign(k) for k in {keys!r}))")
     split = "run@1=0.5,run@2=0.3,run@3=0.2"
     here = ",".join(Split.parse(split).assign(key) for key in keys)

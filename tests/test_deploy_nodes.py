@@ -20,7 +20,6 @@ import ray
 import requests
 from ray import serve
 
-from deploy.serving.grpc_ingress import ACT_METHOD
 from deploy.serving.haproxy_admin import HAProxyAdmin, haproxy_dir
 from deploy.serving.replica import HuggyPolicyDeployment
 from deploy.serving.server import (
@@ -31,8 +30,8 @@ from deploy.serving.server import (
 )
 from deploy.serving.settings import AppArgs
 from huggy_agent import HuggyAgent
-from huggy_agent.http_api import HEALTH_PATH
 from huggy_agent.numerics import FP32_ACTION_ATOL
+from huggy_agent_client.http_api import GRPC_ACT_METHOD, HEALTH_PATH
 from tests.support.processes import free_ports
 from tests.support.ray_cluster import RayCluster
 
@@ -104,7 +103,7 @@ def test_a_replica_on_the_worker_node_is_served_as_one_on_the_head(on_worker: Se
     assert answer.status_code == 200
     np.testing.assert_allclose(answer.json()["actions"], expected, rtol=0, atol=FP32_ACTION_ATOL)
     with grpc.insecure_channel(f"127.0.0.1:{on_worker.grpc_port}") as channel:
-        called = json.loads(channel.unary_unary(ACT_METHOD)(body, timeout=30))
+        called = json.loads(channel.unary_unary(GRPC_ACT_METHOD)(body, timeout=30))
     np.testing.assert_allclose(called["actions"], expected, rtol=0, atol=FP32_ACTION_ATOL)
     stats = _replica_servers(on_worker.port)
     name = f"SERVE_REPLICA_huggy-HuggyPolicy-{info['replica']}"

@@ -45,9 +45,9 @@ from envs.heuristics import load_heuristic
 from envs.team_rollout import rollout_teams
 from envs.teams import TeamsEnv
 from huggy_agent import HuggyAgent
-from huggy_agent.http_api import HEALTH_PATH
 from huggy_agent.numerics import FP32_ACTION_ATOL
-from huggy_agent.remote import RemoteAgent, RemoteRequestError
+from huggy_agent_client.http_api import HEALTH_PATH
+from huggy_agent_client.remote import RemoteAgent, RemoteRequestError
 from tests.support.fixtures import EXTRA_FIXTURES, fixtures_dir, mlagents_fixtures_dir
 from tests.support.processes import free_port
 from tests.support.ray_cluster import RayCluster

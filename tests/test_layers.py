@@ -1,7 +1,8 @@
-"""Layers point down: `huggy_agent` never imports `envs` or `deploy`, and `envs` never imports
-Ray or `deploy`, at module level or lazily inside a function (every import statement is read from the
-source); importing every module of `huggy_agent` loads none of them, and importing every module
-of `envs` loads no Ray."""
+"""Layers point down: `huggy_agent_client` (client/) imports no other package of this repository
+and no torch, onnx or onnxruntime; `huggy_agent` never imports `envs` or `deploy`, and `envs`
+never imports Ray or `deploy`, at module level or lazily inside a function (every import statement
+is read from the source); importing every module of each package loads none of what it must not
+import."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ import pytest
 
 from tests.support.fixtures import REPO_ROOT
 
-FORBIDDEN = {"huggy_agent": {"envs", "deploy", "ray"}, "envs": {"deploy", "ray"}}
+FORBIDDEN = {"huggy_agent_client": {"huggy_agent", "envs", "deploy", "ray", "torch", "onnx",
+                                    "onnxruntime"},
+             "huggy_agent": {"envs", "deploy", "ray"}, "envs": {"deploy", "ray"}}
+FOLDER = {"huggy_agent_client": REPO_ROOT / "client" / "huggy_agent_client",
+          "huggy_agent": REPO_ROOT / "huggy_agent", "envs": REPO_ROOT / "envs"}
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -33,12 +38,12 @@ def imported_packages(path: Path) -> set[str]:
 def test_no_import_statement_points_up(package: str) -> None:
     offenders = {
         str(path.relative_to(REPO_ROOT)): sorted(imported_packages(path) & FORBIDDEN[package])
-        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        for path in sorted(FOLDER[package].rglob("*.py"))
     }
     assert {path: found for path, found in offenders.items() if found} == {}
 
 
-@pytest.mark.parametrize("package", ["huggy_agent", "envs"])
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_importing_every_module_loads_no_upper_layer(package: str) -> None:
     code = (
         f"import importlib, json, pkgutil, sys, {package}\n"

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import pytest
 
 from huggy_agent import Actions, HuggyAgent, split_memory
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.spec import ActorSpec
 from tests.support.fixtures import EXTRA_FIXTURES, mlagents_fixtures_dir, mlagents_policy_files
 from tests.support.kinds import random_inputs, random_masks, run_onnx
 from tests.support.policy_reference import RowsPart

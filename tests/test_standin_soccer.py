@@ -537,7 +537,7 @@ def soccer_policy(tmp_path_factory: pytest.TempPathFactory):
 
     from huggy_agent.actor.networks import Actor, ActorArchitecture, InputArchitecture
     from huggy_agent.formats.export_onnx import export_onnx
-    from huggy_agent.spec import ObservationInput
+    from huggy_agent_client.spec import ObservationInput
 
     architecture = ActorArchitecture(
         inputs=(InputArchitecture(ObservationInput("obs_0", (264,), "vector")),

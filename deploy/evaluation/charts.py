@@ -34,14 +34,28 @@ CHART_LABEL_CHARS = 32
 
 
 def env_name(env: EnvSpec) -> str:
-    """The environment as the chart title names it: the Unity build's file name, else
-    "built-in stand-in"."""
+    """The environment as the chart title names it.
+
+    Args:
+        env: the evaluation's environment.
+
+    Returns:
+        The Unity build's file name, else "built-in stand-in".
+    """
     return Path(env.file_name).name if env.file_name else "built-in stand-in"
 
 
 def chart_label(label: str, limit: int = CHART_LABEL_CHARS) -> str:
-    """`label` itself when it has at most `limit` characters, else "…" and its end (`limit`
-    characters at most), cut at a "/" when that keeps most of it: "…/run/Huggy.onnx"."""
+    """A policy label short enough for a chart.
+
+    Args:
+        label: the label.
+        limit: the most characters.
+
+    Returns:
+        `label` itself when it has at most `limit` characters, else "…" and its end (`limit`
+            characters at most), cut at a "/" when that keeps most of it: "…/run/Huggy.onnx".
+    """
     if len(label) <= limit:
         return label
     tail = label[-(limit - 1):]
@@ -60,7 +74,15 @@ class ChartGroups:
 
 
 def chart_groups(summaries: list[PolicySummary]) -> ChartGroups:
-    """Split the finished policies into learning curves and single policies (see ChartGroups)."""
+    """Split the finished policies into learning curves and single policies (see `ChartGroups`).
+
+    Args:
+        summaries: the report rows.
+
+    Returns:
+        The runs with two or more checkpoints of known step, each sorted by step, and every other
+            finished policy.
+    """
     done = [s for s in summaries if s.mean_return is not None]
     by_run: dict[str, list[PolicySummary]] = {}
     for s in done:
@@ -158,7 +180,7 @@ def learning_curve_figure(summaries: list[PolicySummary], env: str,
 
     Returns:
         The figure; its axes carry the labels "curves", "curves reached", "policies" and
-        "policies reached" (those drawn).
+            "policies reached" (those drawn).
     """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator, PercentFormatter, StrMethodFormatter
@@ -273,15 +295,31 @@ def learning_curve_figure(summaries: list[PolicySummary], env: str,
 def plot_learning_curve(summaries: list[PolicySummary], path: Path, env: str,
                         terminated: str = "terminated",
                         selection: SelectionOutcome | None = None) -> None:
-    """Save `learning_curve_figure(summaries, env, terminated, selection)` as a PNG at
-    `path`."""
+    """Save `learning_curve_figure(summaries, env, terminated, selection)` as a PNG.
+
+    Args:
+        summaries: the report rows.
+        path: the PNG file.
+        env: the environment's name in the title.
+        terminated: what the terminated share is called ("reached stick" for Huggy).
+        selection: the adaptive selection's outcome, or None.
+    """
     learning_curve_figure(summaries, env, terminated, selection).savefig(path)
 
 
 def improvement_figure(labels: list[str], comparisons: Comparisons,
                        env: str) -> Figure:
-    """The matrix of P(row > column) over the policies `labels` (best first), each cell with
-    its 95% interval when there are at most 8 policies; blue where the row is better."""
+    """The matrix of P(row > column), each cell with its interval when there are at most 8 policies;
+    blue where the row is better.
+
+    Args:
+        labels: the policies, best first.
+        comparisons: every pair's P(X > Y) (`summary.compare`).
+        env: the environment's name in the title.
+
+    Returns:
+        The figure.
+    """
     from matplotlib.figure import Figure
 
     n = len(labels)
@@ -326,8 +364,16 @@ PROFILE_POINTS = 101
 
 
 def profile_figure(result: EvaluationResult, env: str) -> Figure:
-    """Performance profiles: for each policy with episodes, the share of its episodes whose
-    return is above tau, against tau, with a 95% stratified-bootstrap band (2,000 resamples)."""
+    """Performance profiles: for each policy with episodes, the share of its episodes whose return is
+    above tau, against tau, with a stratified-bootstrap band.
+
+    Args:
+        result: the evaluation's result.
+        env: the environment's name in the title.
+
+    Returns:
+        The figure (a note instead when no policy finished an episode).
+    """
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 

@@ -17,12 +17,26 @@ from deploy.evaluation.sinks import plan_model_cards, write_model_cards, write_t
 from deploy.evaluation.sources import policy_specs, served_policy_specs, stand_in_behavior
 from deploy.evaluation.summary import EvaluationReport, build_report
 from envs.teams import check_builtin_parameters
-from huggy_agent.http_api import load_api_key
+from huggy_agent_client.http_api import load_api_key
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    """Run the evaluation, print the table, write the report. Exit code 0 when every policy was
-    evaluated, 1 when one failed, 130 when interrupted (what finished is still reported)."""
+    """Run the evaluation, print the table, write the report (and the datasets, videos, TensorBoard
+    scalars and model cards asked for).
+
+    Args:
+        args: the parsed `huggy evaluate` command line.
+
+    Returns:
+        The exit code: 0 when every policy was evaluated (and every video asked for written), 1
+            when one failed, 130 when interrupted (what finished is still reported).
+
+    Raises:
+        ValueError: both or neither of POLICY... and `--policy-url`, `--policy-id` without
+            `--policy-url`, `--select-best` with one policy, a scene flag the stand-in would
+            ignore, a budget too small for one round, or settings the evaluation refuses.
+        FileNotFoundError: a policy or the `--env` build not found.
+    """
     if bool(args.policies) == bool(args.policy_url):
         raise ValueError("give either POLICY... or --policy-url URL (exactly one of them), got "
                          f"{len(args.policies)} policies and policy-url={args.policy_url!r}")
@@ -84,10 +98,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 def check_scene_flags(args: argparse.Namespace, file_name: str | None,
                       behavior_spec: dict | None) -> None:
-    """ValueError naming the flag, --num-agents or --max-steps, whose scene parameter the
-    built-in stand-in of `file_name` playing `behavior_spec` would ignore (the spec-driven one,
-    for policies other than Huggy, has no max_steps); `EnvSpec` would name the parameter
-    only."""
+    """Refuse `--num-agents` or `--max-steps` where the built-in stand-in would ignore its scene
+    parameter (the spec-driven one, for policies other than Huggy, has no max_steps), naming the
+    flag where `EnvSpec` would name the parameter only.
+
+    Args:
+        args: the parsed command line.
+        file_name: the Unity build, or None for the stand-in.
+        behavior_spec: what the stand-in plays, or None.
+
+    Raises:
+        ValueError: naming the flag and the parameter.
+    """
     for flag, key, value in (("--num-agents", "num_agents", args.num_agents),
                              ("--max-steps", "max_steps", args.max_steps)):
         if value is not None:

@@ -23,10 +23,20 @@ from envs.vector_env import spaces_of
 
 
 def dataset_ids(name: str, labels: Sequence[str]) -> list[str]:
-    """The dataset id of each policy: `name` itself for one policy; for several,
-    `<namespace/><name>/<label>-vN` (`name` = `(namespace/)name-vN`), the label made a file
-    name (`replays.file_stem`). Raises ValueError when `name` is not of that form or a
-    dataset of one of the ids exists already."""
+    """The dataset id of each policy.
+
+    Args:
+        name: `(namespace/)name-vN`.
+        labels: the policies' labels.
+
+    Returns:
+        `name` itself for one policy; for several, `<namespace/><name>/<label>-vN`, the label made
+            a file name (`plan.file_stem`).
+
+    Raises:
+        ValueError: `name` is not of that form, or a dataset of one of the ids exists already.
+        ImportError: Minari is not installed.
+    """
     check_new_dataset(name)
     if len(labels) == 1:
         return [name]
@@ -38,8 +48,15 @@ def dataset_ids(name: str, labels: Sequence[str]) -> list[str]:
 
 
 def write_datasets(result: EvaluationResult, ids: Sequence[str]) -> list[Any]:
-    """Write each policy's kept episodes as the Minari dataset `ids[i]` (policies without
-    episodes are left out); returns the written `MinariDataset`s."""
+    """Write each policy's kept episodes as a Minari dataset (policies without episodes are left out).
+
+    Args:
+        result: the evaluation's result.
+        ids: one dataset id per policy (`dataset_ids`).
+
+    Returns:
+        The written `MinariDataset`s.
+    """
     written = []
     for policy, dataset_id in zip(result.policies, ids, strict=True):
         kept = [item.kept for item in policy.ordered_items() if item.kept is not None]

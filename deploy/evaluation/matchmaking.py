@@ -12,34 +12,10 @@ multiple of the round leaves the rest unspent.
 - Round-robin: every round gives every pair one couple, pairs in label order.
 - Adaptive (`adaptive=True`): after `round_robin_rounds` round-robin rounds, each round gives its
   couples to the candidate pairs (every pair; with `select_best`, the leader's pairs) in
-  proportion to each pair's probability of being in the wrong order, Phi(-z) with z = |Elo_A -
-  Elo_B| / se(Elo_A - Elo_B) from the Bradley-Terry fit of all matches so far and its
-  large-sample covariance (`ratings.elo_covariance`): the posterior probability, under a flat
-  prior and the normal approximation, that the better-rated one is the worse. Couples are
-  apportioned by largest remainders (ties to the pair first in label order), so a pair whose
-  order is clear gets none, and a pair of equals takes nearly all.
-
-The stopping rule (`select_best=True`, RULE): after each round from round `round_robin_rounds`
-on (a look; after the last round when the budget allows fewer), the leader L is the policy with
-the highest Elo; the tournament stops when the leader's lower bound clears every other policy's
-upper bound, in the pairwise form
-
-    Elo_L - Elo_i - z(1 - alpha') se(Elo_L - Elo_i) > 0 for every i != L,
-    alpha' = (1 - confidence) / ((K - 1) R),
-
-se from the model's covariance, K the number of policies and R the most looks the budget allows
-(`max_looks`). It stops otherwise when the budget has no room for another round.
-
-Error bound: let B be the strongest policy (highest Bradley-Terry strength). The rule names a
-policy L != B only if the one-sided test "L above B" rejects falsely at some look; there are at
-most (K - 1) R such tests (K - 1 candidates for L, R looks), each at level alpha', so by the union
-bound P(the rule stops and names a policy that is not the strongest) <= 1 - confidence. The
-tests are normal approximations of the maximum-likelihood fit given the matches each pair has
-had; with adaptive rounds those counts depend on earlier results, and the simulations in the
-tests check the stated rate. When the budget ends first, no claim is made: the pick is the
-leader, with no guarantee beyond its interval. Bradley-Terry assumes transitive strengths:
-where policies beat each other in a circle, the model, and so the bound, describes them only on
-average.
+  proportion to each pair's probability of being in the wrong order (`uncertain_shares`).
+- Stopping (`select_best=True`, RULE): the tournament stops once the leader clears every other
+  policy at a Bonferroni-corrected level (`leader_clears`; why the level bounds the error: the
+  comment above `comparison_level`), or when the budget has no room for another round.
 """
 
 from __future__ import annotations
@@ -70,20 +46,49 @@ class Fixture:
 
     def played(self, score: float, reward0: float | None = None, reward1: float | None = None,
                steps: int | None = None) -> ratings.Match:
-        """The match with its result (team 0's score: 1, 0.5 or 0)."""
+        """The match with its result.
+
+        Args:
+            score: team 0's score: 1, 0.5 or 0.
+            reward0: team 0's final reward, when known.
+            reward1: team 1's final reward, when known.
+            steps: decisions the episode took, when known.
+
+        Returns:
+            The match.
+
+        Raises:
+            ValueError: a score other than 1, 0.5 or 0.
+        """
         return ratings.Match(self.index, self.seed, self.team0, self.team1, score, reward0,
                              reward1, steps)
 
 
 def pairs_of(count: int) -> list[tuple[int, int]]:
-    """Every pair (i, j), i < j, of `count` policies in label order: (0, 1), (0, 2), ..., (1, 2)."""
+    """Every pair of policies in label order.
+
+    Args:
+        count: how many policies.
+
+    Returns:
+        (i, j), i < j: (0, 1), (0, 2), ..., (1, 2), ...
+    """
     return [(i, j) for i in range(count) for j in range(i + 1, count)]
 
 
 def couples(labels: Sequence[str], pairs: Sequence[tuple[int, int]], seed: int, start: int
             ) -> list[Fixture]:
-    """Two fixtures per pair (i, j) of `pairs`, in order: labels[i] as team 0 against labels[j],
-    then the sides swapped; numbered from `start`, match k seeded `seed + k`."""
+    """Two fixtures per pair, in order: labels[i] as team 0 against labels[j], then the sides swapped.
+
+    Args:
+        labels: the policies.
+        pairs: (i, j) pairs of indices into `labels`, repeats allowed.
+        seed: the tournament's seed.
+        start: the first fixture's number.
+
+    Returns:
+        The fixtures, numbered from `start`, match k seeded `seed + k`.
+    """
     fixtures: list[Fixture] = []
     for i, j in pairs:
         for team0, team1 in ((i, j), (j, i)):
@@ -94,15 +99,32 @@ def couples(labels: Sequence[str], pairs: Sequence[tuple[int, int]], seed: int, 
 
 def round_robin(labels: Sequence[str], rounds: int = 1, seed: int = 0, start: int = 0
                 ) -> list[Fixture]:
-    """`rounds` round-robin rounds: each, every pair in label order as a couple (see `couples`),
-    numbered from `start`, match k seeded `seed + k`."""
+    """Round-robin rounds: each gives every pair in label order one couple (see `couples`).
+
+    Args:
+        labels: the policies.
+        rounds: how many rounds.
+        seed: the tournament's seed.
+        start: the first fixture's number.
+
+    Returns:
+        The fixtures, numbered from `start`, match k seeded `seed + k`.
+    """
     return couples(labels, pairs_of(len(labels)) * rounds, seed, start)
 
 
 def order_z(fit: ratings.EloFit, covariance: np.ndarray, pairs: Sequence[tuple[int, int]]
             ) -> np.ndarray:
-    """z = |Elo_i - Elo_j| / se(Elo_i - Elo_j) for each pair (i, j): how many standard errors
-    apart the two are (0 where the standard error is 0)."""
+    """How many standard errors apart the two policies of each pair are.
+
+    Args:
+        fit: the Bradley-Terry fit.
+        covariance: its `ratings.elo_covariance`.
+        pairs: (i, j) pairs of indices.
+
+    Returns:
+        z = |Elo_i - Elo_j| / se(Elo_i - Elo_j) per pair (0 where the standard error is 0).
+    """
     found = []
     for i, j in pairs:
         error = ratings.difference_std_error(covariance, i, j)
@@ -111,8 +133,15 @@ def order_z(fit: ratings.EloFit, covariance: np.ndarray, pairs: Sequence[tuple[i
 
 
 def apportion(total: int, weights: Sequence[float]) -> list[int]:
-    """`total` split in proportion to `weights` (>= 0, not all 0) by largest remainders, ties
-    to the earlier entry."""
+    """Split a count in proportion to weights by largest remainders, ties to the earlier entry.
+
+    Args:
+        total: the count.
+        weights: >= 0, not all 0.
+
+    Returns:
+        One whole share per weight, summing to `total`.
+    """
     shares = np.asarray(weights, dtype=np.float64)
     exact = total * shares / shares.sum()
     counts = np.floor(exact).astype(int)
@@ -123,9 +152,23 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
 
 
 def uncertain_shares(total: int, z: np.ndarray) -> list[int]:
-    """`total` couples split in proportion to Phi(-z), each pair's probability of being in the
-    wrong order (see the module's docstring); computed in log space, so pairs that are all far
-    apart still get their shares by how far."""
+    """Split a round's couples among pairs by how uncertain their order is.
+
+    Each pair's weight is Phi(-z), with z = |Elo_A - Elo_B| / se(Elo_A - Elo_B) from the
+    Bradley-Terry fit of all matches so far and its large-sample covariance
+    (`ratings.elo_covariance`): the posterior probability, under a flat prior and the normal
+    approximation, that the better-rated one is the worse. Couples are apportioned by largest
+    remainders (ties to the pair first in label order), so a pair whose order is clear gets none,
+    and a pair of equals takes nearly all. Computed in log space, so pairs that are all far apart
+    still get their shares by how far.
+
+    Args:
+        total: the round's couples.
+        z: each candidate pair's z (`order_z`).
+
+    Returns:
+        Couples per pair.
+    """
     from scipy.special import log_ndtr
 
     logs = log_ndtr(-np.asarray(z, dtype=np.float64))
@@ -133,32 +176,96 @@ def uncertain_shares(total: int, z: np.ndarray) -> list[int]:
 
 
 def max_rounds(num_policies: int, budget: int) -> int:
-    """Whole rounds of K(K - 1) matches that `budget` allows."""
+    """Whole rounds of K(K - 1) matches that a budget allows.
+
+    Args:
+        num_policies: K.
+        budget: matches in all.
+
+    Returns:
+        The rounds.
+    """
     return budget // (num_policies * (num_policies - 1))
 
 
 def first_look(num_policies: int, budget: int, round_robin_rounds: int) -> int:
-    """The round after which the stopping rule first looks: `round_robin_rounds`, or the last
-    round when the budget allows fewer."""
+    """The round after which the stopping rule first looks.
+
+    Args:
+        num_policies: K.
+        budget: matches in all.
+        round_robin_rounds: the round-robin rounds.
+
+    Returns:
+        `round_robin_rounds`, or the last round when the budget allows fewer.
+    """
     return min(round_robin_rounds, max_rounds(num_policies, budget))
 
 
 def max_looks(num_policies: int, budget: int, round_robin_rounds: int) -> int:
-    """Looks of the stopping rule the budget allows: after the first look's round
-    (`first_look`) and after every later round."""
+    """The looks of the stopping rule that a budget allows: after the first look's round
+    (`first_look`) and after every later round.
+
+    Args:
+        num_policies: K.
+        budget: matches in all.
+        round_robin_rounds: the round-robin rounds.
+
+    Returns:
+        R, the looks.
+    """
     return max_rounds(num_policies, budget) - first_look(num_policies, budget,
                                                          round_robin_rounds) + 1
 
 
+# Error bound: let B be the strongest policy (highest Bradley-Terry strength). The rule names a
+# policy L != B only if the one-sided test "L above B" rejects falsely at some look; there are at
+# most (K - 1) R such tests (K - 1 candidates for L, R looks), each at level alpha', so by the union
+# bound P(the rule stops and names a policy that is not the strongest) <= 1 - confidence. The
+# tests are normal approximations of the maximum-likelihood fit given the matches each pair has
+# had; with adaptive rounds those counts depend on earlier results, and the simulations in the
+# tests check the stated rate. When the budget ends first, no claim is made: the pick is the
+# leader, with no guarantee beyond its interval. Bradley-Terry assumes transitive strengths:
+# where policies beat each other in a circle, the model, and so the bound, describes them only on
+# average.
 def comparison_level(confidence: float, num_policies: int, looks: int) -> float:
-    """alpha' = (1 - confidence) / ((K - 1) R): the level of each one-sided test."""
+    """The level of each one-sided test.
+
+    Args:
+        confidence: the probability that the rule does not name a policy that is not the
+            strongest.
+        num_policies: K.
+        looks: R, the most looks the budget allows.
+
+    Returns:
+        alpha' = (1 - confidence) / ((K - 1) R), K - 1 and R counted as at least 1.
+    """
     return (1.0 - confidence) / (max(1, num_policies - 1) * max(1, looks))
 
 
 def leader_clears(fit: ratings.EloFit, covariance: np.ndarray, level: float
                   ) -> tuple[int, float]:
-    """The leader (highest Elo, the first in label order among equals) and its smallest margin
-    min_i Elo_L - Elo_i - z(1 - level) se(Elo_L - Elo_i): positive when it clears every other."""
+    """The stopping rule at one look (after each round from round `round_robin_rounds` on, or after
+    the last round when the budget allows fewer): the leader L is the policy with the highest Elo,
+    and the tournament stops when the leader's lower bound clears every other policy's upper bound,
+    in the pairwise form
+
+        Elo_L - Elo_i - z(1 - alpha') se(Elo_L - Elo_i) > 0 for every i != L,
+        alpha' = (1 - confidence) / ((K - 1) R),
+
+    se from the model's covariance, K the number of policies and R the most looks the budget
+    allows (`max_looks`).
+
+    Args:
+        fit: the Bradley-Terry fit of all matches so far.
+        covariance: its `ratings.elo_covariance`.
+        level: alpha'.
+
+    Returns:
+        The leader (highest Elo, the first in label order among equals) and its smallest margin
+            min_i Elo_L - Elo_i - z(1 - level) se(Elo_L - Elo_i): positive when it clears every
+            other.
+    """
     leader = min(range(len(fit.labels)), key=lambda k: (-fit.elo[k], k))
     z = NormalDist().inv_cdf(1.0 - level)
     margin = min(float(fit.elo[leader] - fit.elo[i])
@@ -169,7 +276,13 @@ def leader_clears(fit: ratings.EloFit, covariance: np.ndarray, level: float
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """How a tournament spends its matches."""
+    """How a tournament spends its matches.
+
+    Raises:
+        ValueError: `matches` or `round_robin_rounds` not an integer >= 1, a seed for which
+            seed + matches passes the environment's seed range, a confidence outside (0, 1), or a
+            smoothing that is not a finite number > 0.
+    """
 
     matches: int
     """The budget: matches of all pairs together (whole rounds of K(K - 1) only)."""
@@ -204,7 +317,15 @@ class ScheduleConfig:
 
 
 class Schedule:
-    """The state of one tournament's schedule over the policies `labels`."""
+    """The state of one tournament's schedule.
+
+    Args:
+        labels: the policies, two or more, distinct.
+        config: how the tournament spends its matches.
+
+    Raises:
+        ValueError: fewer than two labels, repeated labels, or a budget too small for one round.
+    """
 
     def __init__(self, labels: Sequence[str], config: ScheduleConfig) -> None:
         self.labels = tuple(labels)
@@ -250,9 +371,19 @@ class Schedule:
                                  f"{match.seed}) is not the scheduled {fixture}")
 
     def next_round(self, played: Sequence[ratings.Match]) -> list[Fixture]:
-        """After a round (or before the first, with no matches): the fixtures of the next round,
-        or [] when the stopping rule is met or the budget has no room for another round.
-        `played` holds the results of every fixture scheduled so far."""
+        """After a round (or before the first, with no matches): the fixtures of the next round.
+
+        Args:
+            played: the results of every fixture scheduled so far.
+
+        Returns:
+            The next round's fixtures; [] when the stopping rule is met or the budget has no room for
+                another round.
+
+        Raises:
+            ValueError: `played` does not hold each scheduled fixture's result exactly once, or a
+                result is not of its fixture.
+        """
         self._check_played(played)
         config = self.config
         looking = config.select_best and self.rounds >= self.first_look
@@ -286,7 +417,11 @@ class Schedule:
         return fixtures
 
     def matches_by_pair(self) -> dict[tuple[str, str], int]:
-        """Matches scheduled so far for each pair (labels in label order), both sides."""
+        """The matches scheduled so far for each pair, both sides.
+
+        Returns:
+            {(label, label) in label order: matches}.
+        """
         counts = {(self.labels[i], self.labels[j]): 0 for i, j in pairs_of(len(self.labels))}
         order = {label: k for k, label in enumerate(self.labels)}
         for fixture in self.fixtures:
@@ -295,8 +430,15 @@ class Schedule:
         return counts
 
     def outcome(self, played: Sequence[ratings.Match]) -> dict[str, Any]:
-        """The "selection" entry of tournament.json: how the budget was spent and, with
-        `select_best`, what the rule decided ("best" is the leader of all `played`)."""
+        """The "selection" entry of tournament.json.
+
+        Args:
+            played: every match played.
+
+        Returns:
+            How the budget was spent and, with `select_best`, what the rule decided ("best" is the
+                leader of all `played`).
+        """
         found: dict[str, Any] = {
             "mode": "adaptive" if self.config.adaptive else "round-robin",
             "budget": self.config.matches,
@@ -324,7 +466,19 @@ Sampler = Callable[[Fixture], float]
 
 def simulate(labels: Sequence[str], config: ScheduleConfig, sample: Sampler
              ) -> tuple[Schedule, list[ratings.Match]]:
-    """Run the schedule to its end with `sample` as the arena: the schedule and every match."""
+    """Run the schedule to its end with `sample` as the arena.
+
+    Args:
+        labels: the policies.
+        config: how the tournament spends its matches.
+        sample: team 0's score in one fixture (a function of the fixture alone).
+
+    Returns:
+        The schedule and every match.
+
+    Raises:
+        ValueError: as `Schedule` raises.
+    """
     schedule = Schedule(labels, config)
     played: list[ratings.Match] = []
     fixtures = schedule.next_round(played)

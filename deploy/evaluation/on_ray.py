@@ -48,8 +48,20 @@ from huggy_agent import PolicyLoadError
 
 
 def runner_placement(accelerator: str, runner_cpus: float, runners: int) -> ReplicaPlacement:
-    """Where `runners` runners of `runner_cpus` CPU each go on the connected cluster;
-    EvaluationError, with the cluster's numbers, when it cannot hold them."""
+    """Where the runners go on the connected cluster.
+
+    Args:
+        accelerator: one of `deploy.placement.ACCELERATORS`.
+        runner_cpus: CPUs each runner holds.
+        runners: how many.
+
+    Returns:
+        Each runner's placement.
+
+    Raises:
+        EvaluationError: the cluster cannot hold them (with its numbers).
+        ValueError: an unknown accelerator, negative CPUs or no runner.
+    """
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
     try:
         return plan_placement(accelerator, runner_cpus, runners, nodes)
@@ -60,14 +72,21 @@ def runner_placement(accelerator: str, runner_cpus: float, runners: int) -> Repl
 
 @contextmanager
 def ray_session(address: str | None = None) -> Iterator[None]:
-    """Connect to Ray for the duration of the block.
+    """Connect to Ray for the duration of the block, with token authentication unless
+    `$RAY_AUTH_MODE` says otherwise (`deploy.cluster.init_ray`).
 
-    Already connected (a test, a notebook): use that connection and leave it open. `address`
-    given ("auto", "HOST:PORT" or "ray://HOST:PORT"): connect to that cluster and disconnect at
-    the end. None: Ray's own default (`$RAY_ADDRESS`, else the latest cluster started with
-    `ray start` on this machine, else a new local Ray for this machine alone, which is stopped
-    at the end). Either way with token authentication, unless `$RAY_AUTH_MODE` says otherwise
-    (`deploy.cluster.init_ray`).
+    Args:
+        address: "auto", "HOST:PORT" or "ray://HOST:PORT": connect to that cluster and disconnect
+            at the end. None: Ray's own default (`$RAY_ADDRESS`, else the latest cluster started
+            with `ray start` on this machine, else a new local Ray for this machine alone, which is
+            stopped at the end). Already connected (a test, a notebook): that connection is used
+            and left open.
+
+    Yields:
+        None, once connected.
+
+    Raises:
+        RayTokenError: token auth is on and this process has no token, or the cluster refused it.
     """
     if ray.is_initialized():
         yield
@@ -86,8 +105,16 @@ def runner_options(placement: Any, max_attempts: int, node_id: str | None = None
                    ) -> dict[str, Any]:
     """Ray actor options for one runner: the accelerator as a Ray resource, exactly as for Serve
     replicas (`deploy.placement`: npu -> {"NPU": 1}, gpu -> num_gpus=1, cpu -> CPUs only),
-    restarted whenever its process dies, each task tried `max_attempts` times in all, pinned to
-    `node_id` when given (elsewhere if that node is gone), else spread."""
+    restarted whenever its process dies.
+
+    Args:
+        placement: what each runner holds.
+        max_attempts: tries of each task in all.
+        node_id: the node to pin it to (elsewhere if that node is gone); None spreads the runners.
+
+    Returns:
+        The options.
+    """
     options: dict[str, Any] = {**placement.ray_actor_options(), "max_restarts": -1,
                                "max_task_retries": max_attempts - 1}
     options["scheduling_strategy"] = (
@@ -102,7 +129,13 @@ def _remote_runner() -> Any:
 
 
 class RunnerPool:
-    """The driver's view of the runners: actor handles, their info, and the batch each runs."""
+    """The driver's view of the runners: actor handles, their info, and the batch each runs.
+
+    Args:
+        config: the evaluation's settings.
+        env: the runners' environment.
+        placement: what each runner holds.
+    """
 
     def __init__(self, config: EvalConfig, env: EnvSpec, placement: Any) -> None:
         self.actors: dict[str, Any] = {}
@@ -113,7 +146,14 @@ class RunnerPool:
         self._placement = placement
 
     def start(self, count: int) -> dict[Any, str]:
-        """Start `count` runners; returns the ObjectRef of each one's `info()`, with its name."""
+        """Start runners.
+
+        Args:
+            count: how many.
+
+        Returns:
+            {ObjectRef of each one's `info()`: its name}.
+        """
         pins = self._config.pin_nodes
         starting = {}
         for slot in range(count):
@@ -128,18 +168,39 @@ class RunnerPool:
 
     def submit(self, name: str, spec: PolicySpec, payload: Any, batch: list[WorkItem],
                stochastic: bool) -> Any:
-        """Run `batch` (items of one policy, one per instance) on runner `name`; an environment
-        crash is retried by Ray."""
+        """Run a batch on a runner; an environment crash is retried by Ray.
+
+        Args:
+            name: the runner.
+            spec: the batch's policy.
+            payload: the policy file's bytes as `Runner.run` takes them, or None.
+            batch: items of one policy, one per instance.
+            stochastic: sample actions rather than take the mean.
+
+        Returns:
+            The ObjectRef of the batch's results.
+        """
         self.busy[name] = batch
         method = self.actors[name].run.options(retry_exceptions=[EnvironmentCrashed])
         return method.remote(spec, payload, batch, stochastic, self._config.keep_episodes)
 
     def idle(self) -> list[str]:
-        """Ready runners with nothing to do, oldest first."""
+        """The ready runners with nothing to do, oldest first.
+
+        Returns:
+            Their names.
+        """
         return [name for name in self.infos if name not in self.busy]
 
     def alive(self, name: str) -> bool:
-        """Whether runner `name` still answers (Ray may have restarted it meanwhile)."""
+        """Whether a runner still answers (Ray may have restarted it meanwhile).
+
+        Args:
+            name: the runner.
+
+        Returns:
+            False when it is dead or does not answer within two minutes.
+        """
         try:
             ray.get(self.actors[name].info.remote(), timeout=120)
         except (RayActorError, ray.exceptions.GetTimeoutError):
@@ -147,7 +208,11 @@ class RunnerPool:
         return True
 
     def drop(self, name: str) -> None:
-        """Forget a runner and kill its actor (its environment goes with the process)."""
+        """Forget a runner and kill its actor (its environment goes with the process).
+
+        Args:
+            name: the runner.
+        """
         actor = self.actors.pop(name, None)
         self.infos.pop(name, None)
         self.busy.pop(name, None)
@@ -155,7 +220,11 @@ class RunnerPool:
             ray.kill(actor, no_restart=True)
 
     def shutdown(self, timeout: float = 15.0) -> None:
-        """Close idle runners' environments cleanly, then kill every actor."""
+        """Close idle runners' environments cleanly, then kill every actor.
+
+        Args:
+            timeout: seconds to wait for the environments to close.
+        """
         closing = [self.actors[name].close.remote() for name in self.idle()]
         if closing:
             ray.wait(closing, num_returns=len(closing), timeout=timeout)
@@ -166,10 +235,23 @@ class RunnerPool:
 def evaluate_on_ray(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec,
                     address: str | None = None,
                     on_result: ProgressCallback | None = None) -> EvaluationResult:
-    """Run the items on `config.runners` Ray actors (see the module docstring for faults).
+    """Run the items on `config.runners` Ray actors (faults: the module docstring).
 
-    Connects through `ray_session(address)`. Returns when every item finished or its policy
-    failed, or on Ctrl-C with what finished (`interrupted=True`).
+    Args:
+        specs: the policies.
+        config: the evaluation's settings.
+        env: the environment.
+        address: the cluster, as `ray_session` takes it.
+        on_result: called after each finished item, with the runner pool.
+
+    Returns:
+        The result, when every item finished or its policy failed; on Ctrl-C what finished
+            (`interrupted=True`).
+
+    Raises:
+        ValueError: no policy, or labels that repeat.
+        EvaluationError: the cluster cannot hold the runners, or none could be started.
+        RayTokenError: token auth is on and this process has no token, or the cluster refused it.
     """
     started = time.perf_counter()
     outcome = EvaluationResult(policy_results(specs), config, env)

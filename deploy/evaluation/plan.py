@@ -23,14 +23,21 @@ from deploy.placement import ACCELERATORS
 from envs.teams import check_builtin_parameters
 from envs.vector_env import scene_parameters
 from huggy_agent.discovery import FoundPolicy
-from huggy_agent.remote import RemoteAgent
+from huggy_agent_client.remote import RemoteAgent
 
 ENV_SEED_LIMIT = 2**24
 """Environment seeds travel as float32 (`envs.vector_env.MAX_SEED`): [0, 2**24)."""
 
 
 def file_stem(label: str) -> str:
-    """A policy label as a file or dataset name: letters, digits, '_' and '-'."""
+    """A policy label as a file or dataset name.
+
+    Args:
+        label: the label.
+
+    Returns:
+        Letters, digits, '_' and '-' only (other runs become '-'); "policy" when nothing is left.
+    """
     return re.sub(r"[^-\w]+", "-", label).strip("-") or "policy"
 
 
@@ -59,12 +66,28 @@ class PolicySpec:
 
     @classmethod
     def of(cls, found: FoundPolicy) -> PolicySpec:
-        """The spec of a policy file that `huggy_agent.discovery.find_policies` found."""
+        """The spec of a policy file that `huggy_agent.discovery.find_policies` found.
+
+        Args:
+            found: the policy file.
+
+        Returns:
+            The spec.
+        """
         return cls(label=found.label, path=found.path, run=found.run, step=found.step,
                    folder=found.folder, source=found.source, revision=found.revision)
 
     def remote_agent(self) -> RemoteAgent:
-        """A client of the served policy (`url`, `policy_id`, `api_key`)."""
+        """A client of the served policy (`url`, `policy_id`, `api_key`).
+
+        Returns:
+            The client, connected.
+
+        Raises:
+            ValueError: the policy is a file, not a served one.
+            RemoteServerError: the server cannot be reached.
+            RemoteRequestError: the server refuses the key, or does not serve `policy_id`.
+        """
         if self.url is None:
             raise ValueError(f"policy {self.label!r} is a file, not a served policy")
         return RemoteAgent(self.url, policy=self.policy_id, api_key=self.api_key)
@@ -72,7 +95,12 @@ class PolicySpec:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """How each runner opens its environment (see `envs.UnityVectorEnv`)."""
+    """How each runner opens its environment (see `envs.UnityVectorEnv`).
+
+    Raises:
+        ValueError: `instances` is not an integer >= 1, or a scene parameter the built-in stand-in
+            would ignore.
+    """
 
     file_name: str | None = None
     """A Unity build; None for the built-in stand-in."""
@@ -108,7 +136,12 @@ class SelectionConfig:
     """Adaptive selection of the best policy (`huggy evaluate --select-best`): rounds of work
     items, each remaining policy getting `round_items` more items per round, and after each
     round the policies worse than the leader with confidence `confidence` (corrected for the
-    number of policies and rounds: `deploy.evaluation.selection`) get no more."""
+    number of policies and rounds: `deploy.evaluation.selection`) get no more.
+
+    Raises:
+        ValueError: an unknown statistic, a confidence outside (0, 1), or `round_items` not an
+            integer >= 1.
+    """
 
     statistic: str = "mean"
     """What ranks the policies: mean, median or iqm of the return."""
@@ -130,7 +163,12 @@ class SelectionConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """What to run and how."""
+    """What to run and how.
+
+    Raises:
+        ValueError: a count that is not an integer >= 1, an unknown accelerator, seeds outside the
+            environment's range [0, 2**24), or negative `runner_cpus`.
+    """
 
     episodes: int = 36
     """Episodes per policy; with `selection`, the budget of all policies together."""
@@ -192,8 +230,15 @@ class WorkItem:
 
 
 def next_batch(pending: deque[WorkItem], size: int) -> list[WorkItem]:
-    """Take up to `size` items of one policy from the front of `pending` (in order): what a
-    runner with `size` instances runs at once."""
+    """Take the items a runner with `size` instances runs at once.
+
+    Args:
+        pending: the items left; the batch is taken from its front, in order.
+        size: the runner's instances.
+
+    Returns:
+        Up to `size` consecutive items, all of one policy.
+    """
     batch = [pending.popleft()]
     while pending and len(batch) < size and pending[0].policy_index == batch[0].policy_index:
         batch.append(pending.popleft())
@@ -201,8 +246,16 @@ def next_batch(pending: deque[WorkItem], size: int) -> list[WorkItem]:
 
 
 def plan_items(num_policies: int, config: EvalConfig) -> list[WorkItem]:
-    """The work items, policy by policy: `ceil(episodes / episodes_per_item)` each, the last one
-    shorter when the split is uneven; item i of every policy has seed `config.seed + i`."""
+    """The work items, policy by policy.
+
+    Args:
+        num_policies: how many policies.
+        config: the evaluation's settings.
+
+    Returns:
+        `ceil(episodes / episodes_per_item)` items per policy, the last one shorter when the split
+            is uneven; item i of every policy has seed `config.seed + i`.
+    """
     items = []
     for policy_index in range(num_policies):
         left, index = config.episodes, 0

@@ -31,8 +31,16 @@ OBSERVED_LABEL = "observed P(row beats column): (wins + draws / 2) / matches"
 
 
 def label_lines(label: str, width: int = LABEL_LINE_CHARS) -> str:
-    """`label` on lines of at most `width` characters, broken after a "/" or "@" where it can
-    be and inside a part longer than `width` where it must; every character is kept."""
+    """A label broken into lines for a figure; every character is kept.
+
+    Args:
+        label: the label.
+        width: the most characters per line.
+
+    Returns:
+        The lines joined by newlines, broken after a "/" or "@" where it can be and inside a part
+            longer than `width` where it must.
+    """
     lines = [""]
     for part in re.split(r"(?<=[/@])", label):
         while part:
@@ -55,7 +63,7 @@ def reference_text(found: Ratings) -> tuple[float, str]:
 
     Returns:
         (Elo, text): the mean, 1200, as "mean Elo 1200" when no policy is anchored, else the
-        anchored policy's Elo as "<label> anchored at <Elo>".
+            anchored policy's Elo as "<label> anchored at <Elo>".
     """
     if found.anchor is None:
         return MEAN_ELO, f"mean Elo {MEAN_ELO:.0f}"
@@ -167,7 +175,7 @@ def observed_matrix(found: Ratings) -> np.ndarray:
 
     Returns:
         (K, K) float64: cell (i, j) is (wins + draws / 2) / matches of policy i against
-        policy j, NaN on the diagonal and for a pair that played no match.
+            policy j, NaN on the diagonal and for a pair that played no match.
     """
     labels = list(found.policies)
     matrix = np.full((len(labels), len(labels)), np.nan)

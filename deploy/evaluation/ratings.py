@@ -46,19 +46,35 @@ SCORES = (0.0, 0.5, 1.0)
 
 
 def score_from_reward(final_reward: float) -> float:
-    """Team 0's score from the sign of its final reward (an agent's reward plus group reward of
-    its last step): 1 if positive, 0 if negative, 0.5 for exactly 0, as ML-Agents' ghost trainer
-    (mlagents 1.1.0, `GhostTrainer._process_trajectory`) scores a self-play episode. That trainer
-    skips episodes interrupted at the step limit; a tournament counts such a match, final reward
-    0 in SoccerTwos, as a draw. Raises ValueError for a reward that is not finite."""
+    """Team 0's score from the sign of its final reward, as ML-Agents' ghost trainer (mlagents 1.1.0,
+    `GhostTrainer._process_trajectory`) scores a self-play episode. That trainer skips episodes
+    interrupted at the step limit; a tournament counts such a match, final reward 0 in SoccerTwos,
+    as a draw.
+
+    Args:
+        final_reward: an agent's reward plus group reward of its last step.
+
+    Returns:
+        1 if positive, 0 if negative, 0.5 for exactly 0.
+
+    Raises:
+        ValueError: a reward that is not finite.
+    """
     if not math.isfinite(final_reward):
         raise ValueError(f"expected a finite final reward, got {final_reward!r}")
     return 1.0 if final_reward > 0 else 0.0 if final_reward < 0 else 0.5
 
 
 def expected_score(elo: float | np.ndarray, opponent: float | np.ndarray) -> Any:
-    """The model's P(a policy rated `elo` beats one rated `opponent`), a draw counting half:
-    1 / (1 + 10^((opponent - elo) / 400)). Works elementwise on arrays."""
+    """The model's P(a policy rated `elo` beats one rated `opponent`), a draw counting half.
+
+    Args:
+        elo: a rating, or an array of them.
+        opponent: the opponent's rating, or an array of them.
+
+    Returns:
+        1 / (1 + 10^((opponent - elo) / 400)), elementwise on arrays.
+    """
     return 1.0 / (1.0 + np.power(10.0, (np.asarray(opponent) - np.asarray(elo)) / ELO_SCALE))
 
 
@@ -122,11 +138,19 @@ def _scores(outcomes: np.ndarray) -> np.ndarray:
 
 
 def tally(matches: Sequence[Match], labels: Sequence[str] | None = None) -> Tally:
-    """Count `matches` by pairing. `labels` fixes the policies and their order (default: in
-    order of first appearance).
+    """Count matches by pairing.
 
-    Raises ValueError for no matches, repeated labels, a match whose policy is not among
-    `labels`, a match of a policy against itself, and a policy without a match."""
+    Args:
+        matches: the matches.
+        labels: the policies and their order; None: in order of first appearance.
+
+    Returns:
+        The counts.
+
+    Raises:
+        ValueError: no matches, repeated labels, a match whose policy is not among `labels`, a
+            match of a policy against itself, or a policy without a match.
+    """
     if not matches:
         raise ValueError("expected at least one match, got none")
     if labels is None:
@@ -259,7 +283,7 @@ class EloFit:
 def fit_elo(matches: Sequence[Match], labels: Sequence[str] | None = None,
             anchor: Mapping[str, float] | None = None, smoothing: float = SMOOTHING,
             start: np.ndarray | None = None) -> EloFit:
-    """Bradley-Terry maximum-likelihood ratings on the Elo scale from all `matches`.
+    """Bradley-Terry maximum-likelihood ratings on the Elo scale from all matches.
 
     The objective: with W[i, j] = s + (wins of i over j) + (draws between i and j) / 2 over the
     matches on either side, for every ordered pair i != j (played or not) and s = `smoothing`,
@@ -274,10 +298,22 @@ def fit_elo(matches: Sequence[Match], labels: Sequence[str] | None = None,
     match. Elo_i = 400 log10(gamma_i) + c, with c putting the mean at 1200 or, with
     `anchor={label: elo}`, that policy at `elo`. So P(i beats j) = 1 / (1 + 10^((Elo_j - Elo_i)
     / 400)), and with s = 0 and two policies, w wins and l losses, Elo_1 - Elo_2 = 400
-    log10(w / l). `start` (a previous fit's `gamma`) only shortens the iteration.
+    log10(w / l).
 
-    Raises ValueError for bad matches (see `tally`), a bad anchor, a negative smoothing, or
-    smoothing 0 where some policies never won or drew against the rest (no finite maximum)."""
+    Args:
+        matches: the matches.
+        labels: the policies and their order; None: in order of first appearance.
+        anchor: `{label: elo}` to fix one policy's rating; None centres the mean at 1200.
+        smoothing: s, >= 0.
+        start: a previous fit's `gamma`; it only shortens the iteration.
+
+    Returns:
+        The fit.
+
+    Raises:
+        ValueError: bad matches (see `tally`), a bad anchor, a negative smoothing, or smoothing 0
+            where some policies never won or drew against the rest (no finite maximum).
+    """
     found = tally(matches, labels)
     _check_anchor(found.labels, anchor)
     if not (math.isfinite(smoothing) and smoothing >= 0):
@@ -292,13 +328,21 @@ def fit_elo(matches: Sequence[Match], labels: Sequence[str] | None = None,
 
 
 def elo_covariance(fit: EloFit) -> np.ndarray:
-    """The large-sample covariance (K, K) of the Elo ratings around a mean that is held fixed:
-    (400 / ln 10)^2 times the pseudo-inverse of the information matrix of the penalised
+    """The large-sample covariance of the Elo ratings around a mean that is held fixed.
+
+    It is (400 / ln 10)^2 times the pseudo-inverse of the information matrix of the penalised
     likelihood at the fit, I = sum_{i<j} N_ij p_ij p_ji (e_i - e_j)(e_i - e_j)^T with N_ij =
     W[i, j] + W[j, i] (smoothing included) and p_ij the model's P(i beats j). The variance of a
     difference, Var(Elo_i - Elo_j) = C_ii + C_jj - 2 C_ij, holds whatever the centring or anchor.
     A draw counts as a half win in N_ij p_ij p_ji, the binomial variance, which is at least the
-    variance of a score in [0, 1] with the same mean: with draws it errs on the wide side."""
+    variance of a score in [0, 1] with the same mean: with draws it errs on the wide side.
+
+    Args:
+        fit: the point fit.
+
+    Returns:
+        (K, K) covariance.
+    """
     scores = fit.tally.scores
     size = len(scores)
     off = ~np.eye(size, dtype=bool)
@@ -311,7 +355,16 @@ def elo_covariance(fit: EloFit) -> np.ndarray:
 
 
 def difference_std_error(covariance: np.ndarray, first: int, second: int) -> float:
-    """The standard error of Elo[first] - Elo[second] from `elo_covariance`."""
+    """The standard error of a difference of two ratings.
+
+    Args:
+        covariance: from `elo_covariance`.
+        first: the first policy's index.
+        second: the second's.
+
+    Returns:
+        The standard error of Elo[first] - Elo[second].
+    """
     variance = covariance[first, first] + covariance[second, second] - 2 * covariance[first, second]
     return math.sqrt(max(float(variance), 0.0))
 
@@ -353,7 +406,11 @@ class PairRating:
     """(wins + draws / 2) / matches with its Wilson score interval; None without matches."""
 
     def flipped(self) -> PairRating:
-        """The same pair seen from `opponent`."""
+        """The same pair seen from `opponent`.
+
+        Returns:
+            The mirrored rating: wins and losses swapped, probabilities and intervals reflected.
+        """
         def mirror(estimate: stats.Estimate) -> stats.Estimate:
             return stats.Estimate(1.0 - estimate.value, 1.0 - estimate.high, 1.0 - estimate.low)
 
@@ -364,9 +421,21 @@ class PairRating:
 
 def wilson_interval(score: float, matches: int, confidence: float = DEFAULT_CONFIDENCE
                     ) -> stats.Estimate:
-    """`score` / `matches` with the Wilson score interval at `confidence` (no continuity
-    correction). A score may count draws as halves: the binomial variance p(1 - p) is the
-    largest a score in [0, 1] with mean p can have, so with draws the interval errs wide."""
+    """A score with its Wilson score interval (no continuity correction). A score may count draws as
+    halves: the binomial variance p(1 - p) is the largest a score in [0, 1] with mean p can have,
+    so with draws the interval errs wide.
+
+    Args:
+        score: wins plus half the draws.
+        matches: the matches played, >= 1.
+        confidence: the interval's coverage.
+
+    Returns:
+        `score / matches` with the interval, clipped to [0, 1].
+
+    Raises:
+        ValueError: no match.
+    """
     if matches < 1:
         raise ValueError(f"expected at least one match, got {matches}")
     z = NormalDist().inv_cdf((1.0 + confidence) / 2.0)
@@ -402,7 +471,18 @@ class Ratings:
     """Team 0's mean score over all matches: 0.5 where the sides are fair."""
 
     def pair(self, label: str, opponent: str) -> PairRating:
-        """The pair seen from `label`. Raises KeyError for a pair that is not rated."""
+        """The rating of a pair, seen from one side.
+
+        Args:
+            label: the policy whose side it is.
+            opponent: the other.
+
+        Returns:
+            The pair's rating.
+
+        Raises:
+            KeyError: a pair that is not rated.
+        """
         for found in self.pairs:
             if (found.label, found.opponent) == (label, opponent):
                 return found
@@ -411,9 +491,13 @@ class Ratings:
         raise KeyError(f"no rated pair {label!r} and {opponent!r}")
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form: "ratings" {label: {"elo", "elo_ci", "wins", "draws", "losses",
-        "matches"}}, "pairs" [{"label", "opponent", "matches", "wins", "draws", "losses",
-        "p_model", "p_model_ci", "p_observed", "p_observed_ci"}], "best" and "fit" (how)."""
+        """The JSON form.
+
+        Returns:
+            "ratings" {label: {"elo", "elo_ci", "wins", "draws", "losses", "matches"}}, "pairs"
+                [{"label", "opponent", "matches", "wins", "draws", "losses", "p_model", "p_model_ci",
+                "p_observed", "p_observed_ci"}], "best" and "fit" (how).
+        """
         def interval(estimate: stats.Estimate | None) -> list[float] | None:
             return None if estimate is None else estimate.as_list()
 
@@ -441,8 +525,7 @@ class Ratings:
 
 def bootstrap_elo(fit: EloFit, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
                   ) -> tuple[np.ndarray, int]:
-    """Elo ratings of `resamples` stratified resamples of the fit's matches: (resamples, K),
-    and how many of them hit MAX_ITERATIONS.
+    """Elo ratings of stratified resamples of the fit's matches.
 
     Within each pair of policies (both sides together), a resample draws as many matches as the
     pair had, with replacement: the schedule fixed those counts, only the results are random,
@@ -452,10 +535,22 @@ def bootstrap_elo(fit: EloFit, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
     would give intervals of zero width. Drawing n matches with replacement from a pair's
     (wins, draws, losses) is a multinomial draw of the counts, which is how it is done: one
     `Generator.multinomial` per pair, in label order, from `numpy.random.default_rng(seed)`, in
-    chunks of
-    `CHUNK_ELEMENTS // K^2` resamples (a number fixed by the input, so equal inputs and seed give
-    equal draws). Each resample is fitted as the point fit is, started from the point fit's
-    strengths."""
+    chunks of `CHUNK_ELEMENTS // K^2` resamples (a number fixed by the input, so equal inputs and
+    seed give equal draws). Each resample is fitted as the point fit is, started from the point
+    fit's strengths.
+
+    Args:
+        fit: the point fit, with smoothing > 0.
+        resamples: how many, >= 1.
+        seed: seeds the draws.
+
+    Returns:
+        (resamples, K) ratings, and how many resamples hit MAX_ITERATIONS.
+
+    Raises:
+        ValueError: `resamples` < 1, or smoothing 0 (a resample can leave a policy undefeated,
+            whose rating would then be infinite).
+    """
     stats._check(0.5, resamples)
     if fit.smoothing <= 0:
         raise ValueError("the bootstrap needs smoothing > 0: a resample can leave a policy "
@@ -488,13 +583,27 @@ def rate(matches: Sequence[Match], labels: Sequence[str] | None = None,
          anchor: Mapping[str, float] | None = None, smoothing: float = SMOOTHING,
          confidence: float = DEFAULT_CONFIDENCE, resamples: int = DEFAULT_RESAMPLES,
          seed: int = 0) -> Ratings:
-    """The ratings of a tournament: `fit_elo` of all matches, each Elo with its
-    stratified-bootstrap percentile interval (`bootstrap_elo`), each policy's record, and for
-    every pair P(A beats B) from the model (with the interval of the bootstrapped Elo
-    difference) and from the counts (with the Wilson interval).
+    """The ratings of a tournament: `fit_elo` of all matches, each Elo with its stratified-bootstrap
+    percentile interval (`bootstrap_elo`), each policy's record, and for every pair P(A beats B)
+    from the model (with the interval of the bootstrapped Elo difference) and from the counts
+    (with the Wilson interval).
 
-    Raises ValueError for bad matches (see `tally`), a bad anchor, smoothing <= 0, or a
-    confidence outside (0, 1)."""
+    Args:
+        matches: the matches.
+        labels: the policies and their order; None: in order of first appearance.
+        anchor: `{label: elo}` to fix one policy's rating; None centres the mean at 1200.
+        smoothing: > 0.
+        confidence: the intervals' coverage, in (0, 1).
+        resamples: the bootstrap's resamples, >= 1.
+        seed: seeds the bootstrap.
+
+    Returns:
+        The ratings, best first.
+
+    Raises:
+        ValueError: bad matches (see `tally`), a bad anchor, smoothing <= 0, a confidence outside
+            (0, 1), or `resamples` < 1.
+    """
     stats._check(confidence, resamples)
     if not (math.isfinite(smoothing) and smoothing > 0):
         raise ValueError(f"smoothing must be a finite number > 0 for the bootstrap, got "

@@ -65,7 +65,12 @@ class Replay:
             (self.episode.episode_return, self.episode.length)
 
     def describe(self) -> str:
-        """One line for the terminal."""
+        """The replay in one line for the terminal.
+
+        Returns:
+            The policy, the episode and where it ran, its return and length, whether the replay
+                scored the same, and the file.
+        """
         episode = self.episode
         where = (f"item {episode.item.index} (seed {episode.item.seed}), slot {episode.slot}, "
                  f"episode {episode.index}")
@@ -78,8 +83,15 @@ class Replay:
 
 
 def median_episode(policy: PolicyResult) -> EpisodeRef | None:
-    """The policy's median-return episode (the lower of the middle two for an even count),
-    ties broken by (item, slot, index); None without episodes."""
+    """A policy's median-return episode (the lower of the middle two for an even count), ties broken
+    by (item, slot, index).
+
+    Args:
+        policy: the policy's results.
+
+    Returns:
+        The episode; None without episodes.
+    """
     episodes = [EpisodeRef(item, k) for item in policy.ordered_items()
                 for k in range(len(item.returns))]
     if not episodes:
@@ -89,9 +101,16 @@ def median_episode(policy: PolicyResult) -> EpisodeRef | None:
 
 
 def check_renderable(env: EnvSpec) -> None:
-    """Refuse early what cannot give frames: the built-in stand-in renders Huggy, or a
-    behavior with a camera observation ((C, H, W), 1 or 3 channels). A Unity build's
-    observations are known only once it runs: its replay fails then, with the same reason."""
+    """Refuse early what cannot give frames: the built-in stand-in renders Huggy, or a behavior with
+    a camera observation ((C, H, W), 1 or 3 channels). A Unity build's observations are known only
+    once it runs: its replay fails then, with the same reason.
+
+    Args:
+        env: the evaluation's environment.
+
+    Raises:
+        ValueError: the stand-in plays a behavior without a camera observation.
+    """
     if env.file_name is not None or env.behavior_spec is None:
         return
     inputs = env.behavior_spec.get("inputs", [])
@@ -105,10 +124,19 @@ def check_renderable(env: EnvSpec) -> None:
 
 def record_replays(result: EvaluationResult, folder: str | Path,
                    policies: Sequence[int] | None = None) -> list[Replay]:
-    """Write `folder/<label>.mp4`, the replay of the median episode of each policy in
-    `policies` (indices; default every one) that has episodes, on one environment of one
-    instance (the evaluation's `EnvSpec` otherwise) opened here. The policies are loaded as
-    the runners loaded them, on the CPU with one torch thread."""
+    """Write the replay of the median episode of each policy that has episodes, as
+    `folder/<label>.mp4`, on one environment of one instance (the evaluation's `EnvSpec`
+    otherwise) opened here. The policies are loaded as the runners loaded them, on the CPU with
+    one torch thread.
+
+    Args:
+        result: the evaluation's result.
+        folder: where the videos go (made if missing).
+        policies: the policies' indices; None for every one.
+
+    Returns:
+        One replay per video written, saying whether it scored what the evaluation recorded.
+    """
     chosen = _medians(result, policies)
     if not chosen:
         return []

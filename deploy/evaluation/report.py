@@ -55,7 +55,15 @@ def _with_interval(value: float | None, interval: tuple[float, float] | None) ->
 
 
 def best_text(best: Best | None) -> str:
-    """The report's verdict: the best policy by its statistic, and P(best > runner-up)."""
+    """The report's verdict.
+
+    Args:
+        best: the best policy, or None.
+
+    Returns:
+        The best policy by its statistic, and P(best > runner-up) with its interval; or a line
+            saying that no policy, or only one, has episodes.
+    """
     if best is None:
         return "best: - (no policy finished an episode)"
     text = f"best: {best.label} by {best.statistic} return ({best.value:.3f})"
@@ -68,8 +76,15 @@ def best_text(best: Best | None) -> str:
 
 
 def format_table(report: EvaluationReport) -> str:
-    """The table as printed: one line per policy (mean with its t interval beside IQM with its
-    bootstrap interval), then the best policy, retries, nodes and failures."""
+    """The table as printed.
+
+    Args:
+        report: the evaluation's report.
+
+    Returns:
+        One line per policy (mean with its t interval beside IQM with its bootstrap interval),
+            then the best policy, the selection, retries, runners, wall time, nodes and failures.
+    """
     result, summaries = report.result, report.summaries
     header = ("policy", "step", "episodes", "mean [95% t-CI]", "IQM [95% bootstrap CI]",
               "median", "std", "mean length", terminated_label(result.behaviors()), "agent-steps/s",
@@ -103,12 +118,18 @@ def format_table(report: EvaluationReport) -> str:
 
 
 def to_json(report: EvaluationReport) -> dict[str, Any]:
-    """Everything in the report as JSON-ready data: the episode estimator (`envs.rollout`'s
-    ESTIMATOR and ESTIMATOR_DESCRIPTION), config, summaries with their items (every episode with
-    its slot and per-slot index, seed, node and runner), the robust statistics of each policy
-    ("mean", "median", "iqm", each with "<name>_ci", "bootstrap", "probability_of_improvement"
-    over every other policy), the best policy, the selection, runners, node episode counts and
-    retries."""
+    """Everything in the report as JSON-ready data.
+
+    Args:
+        report: the evaluation's report.
+
+    Returns:
+        The episode estimator (`envs.rollout`'s ESTIMATOR and ESTIMATOR_DESCRIPTION), config,
+            summaries with their items (every episode with its slot and per-slot index, seed, node
+            and runner), the robust statistics of each policy ("mean", "median", "iqm", each with
+            "<name>_ci", "bootstrap", "probability_of_improvement" over every other policy), the
+            best policy, the selection, runners, node episode counts and retries.
+    """
     result, comparisons = report.result, report.comparisons
     policies = []
     for summary, policy in zip(report.summaries, result.policies, strict=True):
@@ -154,9 +175,14 @@ CSV_FIELDS = ("label", "run", "step", "status", "episodes", "mean_return", "std_
 
 
 def write_csv(summaries: list[PolicySummary], path: Path) -> None:
-    """One row per policy; empty cells where a number is None; nodes joined with spaces; the
+    """Write one row per policy: empty cells where a number is None; nodes joined with spaces; the
     mean's Student t interval as `mean_t_ci_low`, `mean_t_ci_high`, the stratified-bootstrap
-    intervals as `<mean|median|iqm>_boot_ci_low`, `..._high`."""
+    intervals as `<mean|median|iqm>_boot_ci_low`, `..._high`.
+
+    Args:
+        summaries: the report rows.
+        path: the CSV file.
+    """
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
         writer.writeheader()
@@ -172,9 +198,16 @@ def write_csv(summaries: list[PolicySummary], path: Path) -> None:
 
 
 def write_report(report: EvaluationReport, out_dir: str | Path) -> dict[str, Path]:
-    """Write evaluation.csv, evaluation.json, learning_curve.png, probability_of_improvement.png
-    and performance_profile.png into `out_dir` (created if needed); returns their paths by kind
-    ("csv", "json", "png", "improvement_png", "profile_png")."""
+    """Write evaluation.csv, evaluation.json, learning_curve.png, probability_of_improvement.png and
+    performance_profile.png.
+
+    Args:
+        report: the evaluation's report.
+        out_dir: where they go (created if needed).
+
+    Returns:
+        Their paths by kind ("csv", "json", "png", "improvement_png", "profile_png").
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     result, summaries = report.result, report.summaries

@@ -20,7 +20,14 @@ class KeptEpisodes:
 
     @classmethod
     def of(cls, collector: EpisodeCollector) -> KeptEpisodes:
-        """What an `EpisodeCollector` kept of a finished rollout."""
+        """What an `EpisodeCollector` kept of a finished rollout.
+
+        Args:
+            collector: the collector, after the rollout.
+
+        Returns:
+            Its behavior and episodes.
+        """
         assert collector.behavior is not None, "the rollout never started"
         return cls(collector.behavior, tuple(collector.episodes))
 
@@ -50,7 +57,11 @@ class ItemResult:
     """The episodes whole, when the evaluation keeps them (`EvalConfig.keep_episodes`)."""
 
     def record(self) -> dict[str, Any]:
-        """The item as the JSON report lists it: every field but the kept episodes."""
+        """The item as the JSON report lists it.
+
+        Returns:
+            Every field but the kept episodes.
+        """
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kept"}
 
 
@@ -80,7 +91,11 @@ class PolicyResult:
         return self.error is not None
 
     def ordered_items(self) -> list[ItemResult]:
-        """Items by index, so statistics never depend on completion order."""
+        """The items by index, so statistics never depend on completion order.
+
+        Returns:
+            The items, sorted by index.
+        """
         return sorted(self.items, key=lambda item: item.index)
 
 
@@ -108,11 +123,19 @@ class EvaluationResult:
         return sum(item.attempts - 1 for policy in self.policies for item in policy.items)
 
     def behaviors(self) -> list[str | None]:
-        """The ML-Agents behavior each work item's environment ran, one per item."""
+        """The ML-Agents behavior each work item's environment ran.
+
+        Returns:
+            One per item (None where unknown).
+        """
         return [item.behavior for policy in self.policies for item in policy.items]
 
     def node_episodes(self) -> dict[str, int]:
-        """Episodes run on each node id."""
+        """The episodes run on each node.
+
+        Returns:
+            {node id: episodes}.
+        """
         counts: dict[str, int] = {}
         for policy in self.policies:
             for item in policy.items:

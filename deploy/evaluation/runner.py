@@ -38,7 +38,18 @@ class EnvironmentCrashed(RuntimeError):
 class Runner:
     """Owns one environment and runs work items on it, up to one per Unity instance at a time.
     Policies are loaded on first use (from the path, or from bytes the driver shipped); the two
-    most recent are kept."""
+    most recent are kept.
+
+    Args:
+        name: the runner's name in results.
+        env: how to open its environment (opened here, while torch is imported).
+        device: the device of its policy copies.
+        precision: the precision of its policy copies.
+
+    Raises:
+        ValueError: the environment's settings are refused.
+        RuntimeError: no free port, or the Unity executable could not be started.
+    """
 
     def __init__(self, name: str, env: EnvSpec, device: str = "cpu",
                  precision: str = "fp32") -> None:
@@ -57,22 +68,37 @@ class Runner:
             importer.join()
 
     def info(self) -> RunnerInfo:
-        """Name, node id ("local" outside Ray), process id and environment process ids."""
+        """What the runner reports of itself.
+
+        Returns:
+            Its name, node id ("local" outside Ray), process id and environment process ids.
+        """
         pids = () if self._env is None else tuple(self._env.process_ids)
         return RunnerInfo(self._name, node_id(), os.getpid(), pids[0] if pids else None, pids)
 
     def run(self, spec: PolicySpec, payload: list[Any] | bytes | None,
             items: Sequence[WorkItem], stochastic: bool, keep: bool = False
             ) -> list[ItemResult]:
-        """Run up to `EnvSpec.instances` items of one policy at once, item j on instance j
-        (reset with the item's seed; a spare instance steps uncounted); one result per item,
-        holding its episodes whole (`ItemResult.kept`) when `keep`.
-        `payload` is None (load `spec.path`), the file's bytes, or a one-element list holding an
-        ObjectRef of them (resolved only when the policy is not cached). Each item's `seconds`
-        is its share of the wall time, in proportion to its agent-steps.
+        """Run up to `EnvSpec.instances` items of one policy at once, item j on instance j (reset with
+        the item's seed; a spare instance steps uncounted). Each item's `seconds` is its share of the
+        wall time, in proportion to its agent-steps.
 
-        Raises PolicyLoadError or FileNotFoundError when the policy cannot be loaded, and
-        EnvironmentCrashed when the environment dies mid-rollout (the next call opens a new one).
+        Args:
+            spec: the policy.
+            payload: None (load `spec.path`), the file's bytes, or a one-element list holding an
+                ObjectRef of them (resolved only when the policy is not cached).
+            items: 1 to `EnvSpec.instances` items of the policy.
+            stochastic: sample actions rather than take the mean.
+            keep: keep each item's episodes whole (`ItemResult.kept`).
+
+        Returns:
+            One result per item.
+
+        Raises:
+            ValueError: not 1 to `EnvSpec.instances` items.
+            PolicyLoadError: the policy cannot be loaded.
+            FileNotFoundError: the policy file does not exist.
+            EnvironmentCrashed: the environment died mid-rollout (the next call opens a new one).
         """
         slots = self._env_spec.instances
         if not 1 <= len(items) <= slots:
@@ -131,16 +157,45 @@ class Runner:
 
 def load_agent(spec: PolicySpec, payload: list[Any] | bytes | None = None, device: str = "cpu",
                precision: str = "fp32") -> Any:
-    """The policy `spec` names, loaded from its file (`payload` None), from the file's bytes,
-    or from a one-element list holding an ObjectRef of them."""
+    """The policy a spec names.
+
+    Args:
+        spec: a policy file's spec.
+        payload: None (load from the file), the file's bytes, or a one-element list holding an
+            ObjectRef of them.
+        device: where the policy runs.
+        precision: its layers' precision.
+
+    Returns:
+        The agent.
+
+    Raises:
+        PolicyLoadError: the policy cannot be loaded.
+        FileNotFoundError: the file does not exist.
+    """
     assert spec.path is not None
     return load_policy_file(spec.path, payload, device, precision)
 
 
 def load_policy_file(path: str, payload: list[Any] | bytes | None = None, device: str = "cpu",
                      precision: str = "fp32") -> Any:
-    """The policy file `path`, loaded from itself (`payload` None), from its bytes, or from a
-    one-element list holding an ObjectRef of them."""
+    """A policy file, loaded from itself or from its bytes, so that runners on other machines need no
+    shared file system.
+
+    Args:
+        path: the file (its name, suffix included, is kept for bytes).
+        payload: None (load from the file), the file's bytes, or a one-element list holding an
+            ObjectRef of them.
+        device: where the policy runs.
+        precision: its layers' precision.
+
+    Returns:
+        The agent.
+
+    Raises:
+        PolicyLoadError: the policy cannot be loaded.
+        FileNotFoundError: the file does not exist.
+    """
     # start-up time: torch is imported while the environment boots (`Runner.__init__`)
     from huggy_agent import HuggyAgent
 
@@ -159,10 +214,18 @@ def load_policy_file(path: str, payload: list[Any] | bytes | None = None, device
 
 
 def open_env(spec: EnvSpec, render_mode: str | None = None) -> Any:
-    """Open the environment `spec` describes (`render_mode`: see `envs.UnityVectorEnv`) on a
-    worker id whose port was free a moment ago: several runners (and other programs) share a
-    machine, so fixed worker ids would collide. `UnityVectorEnv` itself moves on to the next
-    port when this one (or, with several instances, one of the next few) was taken meanwhile."""
+    """Open an environment on a worker id whose port was free a moment ago: several runners (and
+    other programs) share a machine, so fixed worker ids would collide. `UnityVectorEnv` itself
+    moves on to the next port when this one (or, with several instances, one of the next few)
+    was taken meanwhile.
+
+    Args:
+        spec: the environment.
+        render_mode: see `envs.UnityVectorEnv`.
+
+    Returns:
+        The `UnityVectorEnv`.
+    """
     return envs.UnityVectorEnv(
         file_name=spec.file_name, worker_id=free_worker_id(), seed=0, no_graphics=True,
         timeout_wait=spec.timeout_wait, time_scale=spec.time_scale,
@@ -171,8 +234,14 @@ def open_env(spec: EnvSpec, render_mode: str | None = None) -> Any:
 
 
 def free_worker_id() -> int:
-    """A worker id whose port (mlagents-envs' base port + id) was free a moment ago: several
-    runners (and other programs) share a machine, so fixed worker ids would collide."""
+    """A worker id whose port (mlagents-envs' base port + id) was free a moment ago.
+
+    Returns:
+        The id.
+
+    Raises:
+        RuntimeError: the OS gave a port at or below the base port.
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -188,14 +257,22 @@ def _ray() -> Any:
 
 
 def node_id() -> str:
-    """The Ray node this runs on ("local" outside Ray)."""
+    """The Ray node this runs on.
+
+    Returns:
+        Its id; "local" outside Ray.
+    """
     ray = _ray()
     return "local" if ray is None else ray.get_runtime_context().get_node_id()
 
 
 def attempt() -> int:
-    """Which try of the current task this is: 1, or 1 + the retries Ray made of it (after an
-    environment crash or after the runner's process died and Ray restarted it)."""
+    """Which try of the current task this is.
+
+    Returns:
+        1, or 1 + the retries Ray made of it (after an environment crash or after the runner's
+            process died and Ray restarted it).
+    """
     ray = _ray()
     if ray is None or ray.get_runtime_context().get_actor_id() is None:
         return 1

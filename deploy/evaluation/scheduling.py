@@ -23,7 +23,7 @@ from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult
 from deploy.evaluation.runner import Runner
 from deploy.evaluation.selection import Selection
 from huggy_agent import HuggyAgent, PolicyLoadError
-from huggy_agent.remote import RemoteRequestError, RemoteServerError
+from huggy_agent_client.remote import RemoteRequestError, RemoteServerError
 
 
 class EvaluationError(RuntimeError):
@@ -36,7 +36,17 @@ plain loop)."""
 
 
 def policy_results(specs: Sequence[PolicySpec]) -> list[PolicyResult]:
-    """Empty results, one per spec, after checking the specs (cheap: nothing is loaded)."""
+    """Empty results, one per spec, after checking the specs (cheap: nothing is loaded).
+
+    Args:
+        specs: the policies.
+
+    Returns:
+        One empty result per spec, in order.
+
+    Raises:
+        ValueError: no spec, or labels that repeat.
+    """
     if not specs:
         raise ValueError("expected at least one policy to evaluate")
     labels = [spec.label for spec in specs]
@@ -47,8 +57,12 @@ def policy_results(specs: Sequence[PolicySpec]) -> list[PolicyResult]:
 
 def load_check(policies: list[PolicyResult]) -> None:
     """Load every local policy once in the driver (on the CPU), or ask a served one for its
-    description: its fingerprint for the report, or its error, so a broken file or an
-    unreachable server is reported without occupying a runner."""
+    description: its fingerprint for the report, or its error, so a broken file or an unreachable
+    server is reported without occupying a runner.
+
+    Args:
+        policies: the results to fill in (`fingerprint`, or `error`).
+    """
     for policy in policies:
         try:
             if policy.spec.url is not None:
@@ -65,8 +79,15 @@ def load_check(policies: list[PolicyResult]) -> None:
 
 
 class Schedule:
-    """Which items run: the uniform plan (every item up front), or rounds of the adaptive
-    selection (`config.selection`), the next round asked for when the last one is done."""
+    """Which items run: the uniform plan (every item up front), or rounds of the adaptive selection
+    (`config.selection`), the next round asked for when the last one is done.
+
+    Args:
+        outcome: the evaluation's result, filled in as items finish.
+
+    Raises:
+        ValueError: the selection's budget does not fit one round.
+    """
 
     def __init__(self, outcome: EvaluationResult) -> None:
         self._outcome = outcome
@@ -75,8 +96,12 @@ class Schedule:
                           else Selection(count, outcome.config))
 
     def planned_first(self) -> list[WorkItem]:
-        """The items to start with were every policy loadable (to size the runners while the
-        policies are checked): the uniform plan, or every policy's share of the first round."""
+        """The items to start with were every policy loadable (to size the runners while the policies
+        are checked).
+
+        Returns:
+            The uniform plan, or every policy's share of the first round.
+        """
         config = self._outcome.config
         if self.selection is None:
             return plan_items(len(self._outcome.policies), config)
@@ -86,7 +111,12 @@ class Schedule:
                 for number in range(config.selection.round_items)]
 
     def first(self) -> list[WorkItem]:
-        """The items to start with (those of policies that failed their load check left out)."""
+        """The items to start with.
+
+        Returns:
+            The uniform plan or the first round, the items of policies that failed their load check
+                left out.
+        """
         policies = self._outcome.policies
         if self.selection is None:
             items = plan_items(len(policies), self._outcome.config)
@@ -95,13 +125,21 @@ class Schedule:
         return [item for item in items if not policies[item.policy_index].failed]
 
     def next(self) -> list[WorkItem]:
-        """Items to run once every started item is done: the selection's next round, or []."""
+        """The items to run once every started item is done.
+
+        Returns:
+            The selection's next round, or [].
+        """
         if self.selection is None:
             return []
         return self.selection.next_round(self._strata(), self._failed())
 
     def budget_episodes(self) -> int:
-        """Episodes the progress bar counts toward."""
+        """The episodes the progress bar counts toward.
+
+        Returns:
+            Every policy's episodes, or the selection's budget.
+        """
         config = self._outcome.config
         if self.selection is None:
             return config.episodes * len(self._outcome.policies)
@@ -126,20 +164,41 @@ class Schedule:
 
 
 def progress_bar(config: EvalConfig, total_episodes: int) -> Any:
-    """The evaluation's progress bar on stderr, in episodes."""
+    """The evaluation's progress bar on stderr, in episodes.
+
+    Args:
+        config: the evaluation's settings (`progress` off hides it).
+        total_episodes: the bar's total.
+
+    Returns:
+        The tqdm bar.
+    """
     return tqdm(total=total_episodes, unit="ep", desc="evaluate", disable=not config.progress,
                 file=sys.stderr, dynamic_ncols=True)
 
 
 def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec,
                    on_result: ProgressCallback | None = None) -> EvaluationResult:
-    """Run every item in this process on one environment, in order (`env.instances` items at
-    a time): no Ray, no retries.
+    """Run every item in this process on one environment, in order (`env.instances` items at a time):
+    no Ray, no retries.
 
     The reference for `evaluate_on_ray` (same items, same seeds, same numbers) and the baseline of
-    the benchmark. Policies always run on the CPU here (`config.accelerator` is ignored), with
-    one torch thread while it runs, as in a one-CPU Ray runner: an 18-row forward pass gains
-    nothing from more, and extra threads spin against the environment process, slowing both.
+    the benchmark. Policies always run on the CPU here (`config.accelerator` is ignored), with one
+    torch thread while it runs, as in a one-CPU Ray runner: an 18-row forward pass gains nothing
+    from more, and extra threads spin against the environment process, slowing both.
+
+    Args:
+        specs: the policies.
+        config: the evaluation's settings.
+        env: the environment.
+        on_result: called after each finished item (with None for the runner pool).
+
+    Returns:
+        The result; `interrupted` when Ctrl-C stopped it (what finished is kept).
+
+    Raises:
+        ValueError: no policy, or labels that repeat.
+        EnvironmentCrashed: the environment died mid-item (the plain loop does not retry).
     """
     started = time.perf_counter()
     outcome = EvaluationResult(policy_results(specs), config, env)
@@ -182,7 +241,14 @@ def evaluate_plain(specs: Sequence[PolicySpec], config: EvalConfig, env: EnvSpec
 
 
 def refill(pending: deque[WorkItem], schedule: Schedule) -> bool:
-    """Queue the schedule's next items (called when every started item is done); whether
-    there are any."""
+    """Queue the schedule's next items (called when every started item is done).
+
+    Args:
+        pending: the queue.
+        schedule: the schedule.
+
+    Returns:
+        Whether there are any.
+    """
     pending.extend(schedule.next())
     return bool(pending)

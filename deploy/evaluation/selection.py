@@ -16,13 +16,8 @@ The rule (RULE): successive elimination with Bonferroni-corrected one-sided test
 - It stops when one policy remains, or when the next round does not fit in the budget (the
   `--episodes` of all policies together); the pick is the leader among the remaining.
 
-Error bound: a policy with the highest true statistic is dropped only if one of at most (K - 1) R
-one-sided tests "leader > it" rejects falsely: policy i's k-th item is the same whatever the
-schedule, so each test's outcome is fixed in advance and the union bound applies. With each test
-at its nominal level alpha', P(the best is ever dropped) <= 1 - confidence. When one policy
-remains, it is the best with at least that probability; when the budget ends first, the best is
-among the remaining with at least that probability. The tests are normal approximations, which
-the simulations in the tests check at the stated rate.
+Why the best is dropped with probability at most 1 - confidence: see the comment above
+`comparison_level`, and docs/evaluation.md ("Picking the best checkpoint").
 """
 
 from __future__ import annotations
@@ -47,24 +42,57 @@ SE_RESAMPLES = 2_000
 
 
 def max_rounds(num_policies: int, budget_items: int, round_items: int) -> int:
-    """The most rounds `budget_items` items allow: the first round costs `num_policies *
-    round_items`, every later one at least `2 * round_items` (two policies remain, or it stops).
-    0 when not even the first round fits."""
+    """The most rounds a budget allows: the first round costs `num_policies * round_items` items,
+    every later one at least `2 * round_items` (two policies remain, or it stops).
+
+    Args:
+        num_policies: K.
+        budget_items: the work items of the budget.
+        round_items: items per remaining policy per round.
+
+    Returns:
+        The rounds; 0 when not even the first round fits.
+    """
     first = num_policies * round_items
     if budget_items < first:
         return 0
     return 1 + (budget_items - first) // (2 * round_items)
 
 
+# Error bound: a policy with the highest true statistic is dropped only if one of at most (K - 1) R
+# one-sided tests "leader > it" rejects falsely: policy i's k-th item is the same whatever the
+# schedule, so each test's outcome is fixed in advance and the union bound applies. With each test
+# at its nominal level alpha', P(the best is ever dropped) <= 1 - confidence. When one policy
+# remains, it is the best with at least that probability; when the budget ends first, the best is
+# among the remaining with at least that probability. The tests are normal approximations, which
+# the simulations in the tests check at the stated rate.
 def comparison_level(confidence: float, num_policies: int, rounds: int) -> float:
-    """alpha' = (1 - confidence) / ((K - 1) R): the level of each one-sided test."""
+    """The level of each one-sided test.
+
+    Args:
+        confidence: the probability that the best policy is never dropped.
+        num_policies: K.
+        rounds: R, the most rounds the budget allows.
+
+    Returns:
+        alpha' = (1 - confidence) / ((K - 1) R), K - 1 and R counted as at least 1.
+    """
     return (1.0 - confidence) / (max(1, num_policies - 1) * max(1, rounds))
 
 
 def standard_error(strata: stats.Strata, statistic: str, seed: int = 0) -> float:
-    """The standard error of `statistic` ("mean", "median", "iqm") over items `strata`: for the
-    mean, the stratified estimator's sqrt(sum_j s_j^2 n_j) / N (s_j item j's sample std, 0 for a
-    one-episode item); otherwise the std of its stratified bootstrap distribution."""
+    """The standard error of a statistic over a policy's items.
+
+    Args:
+        strata: the policy's returns grouped by work item.
+        statistic: "mean", "median" or "iqm".
+        seed: seeds the bootstrap of the median and the IQM.
+
+    Returns:
+        For the mean, the stratified estimator's sqrt(sum_j s_j^2 n_j) / N (s_j item j's sample
+            std, 0 for a one-episode item); otherwise the std of its stratified bootstrap
+            distribution (`SE_RESAMPLES` resamples).
+    """
     if statistic == "mean":
         sizes = np.array([len(item) for item in strata])
         values = np.concatenate([np.asarray(item, dtype=np.float64) for item in strata])
@@ -89,7 +117,16 @@ class Standing:
 
 def standings(strata_by_policy: Mapping[int, stats.Strata], statistic: str, seed: int = 0
               ) -> dict[int, Standing]:
-    """Each policy's statistic over all its episodes and its standard error."""
+    """Each policy's statistic over all its episodes and its standard error.
+
+    Args:
+        strata_by_policy: {policy index: returns grouped by work item}.
+        statistic: "mean", "median" or "iqm".
+        seed: seeds the bootstrap standard errors.
+
+    Returns:
+        {policy index: standing}.
+    """
     metric = stats.METRICS[statistic]
     found = {}
     for index, strata in strata_by_policy.items():
@@ -100,13 +137,28 @@ def standings(strata_by_policy: Mapping[int, stats.Strata], statistic: str, seed
 
 
 def leader_of(found: Mapping[int, Standing]) -> int:
-    """The policy with the highest statistic (the lowest index among equals)."""
+    """The policy with the highest statistic (the lowest index among equals).
+
+    Args:
+        found: {policy index: standing}.
+
+    Returns:
+        Its index.
+    """
     return min(found, key=lambda index: (-found[index].value, index))
 
 
 def eliminate(found: Mapping[int, Standing], level: float) -> list[int]:
-    """The policies worse than the leader at one-sided level `level` each: those with
-    stat_L - stat_i - z(1 - level) sqrt(se_L^2 + se_i^2) > 0."""
+    """The policies worse than the leader at a one-sided level each: those with
+    stat_L - stat_i - z(1 - level) sqrt(se_L^2 + se_i^2) > 0.
+
+    Args:
+        found: {policy index: standing}.
+        level: each test's level, alpha'.
+
+    Returns:
+        Their indices.
+    """
     leader = leader_of(found)
     z = NormalDist().inv_cdf(1.0 - level)
     best = found[leader]
@@ -115,8 +167,18 @@ def eliminate(found: Mapping[int, Standing], level: float) -> list[int]:
 
 
 def check_budget(num_policies: int, config: EvalConfig) -> int:
-    """The most rounds the selection of `num_policies` policies can run within `config`'s budget
-    (`config.selection` set); ValueError, with the numbers, when not even one round fits."""
+    """The most rounds the selection of `num_policies` policies can run within `config`'s budget.
+
+    Args:
+        num_policies: K.
+        config: the evaluation's settings, `selection` set.
+
+    Returns:
+        The rounds, at least 1.
+
+    Raises:
+        ValueError: not even one round fits (with the numbers).
+    """
     assert config.selection is not None
     round_items = config.selection.round_items
     rounds = max_rounds(num_policies, config.episodes // config.episodes_per_item, round_items)
@@ -148,7 +210,11 @@ class SelectionOutcome:
     rule: str = RULE
 
     def text(self) -> str:
-        """One line on the selection: its pick, spending and drops."""
+        """The selection in one line: its pick, spending and drops.
+
+        Returns:
+            The line.
+        """
         dropped = ", ".join(f"{label} after {episodes}" for label, episodes
                             in self.dropped.items()) or "none"
         verdict = ("one policy left" if len(self.remaining) == 1
@@ -159,8 +225,16 @@ class SelectionOutcome:
 
 
 class Selection:
-    """The state of one adaptive selection over `num_policies` policies (`config.selection`
-    set; `config.episodes` is the budget of all policies together)."""
+    """The state of one adaptive selection.
+
+    Args:
+        num_policies: K.
+        config: the evaluation's settings, `selection` set; `config.episodes` is the budget of all
+            policies together.
+
+    Raises:
+        ValueError: `config.selection` is None, or not even one round fits the budget.
+    """
 
     def __init__(self, num_policies: int, config: EvalConfig) -> None:
         if config.selection is None:
@@ -180,9 +254,16 @@ class Selection:
 
     def next_round(self, strata_by_policy: Mapping[int, stats.Strata],
                    failed: Sequence[int] = ()) -> list[WorkItem]:
-        """After a round (or before the first, with no episodes): drop what the rule drops, then
-        the items of the next round, or [] when one policy remains or the budget is spent.
-        `strata_by_policy` holds every policy's returns so far, by item."""
+        """After a round (or before the first, with no episodes): drop what the rule drops, then give the
+        items of the next round.
+
+        Args:
+            strata_by_policy: every policy's returns so far, by item.
+            failed: policies that failed and leave the selection.
+
+        Returns:
+            The next round's items; [] when one policy remains or the budget is spent.
+        """
         self.active = [index for index in self.active if index not in failed]
         counted = {index: [item for item in strata_by_policy.get(index, ()) if len(item)]
                    for index in self.active}
@@ -206,11 +287,22 @@ class Selection:
         return items
 
     def scheduled_episodes(self) -> list[int]:
-        """Episodes scheduled for each policy so far."""
+        """The episodes scheduled for each policy so far.
+
+        Returns:
+            One count per policy.
+        """
         return [count * self.config.episodes_per_item for count in self.items_given]
 
     def best(self, strata_by_policy: Mapping[int, stats.Strata]) -> int | None:
-        """The leader among the remaining policies with episodes (None if none has any)."""
+        """The leader among the remaining policies with episodes.
+
+        Args:
+            strata_by_policy: every policy's returns, by item.
+
+        Returns:
+            Its index; None if none has any.
+        """
         counted = {index: [item for item in strata_by_policy.get(index, ()) if len(item)]
                    for index in self.active}
         counted = {index: items for index, items in counted.items() if items}
@@ -220,7 +312,15 @@ class Selection:
 
     def outcome(self, labels: Sequence[str], strata_by_policy: Mapping[int, stats.Strata]
                 ) -> SelectionOutcome:
-        """What the selection decided, by label."""
+        """What the selection decided, by label.
+
+        Args:
+            labels: the policies' labels.
+            strata_by_policy: every policy's returns, by item.
+
+        Returns:
+            The outcome.
+        """
         best = self.best(strata_by_policy)
         return SelectionOutcome(
             best=None if best is None else labels[best], statistic=self.settings.statistic,
@@ -239,8 +339,19 @@ Sampler = Callable[[WorkItem], Sequence[float]]
 
 def simulate(num_policies: int, config: EvalConfig, sample: Sampler
              ) -> tuple[Selection, dict[int, list[Sequence[float]]]]:
-    """Run the selection to its end with `sample` as the environment: the selection and every
-    policy's returns by item."""
+    """Run the selection to its end with `sample` as the environment.
+
+    Args:
+        num_policies: K.
+        config: the evaluation's settings, `selection` set.
+        sample: the returns of one work item (a function of the item alone).
+
+    Returns:
+        The selection, and every policy's returns by item.
+
+    Raises:
+        ValueError: as `Selection` raises.
+    """
     selection = Selection(num_policies, config)
     strata: dict[int, list[Sequence[float]]] = {index: [] for index in range(num_policies)}
     items = selection.next_round(strata)

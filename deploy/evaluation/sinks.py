@@ -48,7 +48,14 @@ EVENTS_SUFFIX = ".huggy-evaluate"
 
 
 def run_name(summary: PolicySummary) -> str:
-    """The run a policy belongs to: its results folder's run id, else its file's folder name."""
+    """The run a policy belongs to.
+
+    Args:
+        summary: the policy's report row.
+
+    Returns:
+        Its results folder's run id, else its file's folder name, else its label.
+    """
     if summary.run is not None:
         return summary.run
     return Path(summary.path).parent.name if summary.path else summary.label
@@ -64,10 +71,16 @@ def _values(summary: PolicySummary) -> dict[str, float | None]:
 
 def write_tensorboard(summaries: Sequence[PolicySummary], log_dir: str | Path
                       ) -> tuple[list[Path], list[str]]:
-    """Scalars for every policy with a step and episodes, in `log_dir/<run>/`, replacing those
-    an earlier evaluation wrote there (its event files, `*EVENTS_SUFFIX`; other files are left
-    alone); returns the folders written and the labels skipped (no training step, or no
-    episode)."""
+    """Scalars for every policy with a step and episodes, in `log_dir/<run>/`, replacing those an
+    earlier evaluation wrote there (its event files, `*EVENTS_SUFFIX`; other files are left alone).
+
+    Args:
+        summaries: the report rows.
+        log_dir: the TensorBoard folder (ML-Agents' `results`, to see both side by side).
+
+    Returns:
+        The folders written, and the labels skipped (no training step, or no episode).
+    """
     by_run: dict[str, list[tuple[int, dict[str, float | None]]]] = {}
     skipped = []
     for summary in summaries:
@@ -82,9 +95,17 @@ def write_tensorboard(summaries: Sequence[PolicySummary], log_dir: str | Path
 
 def write_scalars(by_run: Mapping[str, Sequence[tuple[int, Mapping[str, float | None]]]],
                   log_dir: str | Path, suffix: str) -> list[Path]:
-    """TensorBoard scalars `{tag: value}` at each training step, per run, in `log_dir/<run>/`,
-    replacing the event files of an earlier call with the same `suffix` there (other event
-    files are left alone); None values are left out. Returns the folders written."""
+    """TensorBoard scalars at each training step, per run, in `log_dir/<run>/`, replacing the event
+    files of an earlier call with the same `suffix` there (other event files are left alone).
+
+    Args:
+        by_run: {run: [(step, {tag: value}), ...]}; None values are left out.
+        log_dir: the TensorBoard folder.
+        suffix: the event files' suffix.
+
+    Returns:
+        The folders written.
+    """
     from torch.utils.tensorboard import SummaryWriter  # tensorboard: the serve extra, when used
 
     folders = []
@@ -121,9 +142,22 @@ SECTION_END = "<!-- huggy evaluate: end -->"
 
 def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummary],
                date: datetime.date | None = None, replay: bool = False) -> Any:
-    """The huggingface_hub ModelCard of one run: model-index results of its last checkpoint
-    (highest step; the last given when none has a step) and a table of every checkpoint;
-    with `replay`, a video player of `replay.mp4` (beside the card) under the table."""
+    """The huggingface_hub ModelCard of one run: model-index results of its last checkpoint (highest
+    step; the last given when none has a step) and a table of every checkpoint.
+
+    Args:
+        result: the evaluation's result.
+        run: the run's name.
+        points: the run's report rows.
+        date: the evaluation's date; None: today.
+        replay: add a video player of `replay.mp4` (beside the card) under the table.
+
+    Returns:
+        The card, its section between `SECTION_START` and `SECTION_END`.
+
+    Raises:
+        ValueError: no policy of the run finished an episode.
+    """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData  # the serve or hub extra
 
     done = [s for s in points if s.mean_return is not None]
@@ -170,7 +204,15 @@ def model_card(result: EvaluationResult, run: str, points: Sequence[PolicySummar
 
 
 def seeds_text(result: EvaluationResult, label: str) -> str:
-    """The environment seeds of a policy's items: "3..7", or a list when not contiguous."""
+    """The environment seeds of a policy's items.
+
+    Args:
+        result: the evaluation's result.
+        label: the policy's label.
+
+    Returns:
+        "3..7", a list when not contiguous, or "-" without items.
+    """
     seeds = sorted(item.seed for policy in result.policies if policy.spec.label == label
                    for item in policy.items)
     if not seeds:
@@ -182,10 +224,19 @@ def seeds_text(result: EvaluationResult, label: str) -> str:
 
 def merge_card(existing: Any, ours: Any, start: str = SECTION_START, end: str = SECTION_END
                ) -> Any:
-    """`existing` card (such as one from mlagents-push-to-hf, or our own from an earlier run)
-    with our model-index results (replacing its results of the same metric types, keeping the
-    others) and our section (`ours`' text, between `start` and `end`: replaced where
-    `existing` has one, else appended)."""
+    """An existing card with our results and section.
+
+    Args:
+        existing: the card there (such as one from mlagents-push-to-hf, or our own from an earlier
+            run).
+        ours: our card.
+        start: the marker our section starts with.
+        end: the marker it ends with.
+
+    Returns:
+        `existing` with our model-index results (replacing its results of the same metric types,
+            keeping the others) and our section (replaced where `existing` has one, else appended).
+    """
     from huggingface_hub import ModelCard  # huggingface_hub: the serve or hub extra, when used
 
     data = existing.data
@@ -206,9 +257,20 @@ def merge_card(existing: Any, ours: Any, start: str = SECTION_START, end: str = 
 
 def card_folder(path: str | None, folder: str | None, source: str | None, run: str,
                 fallback_dir: str | Path) -> Path:
-    """Where a run's card goes: its results folder (or the policy file's folder) when that is
-    a local, writable folder, else `fallback_dir/<run>/` (a policy from the Hub cache is never
-    written into the cache)."""
+    """Where a run's card goes.
+
+    Args:
+        path: the policy file, or None.
+        folder: the results folder it came from, or None.
+        source: its Hub source, or None for a local policy.
+        run: the run's name.
+        fallback_dir: where cards go otherwise.
+
+    Returns:
+        The results folder (or the policy file's folder) when that is a local, writable folder,
+            else `fallback_dir/<run>/` (a policy from the Hub cache is never written into the
+            cache).
+    """
     local = None
     if source is None:
         local = Path(folder) if folder else Path(path or ".").parent
@@ -217,7 +279,14 @@ def card_folder(path: str | None, folder: str | None, source: str | None, run: s
 
 def save_card(card: Any, path: Path, start: str = SECTION_START, end: str = SECTION_END
               ) -> None:
-    """Write `card` to `path`, merged into the card already there (`merge_card`)."""
+    """Write a card, merged into the card already there (`merge_card`).
+
+    Args:
+        card: the card.
+        path: its README.md (the folder is made if missing).
+        start: the marker our section starts with.
+        end: the marker it ends with.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         card = merge_card(type(card).load(path), card, start, end)
@@ -236,9 +305,15 @@ class CardPlan:
 
 
 def plan_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> list[CardPlan]:
-    """The cards `write_model_cards` writes: one per run with finished episodes, in its
-    folder when that is a local, writable folder, else in `fallback_dir/<run>/` (a policy
-    from the Hub cache is never written into the cache)."""
+    """The cards `write_model_cards` writes: one per run with finished episodes.
+
+    Args:
+        report: the evaluation's report.
+        fallback_dir: where cards go whose run has no local, writable folder (`card_folder`).
+
+    Returns:
+        One plan per run.
+    """
     folders: dict[str, tuple[Path, list[PolicySummary]]] = {}
     for summary, policy in zip(report.summaries, report.result.policies, strict=True):
         if summary.mean_return is None:
@@ -254,11 +329,19 @@ def plan_model_cards(report: EvaluationReport, fallback_dir: str | Path) -> list
 
 def write_model_cards(report: EvaluationReport, fallback_dir: str | Path,
                       replays: Mapping[str, Path] | None = None) -> list[Path]:
-    """Write the cards `plan_model_cards` plans. A card already there keeps its text and
-    metadata; its results and our section are replaced (`merge_card`). When `replays` (policy
-    label -> MP4) has a video of a card's final checkpoint, it is copied beside the card as
-    `replay.mp4` (the file the Hub's RL model pages and the Deep RL course leaderboard show)
-    and the card's section embeds it. Returns the cards written."""
+    """Write the cards `plan_model_cards` plans. A card already there keeps its text and metadata;
+    its results and our section are replaced (`merge_card`).
+
+    Args:
+        report: the evaluation's report.
+        fallback_dir: where cards go whose run has no local, writable folder.
+        replays: {policy label: MP4}; a video of a card's final checkpoint is copied beside the
+            card as `replay.mp4` (the file the Hub's RL model pages and the Deep RL course
+            leaderboard show) and the card's section embeds it.
+
+    Returns:
+        The cards written.
+    """
     written = []
     for plan in plan_model_cards(report, fallback_dir):
         video = (replays or {}).get(plan.final.label)

@@ -13,25 +13,46 @@ from envs.standin.launcher import standin_behavior
 from huggy_agent import PolicyLoadError
 from huggy_agent.discovery import find_policies
 from huggy_agent.formats import load_policy
-from huggy_agent.remote import RemoteAgent
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.remote import RemoteAgent
+from huggy_agent_client.spec import ActorSpec
 
 
 def policy_specs(sources: Sequence[str | os.PathLike[str]]) -> list[PolicySpec]:
-    """One spec per policy file `sources` name (`huggy_agent.discovery.find_policies`: a file is
-    one policy, a results folder every checkpoint in it, by step). Raises FileNotFoundError for
-    a path that does not exist and ValueError for an empty list or a folder without policy
-    files; files are not loaded here."""
+    """One spec per policy file that sources name (`huggy_agent.discovery.find_policies`: a file is one
+    policy, a results folder every checkpoint in it, by step); files are not loaded here.
+
+    Args:
+        sources: policy files, results folders and `hf://` sources.
+
+    Returns:
+        The specs, labelled uniquely.
+
+    Raises:
+        FileNotFoundError: a path or Hub source that does not exist.
+        ValueError: an empty list, a folder without policy files, or a malformed Hub source.
+    """
     return [PolicySpec.of(found) for found in find_policies(sources)]
 
 
 def served_policy_specs(url: str, policy_id: str | None = None,
                         api_key: str | None = None) -> list[PolicySpec]:
-    """One spec per policy served at `url` (`huggy serve`), labelled with its id, or only the
-    one `policy_id`: every policy of a live A/B split, each evaluated on its own. A server of
-    one policy, asked without an id, gives one spec labelled with the URL. `api_key` is sent
-    with every request, by this process and by the runners. Raises ValueError (listing the
-    served ids) for an id the server does not serve."""
+    """One spec per policy served at a `huggy serve` endpoint: every policy of a live A/B split, each
+    evaluated on its own, or only one.
+
+    Args:
+        url: the server's base URL.
+        policy_id: the one served policy to evaluate; None for all. A server of one policy, asked
+            without an id, gives one spec labelled with the URL.
+        api_key: sent with every request, by this process and by the runners.
+
+    Returns:
+        The specs, labelled with their ids.
+
+    Raises:
+        RemoteRequestError: the server does not serve `policy_id` (listing the served ids), or
+            refuses the key.
+        RemoteServerError: the server cannot be reached.
+    """
     with RemoteAgent(url, policy=policy_id, api_key=api_key) as remote:
         served = remote.policies()["models"]
     if len(served) == 1 and policy_id is None:
@@ -44,10 +65,18 @@ def served_policy_specs(url: str, policy_id: str | None = None,
 
 
 def stand_in_behavior(specs: Sequence[PolicySpec]) -> dict | None:
-    """What the built-in stand-in plays for these policies: None (Huggy) when they have Huggy's
-    interface, else their common spec (spec-driven mode). Policies that cannot be loaded are
-    skipped here (the evaluation reports them). Raises ValueError when the policies have
-    different interfaces: one environment cannot play them all."""
+    """What the built-in stand-in plays for these policies. Policies that cannot be loaded are
+    skipped here (the evaluation reports them).
+
+    Args:
+        specs: the policies.
+
+    Returns:
+        None (Huggy) when they have Huggy's interface, else their common spec (spec-driven mode).
+
+    Raises:
+        ValueError: the policies have different interfaces: one environment cannot play them all.
+    """
     found: dict[str, tuple[str, ActorSpec]] = {}
     for spec in specs:
         try:

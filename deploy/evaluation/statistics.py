@@ -41,18 +41,39 @@ Strata = Sequence[Sequence[float]]
 
 
 def mean(values: np.ndarray) -> np.ndarray:
-    """The mean over the last axis."""
+    """The mean over the last axis.
+
+    Args:
+        values: returns, one row per sample.
+
+    Returns:
+        One mean per row.
+    """
     return np.mean(values, axis=-1)
 
 
 def median(values: np.ndarray) -> np.ndarray:
-    """The median over the last axis (the mean of the middle two for an even count)."""
+    """The median over the last axis (the mean of the middle two for an even count).
+
+    Args:
+        values: returns, one row per sample.
+
+    Returns:
+        One median per row.
+    """
     return np.median(values, axis=-1)
 
 
 def iqm(values: np.ndarray) -> np.ndarray:
-    """The interquartile mean over the last axis: `scipy.stats.trim_mean(values, 0.25)`, which
-    cuts `int(0.25 * n)` values from each end and averages the rest."""
+    """The interquartile mean over the last axis: `scipy.stats.trim_mean(values, 0.25)`, which cuts
+    `int(0.25 * n)` values from each end and averages the rest.
+
+    Args:
+        values: returns, one row per sample.
+
+    Returns:
+        One IQM per row.
+    """
     from scipy.stats import trim_mean
 
     return np.asarray(trim_mean(values, 0.25, axis=-1))
@@ -71,7 +92,11 @@ class Estimate:
     high: float
 
     def as_list(self) -> list[float]:
-        """[low, high], as the JSON report writes an interval."""
+        """The interval as the JSON report writes it.
+
+        Returns:
+            [low, high].
+        """
         return [self.low, self.high]
 
 
@@ -112,7 +137,20 @@ def _index_chunks(sizes: Sequence[int], resamples: int, rng: np.random.Generator
 
 def bootstrap_distribution(strata: Strata, metric: Metric, resamples: int = DEFAULT_RESAMPLES,
                            seed: int = 0) -> np.ndarray:
-    """`metric` of `resamples` stratified resamples of `strata` (shape (resamples,))."""
+    """A metric of stratified resamples of the episodes.
+
+    Args:
+        strata: returns grouped by work item.
+        metric: the statistic.
+        resamples: how many resamples, >= 1.
+        seed: seeds the resampling.
+
+    Returns:
+        (resamples,) the metric of each resample.
+
+    Raises:
+        ValueError: no episodes, an empty item, a return that is not finite, or `resamples` < 1.
+    """
     _check(0.5, resamples)
     values, sizes = _flatten(strata)
     rng = np.random.default_rng(seed)
@@ -121,7 +159,15 @@ def bootstrap_distribution(strata: Strata, metric: Metric, resamples: int = DEFA
 
 
 def percentile_interval(distribution: np.ndarray, confidence: float) -> tuple[float, float]:
-    """The (1 - confidence)/2 and (1 + confidence)/2 quantiles of a bootstrap distribution."""
+    """The percentile interval of a bootstrap distribution.
+
+    Args:
+        distribution: the resampled statistics.
+        confidence: the interval's coverage, in (0, 1).
+
+    Returns:
+        The (1 - confidence)/2 and (1 + confidence)/2 quantiles.
+    """
     low, high = np.quantile(distribution, [(1 - confidence) / 2, (1 + confidence) / 2])
     return float(low), float(high)
 
@@ -130,8 +176,23 @@ def bootstrap_estimates(strata: Strata, metrics: Mapping[str, Metric] | None = N
                         confidence: float = DEFAULT_CONFIDENCE,
                         resamples: int = DEFAULT_RESAMPLES, seed: int = 0
                         ) -> dict[str, Estimate]:
-    """Each metric (default: mean, median, IQM) of all episodes, with its stratified-bootstrap
-    percentile interval; every metric is read from the same resamples."""
+    """Metrics of all episodes, each with its stratified-bootstrap percentile interval; every metric
+    is read from the same resamples.
+
+    Args:
+        strata: returns grouped by work item.
+        metrics: {name: statistic}; None: mean, median and IQM.
+        confidence: the intervals' coverage, in (0, 1).
+        resamples: how many resamples, >= 1.
+        seed: seeds the resampling.
+
+    Returns:
+        {name: estimate}.
+
+    Raises:
+        ValueError: no episodes, an empty item, a return that is not finite, a confidence outside
+            (0, 1), or `resamples` < 1.
+    """
     _check(confidence, resamples)
     metrics = METRICS if metrics is None else metrics
     values, sizes = _flatten(strata)
@@ -150,13 +211,37 @@ def bootstrap_estimates(strata: Strata, metrics: Mapping[str, Metric] | None = N
 
 def bootstrap_interval(strata: Strata, metric: Metric, confidence: float = DEFAULT_CONFIDENCE,
                        resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Estimate:
-    """One metric of all episodes with its stratified-bootstrap percentile interval."""
+    """One metric of all episodes with its stratified-bootstrap percentile interval.
+
+    Args:
+        strata: returns grouped by work item.
+        metric: the statistic.
+        confidence: the interval's coverage, in (0, 1).
+        resamples: how many resamples, >= 1.
+        seed: seeds the resampling.
+
+    Returns:
+        The estimate.
+
+    Raises:
+        ValueError: as `bootstrap_estimates` raises.
+    """
     return bootstrap_estimates(strata, {"metric": metric}, confidence, resamples, seed)["metric"]
 
 
 def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t distribution with `df` degrees of freedom (0 < p < 1, df an
-    integer >= 1), from `scipy.stats.t.ppf`."""
+    """A quantile of Student's t distribution (`scipy.stats.t.ppf`).
+
+    Args:
+        p: the probability, in (0, 1).
+        df: the degrees of freedom, an integer >= 1.
+
+    Returns:
+        The p-quantile.
+
+    Raises:
+        ValueError: `p` outside (0, 1), or `df` not an integer >= 1.
+    """
     from scipy.stats import t as student_t
 
     if not 0.0 < p < 1.0:
@@ -168,8 +253,19 @@ def t_quantile(p: float, df: int) -> float:
 
 def t_interval(returns: Sequence[float], confidence: float = DEFAULT_CONFIDENCE
                ) -> Estimate | None:
-    """The mean with Student's t interval, `mean +- t((1 + confidence)/2, n-1) * s / sqrt(n)`
-    (sample std with n-1); None for fewer than two returns."""
+    """The mean with Student's t interval, `mean +- t((1 + confidence)/2, n-1) * s / sqrt(n)` (sample
+    std with n-1).
+
+    Args:
+        returns: the returns.
+        confidence: the interval's coverage, in (0, 1).
+
+    Returns:
+        The estimate; None for fewer than two returns.
+
+    Raises:
+        ValueError: (1 + confidence) / 2 outside (0, 1).
+    """
     n = len(returns)
     if n < 2:
         return None
@@ -180,8 +276,19 @@ def t_interval(returns: Sequence[float], confidence: float = DEFAULT_CONFIDENCE
 
 
 def probability_of_improvement(x: ArrayLike, y: ArrayLike) -> float:
-    """P(X > Y): the share of pairs (x_i, y_j) with x_i > y_j, ties counting one half; that is
-    the Mann-Whitney U statistic of `x` divided by n_x n_y."""
+    """P(X > Y): the share of pairs (x_i, y_j) with x_i > y_j, ties counting one half; that is the
+    Mann-Whitney U statistic of `x` divided by n_x n_y.
+
+    Args:
+        x: X's returns.
+        y: Y's returns.
+
+    Returns:
+        The probability, in [0, 1].
+
+    Raises:
+        ValueError: either sample is empty.
+    """
     xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if xs.size == 0 or ys.size == 0:
         raise ValueError(f"expected episodes in both samples, got {xs.size} and {ys.size}")
@@ -208,11 +315,26 @@ def _draw_counts(groups: np.ndarray, index: np.ndarray, distinct: int) -> np.nda
 def improvement_interval(x_strata: Strata, y_strata: Strata,
                          confidence: float = DEFAULT_CONFIDENCE,
                          resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Estimate:
-    """P(X > Y) with a stratified-bootstrap percentile interval: X's and Y's episodes are
-    resampled independently, each within its own items.
+    """P(X > Y) with a stratified-bootstrap percentile interval: X's and Y's episodes are resampled
+    independently, each within its own items.
 
     Each resample's U is counted without sorting it: with the pooled distinct values in order
-    and c_x, c_y how often a resample drew each, U = sum_v c_x(v) (c_y(below v) + c_y(v) / 2)."""
+    and c_x, c_y how often a resample drew each, U = sum_v c_x(v) (c_y(below v) + c_y(v) / 2).
+
+    Args:
+        x_strata: X's returns grouped by work item.
+        y_strata: Y's returns grouped by work item.
+        confidence: the interval's coverage, in (0, 1).
+        resamples: how many resamples, >= 1.
+        seed: seeds the resampling.
+
+    Returns:
+        The estimate.
+
+    Raises:
+        ValueError: no episodes, an empty item or a return that is not finite on either side, a
+            confidence outside (0, 1), or `resamples` < 1.
+    """
     _check(confidence, resamples)
     xs, x_sizes = _flatten(x_strata, "x")
     ys, y_sizes = _flatten(y_strata, "y")
@@ -234,7 +356,18 @@ def improvement_interval(x_strata: Strata, y_strata: Strata,
 
 
 def performance_profile(returns: ArrayLike, taus: ArrayLike) -> np.ndarray:
-    """The share of episodes whose return is above each tau (strictly), one per tau."""
+    """The share of episodes whose return is above each threshold (strictly).
+
+    Args:
+        returns: the returns.
+        taus: the thresholds.
+
+    Returns:
+        One share per tau.
+
+    Raises:
+        ValueError: no episodes.
+    """
     values = np.asarray(returns, dtype=np.float64)
     if values.size == 0:
         raise ValueError("expected at least one episode for a performance profile")
@@ -245,8 +378,22 @@ def performance_profile_band(strata: Strata, taus: ArrayLike,
                              confidence: float = DEFAULT_CONFIDENCE,
                              resamples: int = 2_000, seed: int = 0
                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The performance profile at `taus` with a pointwise stratified-bootstrap percentile band:
-    (profile, low, high), each one value per tau."""
+    """The performance profile with a pointwise stratified-bootstrap percentile band.
+
+    Args:
+        strata: returns grouped by work item.
+        taus: the thresholds.
+        confidence: the band's coverage, in (0, 1).
+        resamples: how many resamples, >= 1.
+        seed: seeds the resampling.
+
+    Returns:
+        (profile, low, high), each one value per tau.
+
+    Raises:
+        ValueError: no episodes, an empty item, a return that is not finite, a confidence outside
+            (0, 1), or `resamples` < 1.
+    """
     _check(confidence, resamples)
     values, sizes = _flatten(strata)
     above = (values[:, None] > np.asarray(taus, dtype=np.float64)[None, :]).astype(np.float64)

@@ -65,32 +65,65 @@ class PolicySummary:
     iqm_ci: tuple[float, float] | None = None
 
     def numbers(self) -> tuple[Any, ...]:
-        """The fields fixed by the seeds (not timing, retries or placement): equal across runs."""
+        """The fields fixed by the seeds (not timing, retries or placement): equal across runs.
+
+        Returns:
+            Label, status, episodes, and every statistic with its intervals.
+        """
         return (self.label, self.status, self.episodes, self.mean_return, self.std_return,
                 self.ci_low, self.ci_high, self.mean_length, self.terminated_share, self.mean_ci,
                 self.median, self.median_ci, self.iqm, self.iqm_ci)
 
     def statistic(self, name: str) -> float | None:
-        """"mean", "median" or "iqm" of the returns."""
+        """One statistic of the returns.
+
+        Args:
+            name: "mean", "median" or "iqm".
+
+        Returns:
+            Its value; None without episodes.
+        """
         return {"mean": self.mean_return, "median": self.median, "iqm": self.iqm}[name]
 
 
 def checkpoint_step(summary: PolicySummary) -> int:
-    """The summary's checkpoint step, -1 for a policy without one: a sort key that puts a run's
-    checkpoints in training order."""
+    """A sort key that puts a run's checkpoints in training order.
+
+    Args:
+        summary: a report row.
+
+    Returns:
+        Its checkpoint step; -1 for a policy without one.
+    """
     return -1 if summary.step is None else summary.step
 
 
 def returns_by_item(policy: PolicyResult) -> list[tuple[float, ...]]:
-    """The policy's returns grouped by work item, items in index order (the bootstrap strata);
-    items without episodes left out."""
+    """A policy's returns grouped by work item (the bootstrap strata).
+
+    Args:
+        policy: the policy's results.
+
+    Returns:
+        Items in index order; items without episodes left out.
+    """
     return [item.returns for item in policy.ordered_items() if item.returns]
 
 
 def summarize(policy: PolicyResult, expected_episodes: int, seed: int = 0,
               resamples: int = BOOTSTRAP_RESAMPLES) -> PolicySummary:
-    """The report row of one policy; `expected_episodes` tells complete from interrupted;
-    `seed` and `resamples` drive the bootstrap."""
+    """The report row of one policy.
+
+    Args:
+        policy: the policy's results.
+        expected_episodes: the episodes planned for it, which tell complete from interrupted.
+        seed: seeds the bootstrap.
+        resamples: the bootstrap's resamples.
+
+    Returns:
+        The row; its numbers None where there are no episodes (and the t interval and std for
+            fewer than two).
+    """
     items = policy.ordered_items()
     returns = [r for item in items for r in item.returns]
     lengths = [n for item in items for n in item.lengths]
@@ -134,23 +167,45 @@ def summarize(policy: PolicyResult, expected_episodes: int, seed: int = 0,
 
 
 def summarize_all(result: EvaluationResult) -> list[PolicySummary]:
-    """One summary per policy, in the order the policies were given; a policy is complete when
-    it has every episode planned for it (`EvaluationResult.planned_episodes`)."""
+    """One summary per policy, in the order the policies were given; a policy is complete when it has
+    every episode planned for it (`EvaluationResult.planned_episodes`).
+
+    Args:
+        result: the evaluation's result.
+
+    Returns:
+        The summaries.
+    """
     planned = result.planned_episodes or [result.config.episodes] * len(result.policies)
     return [summarize(policy, expected, seed=result.config.seed)
             for policy, expected in zip(result.policies, planned, strict=True)]
 
 
 def ranking_statistic(result: EvaluationResult) -> str:
-    """What ranks the policies: the selection's statistic, else the mean."""
+    """What ranks the policies.
+
+    Args:
+        result: the evaluation's result.
+
+    Returns:
+        The selection's statistic, else "mean".
+    """
     selection = result.config.selection
     return "mean" if selection is None else selection.statistic
 
 
 def compare(result: EvaluationResult, resamples: int = BOOTSTRAP_RESAMPLES) -> Comparisons:
     """P(X > Y) with its stratified-bootstrap interval for every ordered pair of policies with
-    episodes, by label: `compare(...)[x][y]`. Each pair is resampled once (seeded with the
-    evaluation's seed): P(Y > X) is 1 - P(X > Y), resample by resample."""
+    episodes. Each pair is resampled once (seeded with the evaluation's seed): P(Y > X) is
+    1 - P(X > Y), resample by resample.
+
+    Args:
+        result: the evaluation's result.
+        resamples: the bootstrap's resamples.
+
+    Returns:
+        By label: `compare(...)[x][y]`.
+    """
     done = [policy for policy in result.policies if returns_by_item(policy)]
     table: dict[str, dict[str, stats.Estimate]] = {policy.spec.label: {} for policy in done}
     for a, first in enumerate(done):
@@ -178,9 +233,18 @@ class Best:
 
 def best_policy(summaries: list[PolicySummary], statistic: str, comparisons: Comparisons,
                 among: list[str] | None = None) -> Best | None:
-    """The policy with the highest `statistic` (among the labels `among` when given: those the
-    selection kept), with its probability of improvement over the next best of all the others;
-    None when no policy has episodes."""
+    """The policy with the highest statistic, with its probability of improvement over the next best
+    of all the others.
+
+    Args:
+        summaries: the report rows.
+        statistic: "mean", "median" or "iqm".
+        comparisons: every pair's P(X > Y) (`compare`).
+        among: the labels the best may be taken from (those the selection kept); None for all.
+
+    Returns:
+        The best; None when no policy (among those) has episodes.
+    """
     ranked = ranked_by(summaries, statistic)
     candidates = [(s, value) for s, value in ranked if among is None or s.label in among]
     if not candidates:
@@ -194,13 +258,28 @@ def best_policy(summaries: list[PolicySummary], statistic: str, comparisons: Com
 
 
 def ranked_by(summaries: list[PolicySummary], statistic: str) -> list[tuple[PolicySummary, float]]:
-    """The summaries that have `statistic`, with its value, highest first."""
+    """The summaries that have a statistic, highest first.
+
+    Args:
+        summaries: the report rows.
+        statistic: "mean", "median" or "iqm".
+
+    Returns:
+        (summary, value) pairs.
+    """
     scored = [(s, value) for s in summaries if (value := s.statistic(statistic)) is not None]
     return sorted(scored, key=lambda pair: -pair[1])
 
 
 def bootstrap_settings(result: EvaluationResult) -> dict[str, Any]:
-    """How the intervals were drawn, as the JSON report states it."""
+    """How the intervals were drawn, as the JSON report states it.
+
+    Args:
+        result: the evaluation's result.
+
+    Returns:
+        Method, resamples, seed, confidence and strata.
+    """
     return {"method": stats.BOOTSTRAP_METHOD, "resamples": BOOTSTRAP_RESAMPLES,
             "seed": result.config.seed, "confidence": CONFIDENCE, "strata": "work items"}
 
@@ -225,13 +304,25 @@ class EvaluationReport:
         return self.result.selection
 
     def ranked(self) -> list[tuple[PolicySummary, float]]:
-        """The summaries that have the ranking statistic, with its value, highest first."""
+        """The summaries that have the ranking statistic, highest first.
+
+        Returns:
+            (summary, value) pairs.
+        """
         return ranked_by(self.summaries, self.statistic)
 
 
 def build_report(result: EvaluationResult, resamples: int = BOOTSTRAP_RESAMPLES
                  ) -> EvaluationReport:
-    """Summaries, every pairwise comparison and the best policy of `result`, once."""
+    """Summaries, every pairwise comparison and the best policy of an evaluation, once.
+
+    Args:
+        result: the evaluation's result.
+        resamples: the bootstrap's resamples.
+
+    Returns:
+        The report.
+    """
     summaries = summarize_all(result)
     comparisons = compare(result, resamples)
     statistic = ranking_statistic(result)

@@ -60,9 +60,20 @@ class Contender:
 
 
 def contenders(sources: Sequence[str]) -> list[Contender]:
-    """The contenders `sources` name: `heuristic:NAME`, or what `huggy_agent.discovery` finds
-    (a file, every checkpoint of a results folder, `hf://`). ValueError for fewer than two, an
-    unknown scripted player or repeated labels; FileNotFoundError for a missing path."""
+    """The contenders that sources name.
+
+    Args:
+        sources: `heuristic:NAME`, or what `huggy_agent.discovery` finds (a file, every checkpoint
+            of a results folder, `hf://`).
+
+    Returns:
+        The contenders, in order.
+
+    Raises:
+        ValueError: fewer than two, an unknown scripted player, repeated labels, a folder without
+            policy files, or a malformed Hub source.
+        FileNotFoundError: a path or Hub source that does not exist.
+    """
     found: list[Contender] = []
     for source in sources:
         if is_heuristic(source):
@@ -87,12 +98,13 @@ STANDIN_ARENAS = 8
 
 @dataclass(frozen=True)
 class TournamentEnv:
-    """The scene each runner opens: a Unity build or "builtin:soccertwos", its arenas and
-    more parameters.
+    """The scene each runner opens: a Unity build or "builtin:soccertwos", its arenas and more
+    parameters.
 
-    Raises ValueError (at construction) for arenas that are not an integer >= 1, another
-    built-in scene, a stand-in `num_arenas` parameter that disagrees with `arenas`, or a
-    parameter the stand-in would ignore.
+    Raises:
+        ValueError: arenas that are not an integer >= 1, another built-in scene, a stand-in
+            `num_arenas` parameter that disagrees with `arenas`, or a parameter the stand-in would
+            ignore.
     """
 
     file_name: str = "builtin:soccertwos"
@@ -124,15 +136,22 @@ class TournamentEnv:
         check_builtin_parameters(self.file_name, parameters=self.sent_parameters().items())
 
     def sent_parameters(self) -> dict[str, float]:
-        """The EnvironmentParameters the scene gets: `parameters`, and for the stand-in its
-        `num_arenas` (the arenas)."""
+        """The EnvironmentParameters the scene gets.
+
+        Returns:
+            `parameters`, and for the stand-in its `num_arenas` (the arenas).
+        """
         parameters = dict(self.parameters)
         if self.file_name.startswith("builtin") and self.arenas is not None:
             parameters.setdefault("num_arenas", float(self.arenas))
         return parameters
 
     def open(self) -> TeamsEnv:
-        """The environment, on a port that was free a moment ago."""
+        """The environment, on a port that was free a moment ago.
+
+        Returns:
+            The `TeamsEnv`.
+        """
         return TeamsEnv(self.file_name, worker_id=free_worker_id(),
                         timeout_wait=self.timeout_wait, time_scale=self.time_scale,
                         env_parameters=self.sent_parameters())
@@ -140,7 +159,11 @@ class TournamentEnv:
 
 @dataclass(frozen=True)
 class TournamentConfig:
-    """What to play and how (the schedule's settings are `schedule()`'s)."""
+    """What to play and how (the schedule's settings are `schedule()`'s).
+
+    Raises:
+        ValueError: an unknown accelerator, or `runners` or `max_attempts` not an integer >= 1.
+    """
 
     matches: int = 120
     """The budget: matches in all (only whole rounds of K(K-1) are played)."""
@@ -169,6 +192,11 @@ class TournamentConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
     def schedule(self) -> ScheduleConfig:
+        """The schedule's settings.
+
+        Returns:
+            The budget, seed, mode, confidence and round-robin rounds, as `matchmaking` takes them.
+        """
         return ScheduleConfig(matches=self.matches, seed=self.seed, adaptive=self.adaptive,
                               select_best=self.select_best, confidence=self.confidence,
                               round_robin_rounds=self.round_robin_rounds)
@@ -198,8 +226,15 @@ class TournamentResult:
 
 class MatchRunner:
     """One environment of `env.arenas` arenas (a build's own count when that is None) and the
-    contenders' agents (loaded on first use), playing batches of matches: in this process, or
-    as a Ray actor."""
+    contenders' agents (loaded on first use), playing batches of matches: in this process, or as
+    a Ray actor.
+
+    Args:
+        name: the runner's name in results.
+        env: the scene (opened here).
+        device: the device of its policy copies.
+        precision: the precision of its policy copies.
+    """
 
     def __init__(self, name: str, env: TournamentEnv, device: str = "cpu",
                  precision: str = "fp32") -> None:
@@ -212,12 +247,20 @@ class MatchRunner:
         self._arenas = env.arenas
 
     def info(self) -> RunnerInfo:
+        """What the runner reports of itself.
+
+        Returns:
+            Its name, node id, process id and its environment's process id.
+        """
         pid = None if self._env is None else self._env.process_id
         return RunnerInfo(self._name, node_id(), os.getpid(), pid, (pid,))
 
     def arenas(self) -> int:
-        """How many matches this runner plays at once: `env.arenas` when given, else the arenas
-        its scene has (`envs.matches.count_arenas`, one reset, counted once).
+        """How many matches this runner plays at once: `env.arenas` when given, else the arenas its scene
+        has (`envs.matches.count_arenas`, one reset, counted once).
+
+        Returns:
+            The arenas.
 
         Raises:
             ValueError: the scene is not one of two teams sharing a behavior.
@@ -230,11 +273,22 @@ class MatchRunner:
 
     def run(self, fixtures: Sequence[Fixture], entrants: dict[str, Contender],
             payloads: dict[str, Any], deterministic: bool) -> tuple[list[ratings.Match], int]:
-        """Play `fixtures` (at most `arenas` of them) at once: each match's result, and which
-        try of this batch it was (1 + Ray's retries). `payloads`:
-        a file contender's bytes (or a one-element list of an ObjectRef of them), so runners on
-        other machines need no shared file system. EnvironmentCrashed when the environment
-        died (the next call opens a new one)."""
+        """Play matches at once, one per arena.
+
+        Args:
+            fixtures: 1 to `arenas()` matches.
+            entrants: the contenders by label.
+            payloads: a file contender's bytes (or a one-element list of an ObjectRef of them) by
+                label, so runners on other machines need no shared file system.
+            deterministic: play each policy's mode instead of sampling.
+
+        Returns:
+            Each match's result, and which try of this batch it was (1 + Ray's retries).
+
+        Raises:
+            ValueError: not 1 to `arenas()` fixtures.
+            EnvironmentCrashed: the environment died (the next call opens a new one).
+        """
         if not 1 <= len(fixtures) <= self.arenas():
             raise ValueError(f"expected 1 to {self.arenas()} matches (one per arena), "
                              f"got {len(fixtures)}")
@@ -270,12 +324,27 @@ class MatchRunner:
 
 
 def batches(fixtures: Sequence[Fixture], arenas: int) -> list[list[Fixture]]:
-    """`fixtures` in order, `arenas` at a time: what one runner plays at once."""
+    """The matches one runner plays at once.
+
+    Args:
+        fixtures: the round's matches, in order.
+        arenas: matches per batch.
+
+    Returns:
+        `fixtures` in order, `arenas` at a time.
+    """
     return [list(fixtures[start:start + arenas]) for start in range(0, len(fixtures), arenas)]
 
 
 def progress_bar(config: TournamentConfig) -> Any:
-    """The tournament's progress bar on stderr, in matches (up to the budget)."""
+    """The tournament's progress bar on stderr, in matches (up to the budget).
+
+    Args:
+        config: the tournament's settings (`progress` off hides it).
+
+    Returns:
+        The tqdm bar.
+    """
     return tqdm(total=config.matches, unit="match", desc="tournament",
                 disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
 
@@ -284,8 +353,22 @@ def play_plain(entrants: Sequence[Contender], config: TournamentConfig, env: Tou
                ) -> TournamentResult:
     """Every match in this process, on one environment, round after round: the reference for
     `deploy.evaluation.tournament_ray.play_on_ray` (the same matches, seeds and results).
-    `env.arenas` matches at a time, or for a build without it, as many as the scene has
-    arenas (the result's `env` records the number)."""
+    `env.arenas` matches at a time, or for a build without it, as many as the scene has arenas
+    (the result's `env` records the number).
+
+    Args:
+        entrants: the contenders.
+        config: the tournament's settings.
+        env: the scene.
+
+    Returns:
+        The result; on Ctrl-C the rounds played so far (`interrupted=True`).
+
+    Raises:
+        ValueError: the budget has no room for one round, or the scene is not one of two teams
+            sharing a behavior.
+        EnvironmentCrashed: the environment died (the plain loop does not retry).
+    """
     started = time.perf_counter()
     result = TournamentResult(list(entrants), config, env)
     schedule = Schedule(result.labels, config.schedule())
@@ -317,7 +400,15 @@ def play_plain(entrants: Sequence[Contender], config: TournamentConfig, env: Tou
 
 
 def check_budget(entrants: Sequence[Contender], config: TournamentConfig) -> None:
-    """ValueError, with the numbers, when the budget has no room for one round."""
+    """Refuse a budget that has no room for one round, before anything runs.
+
+    Args:
+        entrants: the contenders.
+        config: the tournament's settings.
+
+    Raises:
+        ValueError: with the numbers.
+    """
     Schedule([c.label for c in entrants], config.schedule())
 
 

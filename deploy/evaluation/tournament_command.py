@@ -24,8 +24,20 @@ from deploy.evaluation.tournament_report import (
 
 
 def run_tournament(args: argparse.Namespace) -> int:
-    """Run the tournament, print the table, write the report. Exit code 0, or 130 when
-    interrupted (what was played is still reported)."""
+    """Run the tournament, print the table, write the report (and the TensorBoard scalars and model
+    cards asked for).
+
+    Args:
+        args: the parsed `huggy tournament` command line.
+
+    Returns:
+        The exit code: 0, or 130 when interrupted (what was played is still reported).
+
+    Raises:
+        ValueError: an `--anchor` that is not a contender, too few contenders, a budget too small
+            for one round, or settings the tournament refuses.
+        FileNotFoundError: a policy or the `--env` build not found.
+    """
     entrants = contenders(args.policies)
     if not args.env.startswith("builtin") and not Path(args.env).exists():
         raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use "

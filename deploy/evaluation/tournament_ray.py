@@ -41,12 +41,24 @@ def _remote_runner() -> Any:
 
 def play_on_ray(entrants: Sequence[Contender], config: TournamentConfig, env: TournamentEnv,
                 address: str | None = None) -> TournamentResult:
-    """The tournament on `config.runners` Ray actors (the same matches and results as
-    `tournament.play_plain`); connects through `on_ray.ray_session(address)`. Each runner plays
-    `env.arenas` matches at once, or for a build without it, as many as the scene has arenas
-    (the result's `env` records the number). On Ctrl-C, returns the rounds played so far
-    (`interrupted=True`). EvaluationError when no runner can start, or a batch failed every
-    try."""
+    """The tournament on `config.runners` Ray actors: the same matches and results as
+    `tournament.play_plain`. Each runner plays `env.arenas` matches at once, or for a build without
+    it, as many as the scene has arenas (the result's `env` records the number).
+
+    Args:
+        entrants: the contenders.
+        config: the tournament's settings.
+        env: the scene.
+        address: the cluster, as `on_ray.ray_session` takes it.
+
+    Returns:
+        The result; on Ctrl-C the rounds played so far (`interrupted=True`).
+
+    Raises:
+        EvaluationError: the cluster cannot hold the runners, no runner can start, or a batch
+            failed every try.
+        RayTokenError: token auth is on and this process has no token, or the cluster refused it.
+    """
     started = time.perf_counter()
     result = TournamentResult(list(entrants), config, env)
     schedule = Schedule(result.labels, config.schedule())

@@ -3,10 +3,7 @@ terminal, tournament.json, tournament.csv, ratings.png and win_rate.png, TensorB
 (`Evaluation/Elo` per training step) and Hugging Face model cards (the Elo and its interval in
 `model-index`).
 
-tournament.json: "ratings" {label: {"elo", "elo_ci", "wins", "draws", "losses", "matches"}},
-"pairs", "best", "fit" (`ratings.Ratings.as_dict`), "selection" (the schedule's outcome),
-"matches" (every match with its index, seed, sides and result), "policies" (what each label is),
-"config", "env", "runners", "retries", "interrupted", "seconds".
+tournament.json holds what `to_json` returns.
 """
 
 from __future__ import annotations
@@ -45,13 +42,31 @@ class TournamentReport:
     """None when no match was played."""
 
     def contender(self, label: str) -> Contender:
+        """A contender by label.
+
+        Args:
+            label: its label.
+
+        Returns:
+            The contender.
+        """
         return next(c for c in self.result.contenders if c.label == label)
 
 
 def build_tournament_report(result: TournamentResult, anchor: dict[str, float] | None = None
                             ) -> TournamentReport:
-    """The ratings of every match played (`ratings.rate`, bootstrap seeded with the
-    tournament's seed), anchored at `anchor` ({label: elo}) or with the mean at 1200."""
+    """The ratings of every match played (`ratings.rate`, bootstrap seeded with the tournament's seed).
+
+    Args:
+        result: what the tournament played.
+        anchor: `{label: elo}` to fix one policy's rating; None puts the mean at 1200.
+
+    Returns:
+        The report; its ratings None when no match was played.
+
+    Raises:
+        ValueError: a bad anchor.
+    """
     if not result.matches:
         return TournamentReport(result, None)
     return TournamentReport(result, ratings.rate(result.matches, result.labels, anchor=anchor,
@@ -59,8 +74,15 @@ def build_tournament_report(result: TournamentResult, anchor: dict[str, float] |
 
 
 def format_tournament_table(report: TournamentReport) -> str:
-    """One line per policy, best first: Elo [95% CI], record, score; then the best policy, the
-    schedule's outcome and the run's figures."""
+    """The table as printed.
+
+    Args:
+        report: the tournament's report.
+
+    Returns:
+        One line per policy, best first: Elo with its interval, record, score; then the best
+            policy, the schedule's outcome and the run's figures.
+    """
     result, found = report.result, report.ratings
     lines = []
     if found is None:
@@ -92,7 +114,14 @@ def format_tournament_table(report: TournamentReport) -> str:
 
 
 def best_line(found: ratings.Ratings) -> str:
-    """The best policy, and how sure: P(best beats the runner-up) from the model."""
+    """The best policy, and how sure: P(best beats the runner-up) from the model.
+
+    Args:
+        found: the ratings.
+
+    Returns:
+        The line.
+    """
     best = found.policies[found.best]
     text = f"best: {found.best} (Elo {best.elo:.0f} [{best.elo_ci[0]:.0f}, {best.elo_ci[1]:.0f}])"
     others = [label for label in found.policies if label != found.best]
@@ -105,7 +134,17 @@ def best_line(found: ratings.Ratings) -> str:
 
 
 def to_json(report: TournamentReport) -> dict[str, Any]:
-    """Everything in the report as JSON-ready data (see the module docstring)."""
+    """Everything in the report as JSON-ready data.
+
+    Args:
+        report: the tournament's report.
+
+    Returns:
+        "ratings" {label: {"elo", "elo_ci", "wins", "draws", "losses", "matches"}}, "pairs",
+            "best", "fit" (`ratings.Ratings.as_dict`), "selection" (the schedule's outcome),
+            "matches" (every match with its index, seed, sides and result), "policies" (what each
+            label is), "config", "env", "runners", "retries", "interrupted", "seconds".
+    """
     result = report.result
     rated = {} if report.ratings is None else report.ratings.as_dict()
     return {
@@ -125,9 +164,16 @@ def to_json(report: TournamentReport) -> dict[str, Any]:
 
 
 def write_tournament_report(report: TournamentReport, out_dir: str | Path) -> dict[str, Path]:
-    """tournament.json, tournament.csv, ratings.png and win_rate.png (the PNGs when matches
-    were played) in `out_dir`; their paths by kind ("json", "csv", "ratings_png",
-    "win_rate_png")."""
+    """Write tournament.json, tournament.csv, ratings.png and win_rate.png (the PNGs when matches
+    were played).
+
+    Args:
+        report: the tournament's report.
+        out_dir: where they go (created if needed).
+
+    Returns:
+        Their paths by kind ("json", "csv", "ratings_png", "win_rate_png").
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / JSON_NAME, "csv": out / CSV_NAME}
@@ -155,20 +201,42 @@ def write_tournament_report(report: TournamentReport, out_dir: str | Path) -> di
 
 
 def env_title(report: TournamentReport) -> str:
-    """The scene as the figures name it."""
+    """The scene as the figures name it.
+
+    Args:
+        report: the tournament's report.
+
+    Returns:
+        "stand-in SoccerTwos", or the build's file name.
+    """
     name = report.result.env.file_name
     return "stand-in SoccerTwos" if name == "builtin:soccertwos" else Path(name).name
 
 
 def checkpoints(report: TournamentReport) -> dict[str, tuple[str, int]]:
-    """label -> (run, training step), for every contender that is a run's checkpoint."""
+    """The contenders that are a run's checkpoints.
+
+    Args:
+        report: the tournament's report.
+
+    Returns:
+        {label: (run, training step)}.
+    """
     return {c.label: (c.run, c.step) for c in report.result.contenders
             if c.run is not None and c.step is not None}
 
 
 def write_tensorboard(report: TournamentReport, log_dir: str | Path) -> list[Path]:
-    """`Evaluation/Elo` (with its interval) at each checkpoint's training step, in
-    `log_dir/<run>/`, replacing an earlier tournament's scalars there."""
+    """`Evaluation/Elo` (with its interval) at each checkpoint's training step, in `log_dir/<run>/`,
+    replacing an earlier tournament's scalars there.
+
+    Args:
+        report: the tournament's report.
+        log_dir: the TensorBoard folder.
+
+    Returns:
+        The folders written; none when no match was played.
+    """
     if report.ratings is None:
         return []
     by_run: dict[str, list[tuple[int, dict[str, float | None]]]] = {}
@@ -181,7 +249,15 @@ def write_tensorboard(report: TournamentReport, log_dir: str | Path) -> list[Pat
 
 
 def opponents(report: TournamentReport, label: str) -> list[str]:
-    """The policies `label` played at least one match against, in the contenders' order."""
+    """The policies one played at least one match against.
+
+    Args:
+        report: the tournament's report.
+        label: the policy.
+
+    Returns:
+        Their labels, in the contenders' order.
+    """
     played = {m.team1 if m.team0 == label else m.team0 for m in report.result.matches
               if label in (m.team0, m.team1)}
     return [c.label for c in report.result.contenders if c.label in played]

@@ -22,14 +22,21 @@ from deploy.serving.catalogue import PolicySet
 from deploy.serving.replica import HuggyPolicyDeployment
 from deploy.serving.routes import ApiKey
 from deploy.serving.settings import AppArgs, app_args
-from huggy_agent.http_api import load_api_key
+from huggy_agent_client.http_api import load_api_key
 
 SERVING_PACKAGE = Path(__file__).resolve().parent
 """The serving package: its code is part of every deployment's version."""
 
 
 def cluster_nodes() -> list[dict[str, float]]:
-    """The resources of each alive node of the connected Ray cluster."""
+    """The resources of each alive node of the connected Ray cluster.
+
+    Returns:
+        One resource dict per alive node, in Ray's names.
+
+    Raises:
+        RuntimeError: Ray is not initialized.
+    """
     if not ray.is_initialized():
         raise RuntimeError("Ray is not initialized: connect with ray.init(address=...) or run "
                            "through `serve run` / `huggy serve`")
@@ -38,13 +45,23 @@ def cluster_nodes() -> list[dict[str, float]]:
 
 def build_app(args: AppArgs, policies: PolicySet | None = None,
               nodes: list[dict[str, float]] | None = None) -> Application:
-    """The application for `args` serving `policies` (default: `args.policy_set()`, which reads
-    every policy file: pass the set where it was built already), placed on `nodes` (default:
-    the connected cluster's).
+    """The application for `args`: its replicas placed, its batch settings and policies as the
+    deployment's `user_config` (applied by `reconfigure`: a redeploy that changes only them
+    reaches the running replicas).
 
-    Raises ValueError for bad settings and RuntimeError when the replicas cannot start there.
-    The batch settings and the policies become the deployment's `user_config`, applied by
-    `reconfigure`: a redeploy that changes only them reaches the running replicas.
+    Args:
+        args: the app builder's arguments.
+        policies: the served policies; None: `args.policy_set()`, which reads every policy file
+            (pass the set where it was built already).
+        nodes: the resources of each node; None: the connected cluster's.
+
+    Returns:
+        The bound Serve application.
+
+    Raises:
+        ValueError: bad settings, or a policy set that `args` does not make.
+        RuntimeError: the replicas cannot start there, or Ray is not initialized.
+        RayInternalsError: this Ray lacks a private name the deployment's version needs.
     """
     ray_internals.check(serve=True)
     settings = args.batch_settings()
@@ -79,9 +96,17 @@ def build_app(args: AppArgs, policies: PolicySet | None = None,
 
 
 def deployment_version(init_args: tuple, ray_actor_options: dict[str, Any]) -> str:
-    """A hash of what a replica is built from: the code of the serving package (every module
-    in it), its constructor arguments and its actor options. The same for a redeploy that
-    changes only the `user_config`."""
+    """A hash of what a replica is built from: the code of the serving package (every module in it),
+    its constructor arguments and its actor options. The same for a redeploy that changes only the
+    `user_config`.
+
+    Args:
+        init_args: the deployment's constructor arguments (an API key counts by its digest).
+        ray_actor_options: its actor options.
+
+    Returns:
+        24 hex digits.
+    """
     digest = hashlib.blake2b(digest_size=12)
     for module in sorted(SERVING_PACKAGE.glob("*.py")):
         digest.update(module.name.encode())
@@ -92,6 +117,17 @@ def deployment_version(init_args: tuple, ray_actor_options: dict[str, Any]) -> s
 
 
 def app(args: dict[str, Any]) -> Application:
-    """App builder for `serve run deploy.serving.app:app policy=... accelerator=...` and
-    config files (whose `args` are the fields of `AppArgs`)."""
+    """App builder for `serve run deploy.serving.app:app policy=... accelerator=...` and config files
+    (whose `args` are the fields of `AppArgs`).
+
+    Args:
+        args: `AppArgs`' fields.
+
+    Returns:
+        The bound Serve application.
+
+    Raises:
+        ValueError: bad arguments (in words).
+        RuntimeError: the replicas cannot start, or Ray is not initialized.
+    """
     return build_app(app_args(**args))

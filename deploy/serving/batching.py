@@ -23,9 +23,15 @@ GATHER_TURNS = 16
 
 
 class BatchQueue(Generic[Call, Answer]):
-    """Gathers calls into batches for `run`, which answers a batch with one answer per call,
-    in order (an answer may be an Exception, handed to that call alone). `rows` counts a
-    call's rows; a batch holds at most `max_batch_size` of them (always at least one call)."""
+    """Gathers calls into batches for `run`, which answers a batch with one answer per call, in order
+    (an answer may be an Exception, handed to that call alone).
+
+    Args:
+        run: answers a batch of calls.
+        rows: counts a call's rows.
+        max_batch_size: the most rows of a batch (a batch always holds at least one call).
+        wait_s: how long a batch that is not full waits for more calls; 0 takes it at once.
+    """
 
     def __init__(self, run: Callable[[list[Call]], Awaitable[list[Answer]]],
                  rows: Callable[[Call], int], max_batch_size: int, wait_s: float = 0.0) -> None:
@@ -39,8 +45,15 @@ class BatchQueue(Generic[Call, Answer]):
         self._full = asyncio.Event()
 
     def submit(self, call: Call) -> asyncio.Future[Answer]:
-        """Queue `call`; the future holds its answer once its batch has run (the exception, if
-        the whole batch failed)."""
+        """Queue a call.
+
+        Args:
+            call: the validated call.
+
+        Returns:
+            A future that holds its answer once its batch has run (the exception, if the whole batch
+                failed).
+        """
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         rows = self._rows(call)
         self._pending.append((call, rows, future))

@@ -23,7 +23,7 @@ from typing import Any
 from huggy_agent.agent import weights_fingerprint
 from huggy_agent.discovery import find_policies, unique_labels
 from huggy_agent.formats import load_policy
-from huggy_agent.http_api import Split, unknown_policy_message
+from huggy_agent_client.http_api import Split, unknown_policy_message
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,26 @@ class PolicyEntry:
     step: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
+        """The entry as JSON-ready data.
+
+        Returns:
+            Every field.
+        """
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PolicyEntry:
-        """The inverse of `as_dict`; ValueError naming a missing or unknown field."""
+        """The inverse of `as_dict`.
+
+        Args:
+            data: the entry's fields.
+
+        Returns:
+            The entry.
+
+        Raises:
+            ValueError: not an object, or a missing or unknown field (naming it).
+        """
         names = {field.name for field in fields(cls)}
         required = {field.name for field in fields(cls) if field.default is MISSING}
         if not isinstance(data, Mapping):
@@ -63,12 +77,20 @@ class PolicyEntry:
 
 
 def catalogue(sources: Sequence[str | Path]) -> list[PolicyEntry]:
-    """The policies named by `sources`, in order: a file is one policy, a results folder every
+    """The policies named by sources, in order: a file is one policy, a results folder every
     checkpoint in it by step, each labelled as `huggy_agent.discovery.find_policies` labels it.
+    Each file is loaded once to read its interface and fingerprint.
 
-    Each file is loaded once to read its interface and fingerprint. Raises FileNotFoundError
-    for a missing path, ValueError for an empty list or a folder without policies, and
-    `huggy_agent.PolicyLoadError` for a file that cannot be loaded (naming the file).
+    Args:
+        sources: policy files, results folders and `hf://` sources.
+
+    Returns:
+        One entry per policy file, ids made unique.
+
+    Raises:
+        FileNotFoundError: a missing path.
+        ValueError: an empty list, a folder without policies, or a malformed Hub source.
+        PolicyLoadError: a file that cannot be loaded (naming the file).
     """
     if not sources:
         raise ValueError("expected at least one policy (a .pt, an .onnx or a results folder)")
@@ -88,7 +110,12 @@ def catalogue(sources: Sequence[str | Path]) -> list[PolicyEntry]:
 
 @dataclass(frozen=True)
 class PolicySet:
-    """What a server serves: its policies, the default one, and the split of `/v1/act`."""
+    """What a server serves: its policies, the default one, and the split of `/v1/act`.
+
+    Raises:
+        ValueError: no entries, repeated ids, a default that is not served, or a split that names
+            a policy that is not served.
+    """
 
     entries: tuple[PolicyEntry, ...]
     default: str
@@ -110,8 +137,20 @@ class PolicySet:
     @classmethod
     def build(cls, entries: Sequence[PolicyEntry], default: str | None = None,
               split: str | Mapping[str, float] | Split | None = None) -> PolicySet:
-        """The set of `entries`; `default` None is the first; `split` as `--split` text, a
-        `{id: weight}` mapping or a `Split` (ValueError naming what is wrong)."""
+        """The set of some entries.
+
+        Args:
+            entries: the served policies.
+            default: the id `/v1/act` answers with; None: the first.
+            split: the A/B split of `/v1/act`, as `--split` text, a `{id: weight}` mapping or a
+                `Split`; None for none.
+
+        Returns:
+            The set.
+
+        Raises:
+            ValueError: no entries, or a default or split that is wrong (naming what).
+        """
         if not entries:
             raise ValueError("a server needs at least one policy")
         ids = [entry.id for entry in entries]
@@ -126,7 +165,17 @@ class PolicySet:
         return [entry.id for entry in self.entries]
 
     def entry(self, policy_id: str) -> PolicyEntry:
-        """The entry of `policy_id`; KeyError with `unknown_policy_message` if not served."""
+        """The entry of a served policy.
+
+        Args:
+            policy_id: its id.
+
+        Returns:
+            The entry.
+
+        Raises:
+            KeyError: with `unknown_policy_message`, when it is not served.
+        """
         for entry in self.entries:
             if entry.id == policy_id:
                 return entry
@@ -134,9 +183,19 @@ class PolicySet:
 
     def choose(self, named: str | None, session: str | None = None,
                rng: random.Random | None = None) -> str:
-        """The policy of a request: the one it `named` (path or header), else the split's
-        (by `session`, or at random by weight), else the default. KeyError for an unknown
-        named id."""
+        """The policy of a request.
+
+        Args:
+            named: the id the request named (path or header), or None.
+            session: the request's session key, for the split.
+            rng: the generator for a split without a session key.
+
+        Returns:
+            The named id, else the split's (by `session`, or at random by weight), else the default.
+
+        Raises:
+            KeyError: an unknown named id.
+        """
         if named is not None:
             return self.entry(named).id
         if self.split is not None:
@@ -144,18 +203,36 @@ class PolicySet:
         return self.default
 
     def preferred(self) -> list[str]:
-        """Ids in the order a replica loads them: the default, the split's, then the rest."""
+        """The ids in the order a replica loads them.
+
+        Returns:
+            The default, the split's, then the rest.
+        """
         order = [self.default, *(self.split.ids if self.split else ()), *self.ids]
         return list(dict.fromkeys(order))
 
     def as_config(self) -> dict[str, Any]:
-        """The JSON-ready form a Serve `user_config` carries (`from_config` reads it)."""
+        """The JSON-ready form a Serve `user_config` carries (`from_config` reads it).
+
+        Returns:
+            `{"policies": [...], "default": ..., "split": ...}`.
+        """
         return {"policies": [entry.as_dict() for entry in self.entries], "default": self.default,
                 "split": None if self.split is None else self.split.as_dict()}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PolicySet:
-        """The inverse of `as_config`; ValueError naming what is missing or wrong."""
+        """The inverse of `as_config`.
+
+        Args:
+            config: the form `as_config` gives.
+
+        Returns:
+            The set.
+
+        Raises:
+            ValueError: missing or wrong policies, split or default (naming what).
+        """
         if not isinstance(config.get("policies"), list) or not config["policies"]:
             raise ValueError("the server config needs 'policies', a non-empty list of policy "
                              f"entries, received {type(config.get('policies')).__name__}")

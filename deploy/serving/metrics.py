@@ -26,8 +26,17 @@ REPORT_PASSES = 256
 
 
 class BucketCounters:
-    """The cumulative bucket counts and the sum of a series of observations, on Ray counters
-    named `<name>_bucket` (tag `le`) and `<name>_sum`."""
+    """The cumulative bucket counts and the sum of a series of observations, on Ray counters named
+    `<name>_bucket` (tag `le`) and `<name>_sum`.
+
+    Args:
+        name: the series' name.
+        description: what is observed.
+        boundaries: the buckets' upper bounds, increasing.
+
+    Raises:
+        ValueError: boundaries that do not increase.
+    """
 
     def __init__(self, name: str, description: str, boundaries: Sequence[float]) -> None:
         if list(boundaries) != sorted(set(boundaries)):
@@ -40,13 +49,23 @@ class BucketCounters:
         self._sum = Counter(f"{name}_sum", description=f"{description}: their sum")
 
     def cumulative_counts(self, values: Sequence[float]) -> list[int]:
-        """How many of `values` are at most each boundary, then how many there are (`+Inf`)."""
+        """How many values fall at or under each bound.
+
+        Args:
+            values: the observations.
+
+        Returns:
+            How many are at most each boundary, then how many there are (`+Inf`).
+        """
         buckets = np.searchsorted(self.boundaries, np.asarray(values, np.float64), side="left")
         return np.cumsum(np.bincount(buckets, minlength=len(self.labels))).tolist()
 
     def add(self, values: Sequence[float]) -> None:
-        """Count `values`, one observation each: one call per bucket that holds any of them,
-        and one for the sum."""
+        """Count observations: one call per bucket that holds any of them, and one for the sum.
+
+        Args:
+            values: the observations.
+        """
         if not len(values):
             return
         for label, count in zip(self.labels, self.cumulative_counts(values), strict=True):
@@ -87,13 +106,22 @@ class ReplicaMetrics:
         self._unreported_policies: dict[str, int] = {}
 
     def count_request(self, policy_id: str) -> None:
-        """A request for `policy_id` is being answered."""
+        """Count a request being answered.
+
+        Args:
+            policy_id: the policy answering it.
+        """
         self.counters["requests"] += 1
         self.policy_requests[policy_id] = self.policy_requests.get(policy_id, 0) + 1
         self._unreported_policies[policy_id] = self._unreported_policies.get(policy_id, 0) + 1
 
     def count_batch(self, requests: int, rows: int) -> None:
-        """A forward pass of `rows` observations answered `requests` requests."""
+        """Count a forward pass; every `REPORT_PASSES` passes, report.
+
+        Args:
+            requests: the requests it answered.
+            rows: its observations.
+        """
         counters = self.counters
         counters["forward_passes"] += 1
         counters["rows"] += rows
@@ -104,7 +132,11 @@ class ReplicaMetrics:
             self.report()
 
     def summary(self) -> dict[str, float]:
-        """The counters, with the mean batch in requests and in rows."""
+        """The counters, as `/v1/info` shows them.
+
+        Returns:
+            Every counter, with the mean batch in requests and in rows.
+        """
         counters: dict[str, float] = dict(self.counters)
         passes = counters["forward_passes"]
         counters["mean_batch_requests"] = counters["requests"] / passes if passes else 0.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from deploy.serving.parsing import FLOAT32_OVERFLOW
-from huggy_agent.http_api import (
+from huggy_agent_client.http_api import (
     ACT_PATH,
     API_KEY_ENV,
     HEALTH_PATH,
@@ -19,7 +19,7 @@ from huggy_agent.http_api import (
     SESSION_KEY_LIMIT,
     model_act_path,
 )
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.spec import ActorSpec
 
 
 def _array_schema(shape: tuple[int, ...], items: dict) -> dict:
@@ -159,14 +159,22 @@ def openapi_document(spec: ActorSpec, max_rows: int, max_body_bytes: int,
                      api_key: bool = False, policies: dict[str, ActorSpec] | None = None,
                      act_policies: list[str] | None = None) -> dict:
     """The OpenAPI 3.1 description of this API for a policy of interface `spec`: what the server
-    accepts and answers, with the bearer key required on every route but the health check when
-    `api_key`.
+    accepts and answers.
 
-    `policies` (id -> interface) are the served policies: each gets its own
-    `/v1/models/{id}/act` route with its own interface, and `GET /v1/models` lists them.
-    `act_policies` are the ids `/v1/act` may answer with (the default, or the split's), whose
-    interface is `spec`; the `serve_multiplexed_model_id` header may name any policy of that
-    interface. None: one policy of interface `spec`, no ids.
+    Args:
+        spec: the interface of `/v1/act`'s policies.
+        max_rows: the most observation rows of a request.
+        max_body_bytes: the largest request body.
+        api_key: whether the bearer key is required (on every route but the health check).
+        policies: the served policies (id -> interface): each gets its own
+            `/v1/models/{id}/act` route with its own interface, and `GET /v1/models` lists them.
+            None: one policy of interface `spec`, no ids.
+        act_policies: the ids `/v1/act` may answer with (the default, or the split's), whose
+            interface is `spec`; the `serve_multiplexed_model_id` header may name any policy of
+            that interface.
+
+    Returns:
+        The document, JSON-ready.
     """
     served = dict(policies or {})
     interfaces = list(dict.fromkeys([spec, *served.values()]))

@@ -26,10 +26,10 @@ import numpy as np
 import orjson
 
 from deploy.serving.responses import ApiError
-from huggy_agent.http_api import SEED_LIMIT, check_session_key, shown
-from huggy_agent.inputs import as_input_batch, as_mask_batch, as_memory_batch
 from huggy_agent.native import KERNELS
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.http_api import SEED_LIMIT, check_session_key, shown
+from huggy_agent_client.inputs import as_input_batch, as_mask_batch, as_memory_batch
+from huggy_agent_client.spec import ActorSpec
 
 ROW_FIELDS = ("obs", "inputs", "instances", "action_mask", "memory")
 """The fields that carry rows."""
@@ -47,7 +47,9 @@ ONE_ROW_FIELDS = frozenset(("obs", "deterministic", "seed", "row_offset"))
 """The fields of the common body that `_one_row` reads on its own (after the options)."""
 
 
-@dataclass(slots=True)  # not frozen: a frozen __init__ costs 1.6 us more, on every request
+# Not frozen: a frozen dataclass's __init__ costs more, on every request (docs/benchmarks.md,
+# "Three cuts to the serving code's own cost").
+@dataclass(slots=True)
 class ActRequest:
     """A validated act request, never changed once made: `inputs` are (rows, *shape) float32 in
     `obs_i` order, `action_mask` (rows, sum of branches) bool or None, `memory` (rows, m) float32
@@ -61,7 +63,7 @@ class ActRequest:
     action_mask: np.ndarray | None = None
     memory: np.ndarray | None = None
     session: str | None = None
-    """The key that keeps a user on one policy of a split (`huggy_agent.http_api.Split`)."""
+    """The key that keeps a user on one policy of a split (`huggy_agent_client.http_api.Split`)."""
 
     @property
     def obs(self) -> np.ndarray:
@@ -74,26 +76,43 @@ class ActRequest:
 
 
 def parse_act_request(body: bytes, spec: ActorSpec, max_rows: int) -> ActRequest:
-    """Parse and validate the body of an act route for a policy of interface `spec`.
+    """Parse and validate the body of an act route for a policy. Messages name what was expected and
+    what was received.
 
-    Any body either parses or raises ApiError, never anything else: 400 not UTF-8 JSON (also
-    empty, nested too deeply); 413 more than `max_rows` observations; 422 anything else wrong
-    (not an object, unknown, repeated or missing field, wrong type, wrong shape, a boolean or
-    other non-number in the observations, a value that is not finite in float32, a mask branch
-    with no allowed action). Messages name what was expected and what was received.
+    Args:
+        body: the request's body.
+        spec: the policy's interface.
+        max_rows: the most observations a request may hold.
+
+    Returns:
+        The validated request.
+
+    Raises:
+        ApiError: for any body that does not parse, never anything else: 400 not UTF-8 JSON (also
+            empty, nested too deeply); 413 more than `max_rows` observations; 422 anything else
+            wrong (not an object, unknown, repeated or missing field, wrong type, wrong shape, a
+            boolean or other non-number in the observations, a value that is not finite in
+            float32, a mask branch with no allowed action).
     """
     return act_from_document(*read_act_document(body), spec, max_rows)
 
 
 def plain_one_row(body: bytes, spec: ActorSpec) -> ActRequest | None:
-    """The request of the most common body, `{"obs": [numbers]}` with any of the options
-    `deterministic` (a boolean), `seed` and `row_offset` (integers in range, or a null seed),
-    for a policy with one vector input and no memory, read and checked in one pass; None for
-    anything else (then `read_act_document` and `act_from_document` read it, with the same
-    answer, and word any error).
+    """The request of the most common body, read and checked in one pass.
 
-    The compiled reader (`huggy_agent.native`'s `json_obs_row`) reads the body straight into
-    the float32 row; where the kernels were not built, `_plain_one_row_numpy` reads it."""
+    The compiled reader (`huggy_agent.native`'s `json_obs_row`) reads the body straight into the
+    float32 row; where the kernels were not built, `_plain_one_row_numpy` reads it.
+
+    Args:
+        body: the request's body.
+        spec: the policy's interface.
+
+    Returns:
+        The request of `{"obs": [numbers]}` with any of the options `deterministic` (a boolean),
+            `seed` and `row_offset` (integers in range, or a null seed), for a policy with one
+            vector input and no memory; None for anything else (then `read_act_document` and
+            `act_from_document` read it, with the same answer, and word any error).
+    """
     inputs = spec.inputs
     if len(inputs) != 1 or spec.memory_size or inputs[0].kind != "vector":
         return None
@@ -147,9 +166,18 @@ _LETTERS = {field: field.count("u") + field.count("a") for field in ONE_ROW_FIEL
 
 
 def read_act_document(body: bytes) -> tuple[dict, bool]:
-    """The JSON object of an act body and whether it was read exactly (`_exact_json`), before
-    any policy's rules: 400 or 422 as `parse_act_request` says. Read first where the policy
-    depends on the body (its `"session"`)."""
+    """The JSON object of an act body, before any policy's rules. Read first where the policy
+    depends on the body (its `"session"`).
+
+    Args:
+        body: the request's body.
+
+    Returns:
+        The object, and whether it was read exactly (`_exact_json`).
+
+    Raises:
+        ApiError: 400 or 422, as `parse_act_request` says.
+    """
     try:
         document, exact = orjson.loads(body), False
     except orjson.JSONDecodeError:
@@ -165,8 +193,20 @@ def read_act_document(body: bytes) -> tuple[dict, bool]:
 
 def act_from_document(document: dict, exact: bool, spec: ActorSpec, max_rows: int
                       ) -> ActRequest:
-    """The request of a `read_act_document` result, validated for a policy of interface `spec`
-    (see `parse_act_request`)."""
+    """The request of a `read_act_document` result, validated for a policy.
+
+    Args:
+        document: the body's JSON object.
+        exact: whether it was read exactly.
+        spec: the policy's interface.
+        max_rows: the most observations a request may hold.
+
+    Returns:
+        The validated request.
+
+    Raises:
+        ApiError: 413 or 422, as `parse_act_request` says.
+    """
     _refuse_unknown_fields(document)
     deterministic = document.get("deterministic", True)
     if not isinstance(deterministic, bool):

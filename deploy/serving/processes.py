@@ -9,11 +9,14 @@ from pathlib import Path
 
 
 def a_child_process_ended() -> bool:
-    """Whether a child process of this one has ended and not yet been waited for (a zombie). For
-    a cluster that this process started, whose head processes (GCS, raylet, dashboard) are its
-    children and live until `ray.shutdown`, that means the cluster is ending: a signal sent to
-    the whole process group (`kill -TERM -PGID`, `timeout`, a shell's `kill %1`) reached them
-    too. Linux (`/proc`); False elsewhere."""
+    """Whether a child process of this one has ended and not yet been waited for (a zombie). For a
+    cluster that this process started, whose head processes (GCS, raylet, dashboard) are its
+    children and live until `ray.shutdown`, that means the cluster is ending: a signal sent to the
+    whole process group (`kill -TERM -PGID`, `timeout`, a shell's `kill %1`) reached them too.
+
+    Returns:
+        True when one has (Linux, `/proc`); False otherwise, and elsewhere.
+    """
     me = os.getpid()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -27,8 +30,14 @@ def a_child_process_ended() -> bool:
 
 
 def processes_configured_in(folder: Path) -> set[int]:
-    """The live processes whose command line names a configuration file (`-f FILE`) under
-    `folder`; a process that has exited has an empty command line."""
+    """The live processes whose command line names a configuration file (`-f FILE`) under a folder.
+
+    Args:
+        folder: the folder.
+
+    Returns:
+        Their process ids (a process that has exited has an empty command line, and is left out).
+    """
     prefix = f"{folder}/".encode()
     found = set()
     for proc in Path("/proc").iterdir():

@@ -46,7 +46,7 @@ from deploy.serving.service import (
 )
 from deploy.serving.settings import split_user_config
 from huggy_agent.devices import resolve_device
-from huggy_agent.http_api import ACT_PATH
+from huggy_agent_client.http_api import ACT_PATH
 
 DEPLOYMENT_NAME = "HuggyPolicy"
 OWN_LISTENER_GRACE_S = 4.0
@@ -77,7 +77,14 @@ def _replica_id() -> str | None:
 
 
 def http_response(reply: Reply) -> Response:
-    """A starlette answer for Serve's HTTP server."""
+    """A starlette answer for Serve's HTTP server.
+
+    Args:
+        reply: the service's reply.
+
+    Returns:
+        The response, its body JSON.
+    """
     return Response(reply.body, status_code=reply.status, media_type="application/json",
                     headers=dict(reply.headers))
 
@@ -123,8 +130,11 @@ class HuggyPolicyDeployment:
         self._http_server: UnixHttpServer | None = None
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        """Apply a `user_config`: batch settings, and the policies with their default and
-        split (`PolicyRunner.configure`); then start the replica's own listener, once.
+        """Apply a `user_config`: batch settings, and the policies with their default and split
+        (`PolicyRunner.configure`); then start the replica's own listener, once.
+
+        Args:
+            config: the deployment's `user_config`.
 
         Raises:
             ValueError: a bad config (naming the key or value).
@@ -164,7 +174,11 @@ class HuggyPolicyDeployment:
         self.runner.check_health()
 
     def held(self) -> list[str]:
-        """The ids of the policies this replica holds, least recently used first."""
+        """The policies this replica holds.
+
+        Returns:
+            Their ids, least recently used first.
+        """
         return self.runner.held()
 
     async def __call__(self, request: Request) -> Response:
@@ -202,11 +216,20 @@ class HuggyPolicyDeployment:
 
     async def Act(self, request: bytes,  # noqa: N802 - gRPC method name
                   grpc_context: RayServegRPCContext) -> RawMessage:
-        """`/huggy.v1.Policy/Act` of Serve's gRPC ingress: the same JSON in and out as /v1/act;
-        the policy by the `multiplexed_model_id` metadata, else the split's or the default.
-        Always through the batch queue: Serve's gRPC server hands requests over one at a time,
-        so each would find the replica idle and none would share a forward pass. Serve has
-        read the whole message before this runs."""
+        """`/huggy.v1.Policy/Act` of Serve's gRPC ingress: the same JSON in and out as /v1/act; the policy
+        by the `multiplexed_model_id` metadata, else the split's or the default. Always through the
+        batch queue: Serve's gRPC server hands requests over one at a time, so each would find the
+        replica idle and none would share a forward pass. Serve has read the whole message before this
+        runs.
+
+        Args:
+            request: the call's message, the JSON body.
+            grpc_context: Serve's gRPC context: the call's metadata in, the status out.
+
+        Returns:
+            The answer's JSON; empty, with the status and the API's JSON error as details, for a
+                refused or failed call.
+        """
         metadata = dict(grpc_context.invocation_metadata() or ())
         head = RequestHead(metadata.get("authorization"), len(request),
                            serve.get_multiplexed_model_id() or None)

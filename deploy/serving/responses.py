@@ -16,14 +16,21 @@ import orjson
 from starlette.responses import Response
 
 from huggy_agent import Actions, HuggyAgent
-from huggy_agent.http_api import RETRY_AFTER_S
+from huggy_agent_client.http_api import RETRY_AFTER_S
 
 INTERNAL_ERROR_CHARS = 200
 """The most characters of an exception's text in a 500's message."""
 
 
 class ApiError(Exception):
-    """A request the API refuses: HTTP `status`, a short `kind` and a message for the caller."""
+    """A request the API refuses.
+
+    Args:
+        status: the HTTP status.
+        kind: a short kind, the JSON error's "error".
+        message: what was expected and what came, for the caller.
+        headers: headers of the answer (`Retry-After`, `Allow`, ...).
+    """
 
     def __init__(self, status: int, kind: str, message: str,
                  headers: dict[str, str] | None = None) -> None:
@@ -34,25 +41,50 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> bytes:
-        """The JSON error document sent back."""
+        """The JSON error document sent back.
+
+        Returns:
+            `{"error": kind, "message": message}` as bytes.
+        """
         return json.dumps({"error": self.kind, "message": self.message}).encode()
 
 
 def error_response(error: ApiError) -> Response:
-    """The HTTP answer for `error`: its status and headers, its JSON error document."""
+    """The HTTP answer for a refusal.
+
+    Args:
+        error: the refusal.
+
+    Returns:
+        Its status and headers, its JSON error document.
+    """
     return Response(error.body(), status_code=error.status, media_type="application/json",
                     headers=error.headers)
 
 
 def unavailable(message: str) -> ApiError:
-    """503 with `Retry-After`: the server cannot answer for now (starting, or stopping)."""
+    """The refusal of a server that cannot answer for now (starting, or stopping).
+
+    Args:
+        message: why.
+
+    Returns:
+        503 with `Retry-After`.
+    """
     return ApiError(503, "unavailable", message, {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def internal_error(error: Exception) -> ApiError:
-    """500: answering failed with `error`, a bug of the server's (the replica serves on). The
-    message names the error (its `repr`, which escapes what it quotes), cut short: an
-    exception's text may quote what a client sent."""
+    """The refusal for a request whose answer failed: a bug of the server's (the replica serves on).
+    The message names the error by its `repr` (which escapes what it quotes), cut short: an
+    exception's text may quote what a client sent.
+
+    Args:
+        error: what failed.
+
+    Returns:
+        500.
+    """
     described = repr(error)
     if len(described) > INTERNAL_ERROR_CHARS:
         described = (f"{described[:INTERNAL_ERROR_CHARS]}... and "
@@ -62,8 +94,17 @@ def internal_error(error: Exception) -> ApiError:
 
 def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = None
                   ) -> dict[str, np.ndarray]:
-    """What an act route answers, by name: `continuous`, `discrete` and `memory` as the policy
-    has them, from `compute_action`'s result (with the memory in it) or `actions_from`'s."""
+    """What an act route answers, by name.
+
+    Args:
+        agent: the policy.
+        actions: `compute_action`'s result (with the memory in it, for a recurrent policy) or
+            `actions_from`'s.
+        memory: the next memory, when `actions` is `actions_from`'s.
+
+    Returns:
+        `continuous`, `discrete` and `memory` as the policy has them.
+    """
     if agent.spec.memory_size and memory is None:
         actions, memory = actions
     if isinstance(actions, Actions):
@@ -77,10 +118,17 @@ def answer_arrays(agent: HuggyAgent, actions: Any, memory: np.ndarray | None = N
 
 def act_response(result: dict[str, np.ndarray], single: bool, fingerprint: str,
                  policy: str | None = None) -> bytes:
-    """The body answering an act route, from (rows, ...) arrays by name (`continuous`,
-    `discrete`, `memory`): each in the rank the request was sent in, and a continuous-only
-    policy's actions once more as `actions`; `model` is the weights `fingerprint` and `policy`
-    the id of the policy that answered."""
+    """The body answering an act route.
+
+    Args:
+        result: (rows, ...) arrays by name (`continuous`, `discrete`, `memory`).
+        single: the request was one row: each array is sent without its row dimension.
+        fingerprint: the weights fingerprint, sent as `model`.
+        policy: the id of the policy that answered, sent as `policy` when given.
+
+    Returns:
+        The JSON body; a continuous-only policy's actions are sent once more as `actions`.
+    """
     document: dict[str, Any] = {name: np.ascontiguousarray(array[0] if single else array)
                                 for name, array in result.items()}
     if set(result) <= {"continuous", "memory"} and "continuous" in result:

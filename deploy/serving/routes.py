@@ -8,14 +8,25 @@ import hmac
 from dataclasses import dataclass, field
 
 from deploy.serving.responses import ApiError
-from huggy_agent.http_api import MODEL_ACT_ROUTE, MODELS_PATH, OPEN_PATHS, ROUTES
+from huggy_agent_client.http_api import MODEL_ACT_ROUTE, MODELS_PATH, OPEN_PATHS, ROUTES
 
 
 def check_route(path: str, method: str) -> tuple[str, str | None]:
-    """The route of `path` (a key of ROUTES) and the policy id it names (None but for
-    `/v1/models/{policy}/act`); 404 for an unknown path and 405 (with `Allow`) for a known path
-    with the wrong method. HEAD is taken wherever GET is: the replica answers it as GET and the
-    HTTP server leaves the body out (same status and headers, as HTTP has it)."""
+    """The route a request names. HEAD is taken wherever GET is: the replica answers it as GET and
+    the HTTP server leaves the body out (same status and headers, as HTTP has it).
+
+    Args:
+        path: the request's path.
+        method: its method.
+
+    Returns:
+        The route (a key of ROUTES) and the policy id it names (None but for
+            `/v1/models/{policy}/act`).
+
+    Raises:
+        ApiError: 404 for an unknown path, 405 (with `Allow`) for a known path with the wrong
+            method.
+    """
     route, policy_id = path.rstrip("/") or "/", None
     prefix = f"{MODELS_PATH}/"
     if route.startswith(prefix) and route.endswith("/act") and len(route) > len(prefix) + 4:
@@ -41,11 +52,26 @@ class ApiKey:
 
     @classmethod
     def of(cls, key: str) -> ApiKey:
+        """The key a server requires.
+
+        Args:
+            key: the key.
+
+        Returns:
+            Its digest, held.
+        """
         return cls(hashlib.sha256(key.encode()).digest())
 
     def authorize(self, path: str, authorization: str | None) -> None:
-        """Return if `path` is open or `authorization` (the header's value) is
-        `Bearer <key>`; raise 401 otherwise. Constant time in the key."""
+        """Let a request through if its path is open or it carries the key; constant time in the key.
+
+        Args:
+            path: the request's path.
+            authorization: its Authorization header's value, or None.
+
+        Raises:
+            ApiError: 401 (with `WWW-Authenticate`) when it is neither.
+        """
         if (path.rstrip("/") or "/") in OPEN_PATHS:
             return
         scheme, _, token = (authorization or "").strip().partition(" ")

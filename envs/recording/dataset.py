@@ -27,9 +27,16 @@ from envs.registration import ENV_ID, UNITY_ENV_ID
 
 
 def check_new_dataset(dataset_id: str) -> None:
-    """Fail before any work when `dataset_id` cannot be written: Minari missing (the `data`
-    extra), an id not of Minari's form `(namespace/)name-vN`, or a dataset of that id already
-    there (Minari never overwrites one)."""
+    """Fail before any work when a Minari dataset cannot be written.
+
+    Args:
+        dataset_id: the dataset's id.
+
+    Raises:
+        ImportError: Minari is missing (the `data` extra).
+        ValueError: the id is not of Minari's form `(namespace/)name-vN`, or a dataset of that id
+            is already there (Minari never overwrites one).
+    """
     try:
         # the optional data extra, imported only when a dataset is asked for
         from minari.dataset.minari_dataset import DATASET_ID_RE
@@ -48,10 +55,18 @@ def check_new_dataset(dataset_id: str) -> None:
 
 
 def dataset_env_spec(file_name: str | None, behavior_spec: dict | None, **options: Any) -> Any:
-    """The Gymnasium `EnvSpec` of one agent of the environment the episodes came from: the
-    built-in stand-in playing Huggy (`huggy_agent/Huggy-v0`), playing `behavior_spec`, or the
-    Unity build `file_name` (`huggy_agent/Unity-v0`), with the `UnityVectorEnv` options the
-    episodes were played with (`max_steps`, `env_parameters`; empty or None ones left out)."""
+    """The Gymnasium `EnvSpec` of one agent of the environment the episodes came from.
+
+    Args:
+        file_name: the Unity build (`huggy_agent/Unity-v0`), or None for the built-in stand-in.
+        behavior_spec: what the stand-in played (`huggy_agent/Unity-v0`); None with `file_name`
+            None: Huggy (`huggy_agent/Huggy-v0`).
+        **options: the `UnityVectorEnv` options the episodes were played with (`max_steps`,
+            `env_parameters`); empty or None ones are left out.
+
+    Returns:
+        The registered spec with those keyword arguments.
+    """
     kwargs: dict[str, Any] = {}
     if file_name is not None:
         kwargs["file_name"] = file_name
@@ -92,9 +107,25 @@ def write_minari_dataset(dataset_id: str, episodes: Sequence[RecordedEpisode],
                          *, env_spec: Any = None, metadata: dict[str, Any] | None = None,
                          description: str | None = None, algorithm_name: str | None = None,
                          author: str | None = None) -> Any:
-    """Write `episodes` (in the order given) as the Minari dataset `dataset_id`
-    (`(namespace/)(env/)name-vN`, new) with the single-agent spaces given; returns the
-    `minari.MinariDataset`. `metadata` (JSON-ready) is stored under "huggy_agent"."""
+    """Write episodes as a new Minari dataset.
+
+    Args:
+        dataset_id: `(namespace/)(env/)name-vN`, new.
+        episodes: the episodes, in the order given.
+        observation_space: the single-agent observation space.
+        action_space: the single-agent action space.
+        env_spec: the `EnvSpec` stored as the dataset's env (and eval env), or None.
+        metadata: JSON-ready data stored under "huggy_agent".
+        description: Minari's description.
+        algorithm_name: Minari's algorithm name.
+        author: Minari's author.
+
+    Returns:
+        The written `minari.MinariDataset`.
+
+    Raises:
+        ValueError: no episodes.
+    """
     import minari
 
     if not episodes:
@@ -121,9 +152,13 @@ def write_minari_dataset(dataset_id: str, episodes: Sequence[RecordedEpisode],
 
 class MinariRecorder(EpisodeCollector):
     """A recorder (`envs.recording.base`) that writes the counted episodes of its slots, in
-    (slot, index) order, as the Minari dataset `dataset_id` when the rollout ends (nothing when
-    it was interrupted). Keyword arguments go to `write_minari_dataset`; `dataset` is the
-    written `MinariDataset`."""
+    (slot, index) order, as a Minari dataset when the rollout ends (nothing when it was
+    interrupted); `dataset` is the written `MinariDataset`.
+
+    Args:
+        dataset_id: the dataset's id (new).
+        **options: `write_minari_dataset`'s keyword arguments.
+    """
 
     def __init__(self, dataset_id: str, **options: Any) -> None:
         super().__init__()
@@ -131,10 +166,22 @@ class MinariRecorder(EpisodeCollector):
         self.dataset: Any = None
 
     def start(self, context: Any, obs: Any, infos: dict[str, Any]) -> None:
+        """See `Recorder.start`; also keeps the env's single-agent spaces.
+
+        Args:
+            context: where the slots are, their quotas and the reset's seed.
+            obs: the first observations.
+            infos: the reset's infos.
+        """
         super().start(context, obs, infos)
         self._spaces = (context.env.single_observation_space, context.env.single_action_space)
 
     def end(self, result: Any) -> None:
+        """Write the dataset, unless the rollout was interrupted.
+
+        Args:
+            result: the rollout's result, or None when it was interrupted.
+        """
         super().end(result)
         if result is not None:
             self.dataset = write_minari_dataset(self.dataset_id, self.episodes, *self._spaces,

@@ -50,9 +50,21 @@ class DemoSummary:
 
 def write_demonstration(path: str | Path, episodes: Sequence[RecordedEpisode],
                         behavior: Behavior, name: str | None = None) -> DemoSummary:
-    """Write `episodes` (in the order given, each whole) as the ML-Agents demonstration `path`
-    (a name ending in `.demo`, as the trainer requires) for `behavior`. `name` is the
-    demonstration's name (default: the file's stem), cut to what fits the metadata."""
+    """Write episodes (in the order given, each whole) as an ML-Agents demonstration file.
+
+    Args:
+        path: the file, named `*.demo` as the trainer requires; its folder is made if missing.
+        episodes: the episodes.
+        behavior: their behavior's name and slot layout.
+        name: the demonstration's name (default: the file's stem), cut to what fits the metadata.
+
+    Returns:
+        The file, its episodes, steps and mean reward.
+
+    Raises:
+        ValueError: `path` does not end in `.demo`, there are no episodes, an episode's
+            observations are not the behavior's, or the counts do not fit the metadata.
+    """
     from mlagents_envs.communicator_objects.brain_parameters_pb2 import BrainParametersProto
 
     path = demo_path(path)
@@ -82,7 +94,17 @@ def write_demonstration(path: str | Path, episodes: Sequence[RecordedEpisode],
 
 
 def demo_path(path: str | Path) -> Path:
-    """`path` as a Path; ValueError unless it ends in `.demo`, as the trainer requires."""
+    """A demonstration file's path, checked.
+
+    Args:
+        path: the path.
+
+    Returns:
+        `path` as a Path.
+
+    Raises:
+        ValueError: it does not end in `.demo`, as the trainer requires.
+    """
     path = Path(path)
     if path.suffix != ".demo":
         raise ValueError(f"ML-Agents reads demonstrations from files named *.demo, got {path}")
@@ -149,8 +171,16 @@ def _episode_records(episode: RecordedEpisode, agent_id: int, layout: Any) -> li
 
 class DemoRecorder(EpisodeCollector):
     """A recorder (`envs.recording.base`) that writes the counted episodes of its slots, in
-    (slot, index) order, to the `.demo` file `path` when the rollout ends (nothing when it was
-    interrupted). `summary` then describes the file."""
+    (slot, index) order, to a `.demo` file when the rollout ends (nothing when it was
+    interrupted). `summary` then describes the file.
+
+    Args:
+        path: the `.demo` file.
+        name: the demonstration's name (default: the file's stem).
+
+    Raises:
+        ValueError: `path` does not end in `.demo`.
+    """
 
     def __init__(self, path: str | Path, name: str | None = None) -> None:
         super().__init__()
@@ -158,6 +188,11 @@ class DemoRecorder(EpisodeCollector):
         self.summary: DemoSummary | None = None
 
     def end(self, result: Any) -> None:
+        """Write the file, unless the rollout was interrupted.
+
+        Args:
+            result: the rollout's result, or None when it was interrupted.
+        """
         super().end(result)
         if result is not None and self.behavior is not None:
             self.summary = write_demonstration(self.path, self.episodes, self.behavior,

@@ -23,7 +23,14 @@ class Behavior:
 
     @classmethod
     def of(cls, env: Any) -> Behavior:
-        """The behavior of a `UnityVectorEnv`."""
+        """The behavior of a vector env.
+
+        Args:
+            env: a `UnityVectorEnv`.
+
+        Returns:
+            Its name without `?team=`, and its slot layout.
+        """
         return cls(str(env.behavior_name).split("?")[0], env.layout)
 
 
@@ -81,7 +88,10 @@ class _Running:
 class EpisodeCollector:
     """Keeps the counted episodes of its slots (`envs.recording.base`: each slot's quota),
     whole; `episodes` lists them in (slot, index) order once the rollout has ended.
-    `slots` limits it to some of its slots (default: all)."""
+
+    Args:
+        slots: the record slots to keep; None keeps all.
+    """
 
     def __init__(self, slots: set[int] | None = None) -> None:
         self.wanted = slots
@@ -92,6 +102,13 @@ class EpisodeCollector:
         self._quotas = np.zeros(0, np.int64)
 
     def start(self, context: RecordingContext, obs: Any, infos: dict[str, Any]) -> None:
+        """See `Recorder.start`: starts an episode in every wanted slot whose quota is not 0.
+
+        Args:
+            context: where the slots are, their quotas and the reset's seed.
+            obs: the first observations.
+            infos: the reset's infos.
+        """
         self.behavior = Behavior.of(context.env)
         self._seed = context.seed
         self._quotas = context.quotas
@@ -102,6 +119,11 @@ class EpisodeCollector:
                 self._running[slot] = _Running(0, [[o[slot].copy()] for o in rows])
 
     def step(self, record: StepRecord) -> None:
+        """See `Recorder.step`: adds the step to each running episode, and finishes those that ended.
+
+        Args:
+            record: the step of the recorder's slots.
+        """
         assert self.behavior is not None, "start() first"
         continuous, discrete = self.behavior.layout.split_actions(record.actions)
         next_rows = observation_rows(record.next_obs)
@@ -130,7 +152,12 @@ class EpisodeCollector:
                                                [[o[slot].copy()] for o in next_rows])
 
     def end(self, result: Any) -> None:
-        """Sorts the episodes into (slot, index) order (they end in any order)."""
+        """Sorts the episodes into (slot, index) order (they end in any order).
+
+        Args:
+            result: the rollout's result, or None when it was interrupted (the episodes finished so
+                far are kept).
+        """
         self._running = {}
         self.episodes.sort(key=lambda e: (e.slot, e.index))
 

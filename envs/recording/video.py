@@ -20,19 +20,24 @@ from envs.recording.base import RecordingContext, StepRecord
 
 ENCODER_PRESET = "ultrafast"
 """x264 preset: encoding runs beside the rollout on the same cores, so its CPU time is what a
-video costs; measured on 640x480 Huggy frames, ultrafast took about 35% less CPU per frame
-than veryfast, for files about 2.8 times larger (about 70 KB per second of video)."""
+video costs; ultrafast takes less CPU per frame than slower presets, for larger files
+(docs/benchmarks.md, "Recording")."""
 FFMPEG_TIMEOUT_S = 60.0
 """How long `close()` waits for ffmpeg to finish a file."""
 
 
 class VideoWriter:
-    """One MP4 file written frame by frame: `write(frame)` with (H, W, 3) uint8 frames of one
-    size (even sides), `close()` to finish it (also as a context manager). `fps` may be
-    fractional (Huggy's frame rate is 12.5). `crf` is x264's quality (lower: better, larger).
+    """One MP4 file written frame by frame: `write(frame)`, then `close()` to finish it (also as a
+    context manager).
 
-    ffmpeg (imageio-ffmpeg's binary) is started with `posix_spawn` where Python can (no
-    fork of a process that holds gRPC threads), on the first frame."""
+    ffmpeg (imageio-ffmpeg's binary) is started with `posix_spawn` where Python can (no fork of a
+    process that holds gRPC threads), on the first frame.
+
+    Args:
+        path: the MP4 file; its folder is made if missing.
+        fps: frames per second, possibly fractional (Huggy's frame rate is 12.5).
+        crf: x264's quality (lower: better, larger).
+    """
 
     def __init__(self, path: str | Path, fps: float, crf: int = 20) -> None:
         self.path = Path(path)
@@ -60,6 +65,14 @@ class VideoWriter:
         self._size = (width, height)
 
     def write(self, frame: np.ndarray) -> None:
+        """Add a frame.
+
+        Args:
+            frame: (H, W, 3) uint8 with even sides, the size of the first frame.
+
+        Raises:
+            ValueError: another shape or dtype, odd sides, or another size than the first frame's.
+        """
         frame = np.asarray(frame)
         if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
             raise ValueError(f"expected an (H, W, 3) uint8 frame, got {frame.shape} "
@@ -77,8 +90,11 @@ class VideoWriter:
         self.frames += 1
 
     def close(self) -> None:
-        """Finish the file (waits for ffmpeg; RuntimeError with its message if it failed).
-        Idempotent; a writer that got no frame writes no file."""
+        """Finish the file, waiting for ffmpeg. Idempotent; a writer that got no frame writes no file.
+
+        Raises:
+            RuntimeError: ffmpeg failed (with its message).
+        """
         process, self._process = self._process, None
         if process is None:
             return
@@ -99,7 +115,20 @@ class VideoWriter:
 
 
 def write_video(path: str | Path, frames: Any, fps: float) -> Path:
-    """Write `frames` (an iterable of (H, W, 3) uint8) to the MP4 `path`; returns the path."""
+    """Write frames to an MP4 file.
+
+    Args:
+        path: the MP4 file.
+        frames: an iterable of (H, W, 3) uint8 frames.
+        fps: frames per second.
+
+    Returns:
+        The path.
+
+    Raises:
+        ValueError: a frame `VideoWriter.write` refuses.
+        RuntimeError: ffmpeg failed.
+    """
     with VideoWriter(path, fps) as writer:
         for frame in frames:
             writer.write(frame)
@@ -107,15 +136,26 @@ def write_video(path: str | Path, frames: Any, fps: float) -> Path:
 
 
 class VideoRecorder:
-    """Records agent slot `slot`'s episodes `episodes` (indices since the reset; default the
-    first) to MP4, one file per episode: `folder/{prefix}-slot{slot}-episode{index}.mp4`, or,
-    for one episode, exactly `path` when given. Each frame is the env's `render_frame` with
-    `label` as the policy's name: the first observation, then one per step; the last shows how
-    the episode ended. An episode still running when the rollout ends is not written.
-    `written` lists the files, in episode order.
+    """Records some episodes of one agent slot to MP4, one file per episode.
 
-    The env must be made with `render_mode="rgb_array"`. Frames are drawn only while a chosen
-    episode runs; the rollout's numbers do not change (rendering only reads).
+    Each frame is the env's `render_frame` with `label` as the policy's name: the first
+    observation, then one per step; the last shows how the episode ended. An episode still running
+    when the rollout ends is not written. `written` lists the files, in episode order. The env
+    must be made with `render_mode="rgb_array"`. Frames are drawn only while a chosen episode
+    runs; the rollout's numbers do not change (rendering only reads).
+
+    Args:
+        folder: where the files go, as `{prefix}-slot{slot}-episode{index}.mp4`.
+        slot: the agent slot (of the recorder's slots).
+        episodes: a count of first episodes, or the indices (since the reset) to record.
+        label: the policy's name drawn on the frames.
+        path: for one episode, exactly this file instead of one in `folder`.
+        prefix: the files' prefix.
+        fps: frames per second; None: the env's `render_fps`.
+
+    Raises:
+        ValueError: neither `folder` nor `path`, `path` with other than one episode, or no episode
+            (or a negative index).
     """
 
     def __init__(self, folder: str | Path | None = None, slot: int = 0,
@@ -140,6 +180,17 @@ class VideoRecorder:
         self._index = 0
 
     def start(self, context: RecordingContext, obs: Any, infos: dict[str, Any]) -> None:
+        """See `Recorder.start`: opens the first episode's file when it is wanted.
+
+        Args:
+            context: where the slots are, their quotas and the reset's seed.
+            obs: the first observations.
+            infos: the reset's infos.
+
+        Raises:
+            ValueError: the env was not made with `render_mode="rgb_array"`, or `slot` is not one of
+                the recorder's slots.
+        """
         env = context.env
         if getattr(env, "render_mode", None) != "rgb_array":
             raise ValueError("VideoRecorder needs an environment made with "
@@ -152,6 +203,12 @@ class VideoRecorder:
         self._open_if_wanted()
 
     def step(self, record: StepRecord) -> None:
+        """See `Recorder.step`: adds the frame of a recorded episode, and finishes its file when it
+        ends.
+
+        Args:
+            record: the step of the recorder's slots.
+        """
         if self._writer is None and self._index > max(self.wanted):
             return
         ended = bool(record.terminated[self.slot] or record.truncated[self.slot])
@@ -166,7 +223,11 @@ class VideoRecorder:
             self._open_if_wanted()
 
     def end(self, result: Any) -> None:
-        """Drops an unfinished episode's file."""
+        """Drops an unfinished episode's file.
+
+        Args:
+            result: the rollout's result, or None when it was interrupted.
+        """
         if self._writer is not None:
             writer, self._writer = self._writer, None
             writer.close()

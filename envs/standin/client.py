@@ -38,6 +38,14 @@ PARAMETERS = {"num_agents", "max_steps", "arena_size", "episode_length", "episod
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The stand-in's command line, as a Unity player takes it.
+
+    Args:
+        argv: the arguments; unknown ones are ignored, as Unity does.
+
+    Returns:
+        The parsed arguments.
+    """
     parser = argparse.ArgumentParser(prog="huggy-standin", add_help=True)
     parser.add_argument("--mlagents-port", type=int, default=5004)
     parser.add_argument("-logFile", "-logfile", dest="log_file", default=None)
@@ -51,8 +59,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 class StandIn:
-    """Protocol state: the simulation, the agents awaiting decisions, pending parameters.
-    `port` is only reported in observations with `SimConfig.echo_actions`."""
+    """Huggy's side of the protocol: the simulation, the agents awaiting decisions, pending
+    parameters.
+
+    Args:
+        log: where to write what happens.
+        port: reported in observations only with `SimConfig.echo_actions`.
+    """
 
     def __init__(self, log: TextIO, port: int = 0) -> None:
         self.log = log
@@ -66,16 +79,42 @@ class StandIn:
         self.order = np.zeros(0, dtype=np.int64)  # slot of each decision row, in message order
 
     def initialization_output(self, with_brain: bool) -> bytes:
+        """The serialized initialization output of the Huggy player.
+
+        Args:
+            with_brain: include the behavior's brain parameters (the first time it appears).
+
+        Returns:
+            The serialized `UnityRLInitializationOutputProto`.
+        """
         brains = [(BEHAVIOR, ACT_SIZE, ())] if with_brain else []
         return initialization_output("Huggy", brains).SerializeToString()
 
     def handshake_message(self) -> bytes:
+        """The player's first message.
+
+        Returns:
+            The serialized `UnityMessageProto`.
+        """
         return handshake_message("Huggy")
 
     def apply_parameters(self, side_channel: bytes) -> None:
+        """Apply the EnvironmentParameters of a message (`protocol.apply_parameter_values`).
+
+        Args:
+            side_channel: the message's side-channel bytes.
+        """
         apply_parameters(self, side_channel, PARAMETERS)
 
     def reset(self, seed: int) -> bytes:
+        """Reset the simulation (made on the first reset) and report every agent's first decision.
+
+        Args:
+            seed: the handshake's seed (a seed sent as a parameter takes its place).
+
+        Returns:
+            The serialized observation message.
+        """
         seed = reset_seed(self, seed)
         config = self.config
         if self.sim is None:
@@ -101,6 +140,17 @@ class StandIn:
         return obs
 
     def step(self, actions: np.ndarray) -> bytes:
+        """Step the simulation with one action row per slot.
+
+        A finished agent reports its terminal step, and its successor (a new id, as Unity gives every
+        episode) asks for its first decision in the same message.
+
+        Args:
+            actions: (agents, ACT_SIZE) float32, by slot.
+
+        Returns:
+            The serialized observation message.
+        """
         sim = self.sim
         assert sim is not None
         r = sim.step(actions)
@@ -140,6 +190,15 @@ class StandIn:
         return self.encoder.message(infos, init, side_channel)
 
     def actions_from(self, rl_input: object) -> np.ndarray:
+        """The step's actions of a message from Python, by slot.
+
+        Args:
+            rl_input: the message's `UnityRLInputProto`.
+
+        Returns:
+            (agents, ACT_SIZE) float32; zeros where Python sent none, or a number of rows other than
+                the agents' (logged).
+        """
         sim = self.sim
         assert sim is not None
         n = sim.num_agents
@@ -161,8 +220,15 @@ class StandIn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The stand-in player: Huggy, the `--scene` it names, or with `--behavior-spec` the
-    behaviors it describes."""
+    """The stand-in player: Huggy, the `--scene` it names, or with `--behavior-spec` the behaviors it
+    describes.
+
+    Args:
+        argv: the command line without the program name; None reads `sys.argv`.
+
+    Returns:
+        The exit code of `protocol.run`.
+    """
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.log_file:
         os.makedirs(os.path.dirname(os.path.abspath(args.log_file)), exist_ok=True)

@@ -26,9 +26,18 @@ _PLAYER_FILES = {"huggy": "Huggy.x86_64", "soccertwos": "SoccerTwos.x86_64"}
 
 
 def launcher_script(python: str = sys.executable, scene: str = "huggy") -> str:
-    """The POSIX shell text of the launcher of `scene` for interpreter `python`: it runs the
-    stand-in on a bare `envs` package (`envs.bootstrap`), which imports only numpy and the
-    messages (its gRPC client is `envs.http2.UnaryClient`)."""
+    """The POSIX shell text of the launcher of a scene.
+
+    It runs the stand-in on a bare `envs` package (`envs.bootstrap`), which imports only numpy and
+    the messages (its gRPC client is `envs.http2.UnaryClient`).
+
+    Args:
+        python: the interpreter the launcher runs.
+        scene: one of `SCENES`.
+
+    Returns:
+        The script's text.
+    """
     _, _, code, root = bare_command(STANDIN_SETUP,
                                     "from envs.standin.client import main; sys.exit(main())")
     scene_args = "" if scene == "huggy" else f" --scene {shlex.quote(scene)}"
@@ -47,20 +56,37 @@ HUGGY_SPEC = {"inputs": [{"name": "obs_0", "shape": [59], "kind": "vector"}],
 
 
 def standin_behavior(spec: dict, behavior: str = "Agent") -> dict | None:
-    """What the built-in stand-in should play for a policy of interface `spec` (an
-    `ActorSpec.as_dict()`): None for Huggy's own interface (the Huggy stand-in), else `spec`
-    with the behavior's name, for the spec-driven mode (`UnityVectorEnv(behavior_spec=...)`)."""
+    """What the built-in stand-in should play for a policy.
+
+    Args:
+        spec: the policy's interface, as `ActorSpec.as_dict()`.
+        behavior: the behavior's name in the spec-driven mode.
+
+    Returns:
+        None for Huggy's own interface (the Huggy stand-in), else `spec` with the behavior's name,
+            for the spec-driven mode (`UnityVectorEnv(behavior_spec=...)`).
+    """
     if all(spec.get(key) == value for key, value in HUGGY_SPEC.items()):
         return None
     return {**spec, "behavior": behavior}
 
 
 def spec_arguments(behavior_spec: Any) -> tuple[str, ...]:
-    """The stand-in's command-line arguments that make it play `behavior_spec` (spec-driven
-    mode): a policy file or results folder (its spec, and its name as the behavior's), a
-    `huggy_agent.spec.ActorSpec`, an `ActorSpec.as_dict()` (with an optional "behavior"), or a
-    list of those dicts for several behaviors in one scene (each with its "behavior", "team"
-    and "agents", see `envs.standin.spec_client`)."""
+    """The stand-in's command-line arguments that make it play a behavior spec (spec-driven mode).
+
+    Args:
+        behavior_spec: a policy file or results folder (its spec, and its name as the behavior's),
+            a `huggy_agent_client.spec.ActorSpec`, an `ActorSpec.as_dict()` (with an optional
+            "behavior"), or a list of those dicts for several behaviors in one scene (each with its
+            "behavior", "team" and "agents", see `envs.standin.spec_client`).
+
+    Returns:
+        `("--behavior-spec", JSON)`.
+
+    Raises:
+        FileNotFoundError: a policy path that does not exist.
+        PolicyLoadError: a policy file that cannot be loaded.
+    """
     if isinstance(behavior_spec, (list, tuple)):
         return ("--behavior-spec", json.dumps([_spec_data(entry) for entry in behavior_spec]))
     return ("--behavior-spec", json.dumps(_spec_data(behavior_spec)))
@@ -80,13 +106,22 @@ def _spec_data(behavior_spec: Any) -> dict:
 
 
 def builtin_path(scene: str = "huggy") -> str:
-    """Path of an executable launcher for the built-in stand-in playing `scene` (one of
-    `SCENES`), created on first use.
+    """The executable launcher of the built-in stand-in playing a scene, created on first use.
 
     `UnityEnvironment(file_name=builtin_path(...))` starts it like a Unity build. The launcher
     runs the current interpreter; it lives in `$XDG_CACHE_HOME/huggy-agent` (else ~/.cache, else
     the temp folder), named after the scene, the interpreter and the package location so
     installs don't collide.
+
+    Args:
+        scene: one of `SCENES`.
+
+    Returns:
+        The launcher's path.
+
+    Raises:
+        ValueError: an unknown scene.
+        RuntimeError: neither the cache nor the temp folder can hold the launcher.
     """
     if scene not in SCENES:
         raise ValueError(f"unknown stand-in scene {scene!r}; expected one of {list(SCENES)}")
@@ -109,11 +144,19 @@ def builtin_path(scene: str = "huggy") -> str:
 
 
 def builtin_huggy_path() -> str:
-    """Path of the built-in Huggy stand-in's launcher (`builtin_path("huggy")`)."""
+    """The built-in Huggy stand-in's launcher (`builtin_path("huggy")`).
+
+    Returns:
+        Its path.
+    """
     return builtin_path("huggy")
 
 
 def builtin_soccertwos_path() -> str:
-    """Path of the built-in SoccerTwos stand-in's launcher (`builtin_path("soccertwos")`):
-    behaviors `SoccerTwos?team=0` and `?team=1`, see `envs/standin/soccer/README.md`."""
+    """The built-in SoccerTwos stand-in's launcher (`builtin_path("soccertwos")`): behaviors
+    `SoccerTwos?team=0` and `?team=1`, see `envs/standin/soccer/README.md`.
+
+    Returns:
+        Its path.
+    """
     return builtin_path("soccertwos")

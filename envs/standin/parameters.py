@@ -34,10 +34,18 @@ with its name in messages; their values follow the rule of `seed`."""
 
 
 def check_parameters(stand_in: str, parameters: Iterable[tuple[str, float]]) -> None:
-    """ValueError naming the first of `parameters` that `stand_in` (a key of `STAND_INS`) would
-    ignore: a value that is not a finite float32 (the side channel's type), a key it does not
-    take (the message lists those it does), a value its configuration refuses, or a seed that
-    is not a whole number in [0, MAX_SEED) (float32 carries those exactly)."""
+    """Refuse EnvironmentParameters that a stand-in would ignore.
+
+    Args:
+        stand_in: a key of `STAND_INS`.
+        parameters: (key, value) pairs.
+
+    Raises:
+        ValueError: the first pair with a value that is not a finite float32 (the side channel's
+            type), a key the stand-in does not take (the message lists those it does), a value its
+            configuration refuses, or a seed that is not a whole number in [0, MAX_SEED) (float32
+            carries those exactly).
+    """
     name, config, allowed = STAND_INS[stand_in]
     pattern, shown = SEED_PATTERNS.get(stand_in, (None, None))
     expected = ", ".join([*sorted(allowed), *([shown] if shown else [])])

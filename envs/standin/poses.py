@@ -52,7 +52,17 @@ class PoseMessage(NamedTuple):
 
 def encode_record(ids: np.ndarray, poses: np.ndarray, final_ids: np.ndarray,
                   final_poses: np.ndarray) -> bytes:
-    """The side-channel bytes (channel id, length, payload) of one `PoseMessage`."""
+    """The side-channel bytes of one record.
+
+    Args:
+        ids: (n,) every agent's id.
+        poses: (n, POSE_SIZE) their poses.
+        final_ids: (m,) the ids of agents whose episode ended.
+        final_poses: (m, POSE_SIZE) their last poses.
+
+    Returns:
+        The channel id, the payload's length and the payload.
+    """
     payload = b"".join((
         _HEAD.pack(VERSION, len(ids), len(final_ids)),
         np.ascontiguousarray(ids, "<i8").tobytes(), np.ascontiguousarray(poses, "<f4").tobytes(),
@@ -62,7 +72,17 @@ def encode_record(ids: np.ndarray, poses: np.ndarray, final_ids: np.ndarray,
 
 
 def decode_payload(payload: bytes) -> PoseMessage:
-    """The `PoseMessage` of a record's payload; ValueError for another version or size."""
+    """The record of a side-channel payload.
+
+    Args:
+        payload: the bytes after the channel id and length.
+
+    Returns:
+        The record.
+
+    Raises:
+        ValueError: another version, or a size that does not match its counts.
+    """
     version, n, m = _HEAD.unpack_from(payload, 0)
     expected = _HEAD.size + (n + m) * (8 + 4 * POSE_SIZE)
     if version != VERSION or len(payload) != expected:

@@ -35,7 +35,14 @@ CONNECT_TIMEOUT_S = 60.0
 
 
 def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
-    """Float parameters sent on the EnvironmentParameters channel; other channels are skipped."""
+    """The float parameters sent on the EnvironmentParameters channel.
+
+    Args:
+        side_channel: a message's side-channel bytes; other channels, and samplers, are skipped.
+
+    Returns:
+        {key: value}.
+    """
     values: dict[str, float] = {}
     offset = 0
     while offset + 20 <= len(side_channel):
@@ -54,16 +61,28 @@ def parse_environment_parameters(side_channel: bytes) -> dict[str, float]:
 
 
 def apply_parameters(stand_in: Any, side_channel: bytes, allowed: set[str]) -> None:
-    """Apply the EnvironmentParameters in `side_channel` to `stand_in` (see
-    `apply_parameter_values`)."""
+    """Apply the EnvironmentParameters in a message's side channel to a stand-in (see
+    `apply_parameter_values`).
+
+    Args:
+        stand_in: the stand-in.
+        side_channel: the message's side-channel bytes.
+        allowed: the keys it takes.
+    """
     apply_parameter_values(stand_in, parse_environment_parameters(side_channel), allowed)
 
 
 def apply_parameter_values(stand_in: Any, values: dict[str, float], allowed: set[str]) -> None:
-    """Apply environment parameters to `stand_in` (a `StandIn`, `SoccerStandIn` or
-    `spec_client.SpecStandIn`): `seed` is kept for the next reset, the others replace fields of
-    its `config` (a dataclass with `validated()`), effective at the next reset; unknown keys and
-    invalid values are logged and ignored, as Unity would."""
+    """Apply environment parameters to a stand-in, effective at its next reset.
+
+    `seed` is kept for the next reset; the others replace fields of its `config` (a dataclass with
+    `validated()`). Unknown keys and invalid values are logged and ignored, as Unity would.
+
+    Args:
+        stand_in: a `StandIn`, `SoccerStandIn` or `spec_client.SpecStandIn`.
+        values: {key: value}.
+        allowed: the keys it takes.
+    """
     for key, value in values.items():
         if key not in allowed:
             stand_in.log.write(f"ignoring unknown environment parameter {key}={value}\n")
@@ -77,9 +96,20 @@ def apply_parameter_values(stand_in: Any, values: dict[str, float], allowed: set
 
 
 def configured(config: Any, key: str, value: float) -> Any:
-    """`config` (a stand-in's configuration: a dataclass with `validated()`) with `key` set to
-    `value`, validated; ValueError naming the bad field, an integer field given an infinite
-    value included."""
+    """A stand-in's configuration with one field set, validated.
+
+    Args:
+        config: a dataclass with `validated()`.
+        key: the field.
+        value: its new value.
+
+    Returns:
+        The new configuration.
+
+    Raises:
+        ValueError: the value is refused (naming the field), an integer field given an infinite
+            value included.
+    """
     try:
         return replace(config, **{key: value}).validated()
     except OverflowError as error:  # int() of an infinity
@@ -88,9 +118,16 @@ def configured(config: Any, key: str, value: float) -> Any:
 
 def initialization_output(name: str, brains: Sequence[tuple[str, int, tuple[int, ...]]] = ()
                           ) -> Any:
-    """The `UnityRLInitializationOutputProto` a Unity player named `name` sends, with the brain
-    parameters (action spec) of each behavior in `brains`: (behavior name as on the wire,
-    continuous actions, discrete branch sizes)."""
+    """The `UnityRLInitializationOutputProto` a Unity player sends.
+
+    Args:
+        name: the player's name.
+        brains: (behavior name as on the wire, continuous actions, discrete branch sizes) of each
+            behavior.
+
+    Returns:
+        The message, with ML-Agents' capabilities and each behavior's action spec.
+    """
     from mlagents_envs.communicator_objects.unity_rl_initialization_output_pb2 import (
         UnityRLInitializationOutputProto,
     )
@@ -113,7 +150,14 @@ def initialization_output(name: str, brains: Sequence[tuple[str, int, tuple[int,
 
 
 def handshake_message(name: str) -> bytes:
-    """The first message of a Unity player named `name`: its initialization output alone."""
+    """The first message of a Unity player: its initialization output alone.
+
+    Args:
+        name: the player's name.
+
+    Returns:
+        The serialized `UnityMessageProto`.
+    """
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 
     message = UnityMessageProto()
@@ -123,8 +167,16 @@ def handshake_message(name: str) -> bytes:
 
 
 def reset_seed(stand_in: Any, seed: int) -> int:
-    """The seed of this reset of `stand_in`: one sent as an environment parameter since the last
-    reset (the simulation is reseeded with it), else `seed` (the handshake's)."""
+    """The seed of a stand-in's reset.
+
+    Args:
+        stand_in: the stand-in; a seed sent as an environment parameter since its last reset is
+            taken (and its simulation reseeded with it).
+        seed: the handshake's seed.
+
+    Returns:
+        The pending seed, else `seed`.
+    """
     if stand_in.pending_seed is not None:
         seed, stand_in.pending_seed = stand_in.pending_seed, None
         if stand_in.sim is not None:
@@ -141,11 +193,18 @@ def _watch_parent(parent: int) -> None:
 
 
 def run(standin: Any, port: int, log: TextIO, connect: Callable[[int], Any] | None = None) -> int:
-    """Connect to the Python trainer on 127.0.0.1:`port` and serve it with `standin` until
-    told to stop; the exit code (0 when closed by Python, 1 when Python is gone).
+    """Connect to the Python side on 127.0.0.1 and serve it with a stand-in until told to stop.
 
-    `connect(port)` opens the connection instead (an object with `call(bytes) -> bytes` and
-    `close()`); by default the stand-ins' own `UnaryClient`."""
+    Args:
+        standin: the stand-in.
+        port: the Python side's port.
+        log: where to write what happens.
+        connect: opens the connection instead (`connect(port)`: an object with
+            `call(bytes) -> bytes` and `close()`); None: the stand-ins' own `UnaryClient`.
+
+    Returns:
+        The exit code: 0 when closed by Python, 1 when Python is gone or never answered.
+    """
     from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET
     from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 

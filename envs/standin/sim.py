@@ -106,7 +106,14 @@ class SimConfig:
     simulation's numbers are unchanged."""
 
     def validated(self) -> SimConfig:
-        """This configuration, or ValueError naming the bad field."""
+        """This configuration, checked, with whole numbers where fields count.
+
+        Returns:
+            A new configuration.
+
+        Raises:
+            ValueError: a field out of its range (naming it).
+        """
         if int(self.num_agents) < 1:
             raise ValueError(f"num_agents must be >= 1, got {self.num_agents}")
         if int(self.max_steps) < 0:
@@ -145,7 +152,15 @@ class StepResult:
 class SeededSim:
     """What the stand-in's simulations share: a validated configuration (with `num_agents`), a
     seeded random stream, and agent ids that count up from 0. Subclasses define `reset()`,
-    which the constructor calls to start every slot's first episode."""
+    which the constructor calls to start every slot's first episode.
+
+    Args:
+        config: a configuration with `validated()`.
+        seed: seeds the random stream.
+
+    Raises:
+        ValueError: a configuration its `validated()` refuses.
+    """
 
     def __init__(self, config: Any, seed: int) -> None:
         self.config = config.validated()
@@ -154,11 +169,19 @@ class SeededSim:
         self.reset()
 
     def reset(self) -> Any:
-        """Start a new episode for every slot (new ids)."""
+        """Start a new episode for every slot (new ids).
+
+        Returns:
+            The subclass's first observations.
+        """
         raise NotImplementedError
 
     def reseed(self, seed: int) -> None:
-        """Restart the random stream: everything after the next reset depends only on `seed`."""
+        """Restart the random stream: everything after the next reset depends only on `seed`.
+
+        Args:
+            seed: the new seed.
+        """
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -167,13 +190,31 @@ class SeededSim:
 
 
 class HuggySim(SeededSim):
-    """`num_agents` independent dogs; `reset()` then `step(actions)` once per decision."""
+    """`num_agents` independent dogs; `reset()` then `step(actions)` once per decision.
+
+    Args:
+        config: the scene's settings; None: the defaults.
+        seed: seeds the random stream.
+
+    Raises:
+        ValueError: a configuration `SimConfig.validated` refuses.
+    """
 
     def __init__(self, config: SimConfig | None = None, seed: int = 0) -> None:
         super().__init__(config or SimConfig(), seed)
 
     def reset(self, config: SimConfig | None = None) -> np.ndarray:
-        """Start a new episode for every slot (new ids); returns the first observations."""
+        """Start a new episode for every slot (new ids).
+
+        Args:
+            config: a new configuration to apply first, or None.
+
+        Returns:
+            The first observations, (N, 59) float32.
+
+        Raises:
+            ValueError: a configuration `SimConfig.validated` refuses.
+        """
         if config is not None:
             self.config = config.validated()
         n = self.config.num_agents
@@ -277,7 +318,15 @@ class HuggySim(SeededSim):
         return body, upper, lower
 
     def observe(self, yaw_cos_sin: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """(N, 59) float32 observations of the current state (`yaw_cos_sin`: see `_frame`)."""
+        """The observations of the current state.
+
+        Args:
+            yaw_cos_sin: the cosine and sine of every dog's yaw, when already computed (see `_frame`);
+                None computes them.
+
+        Returns:
+            (N, 59) float32.
+        """
         n = self.config.num_agents
         body, upper, lower = self._contacts()
         obs = np.zeros((n, OBS_SIZE), dtype=np.float32)
@@ -301,8 +350,11 @@ class HuggySim(SeededSim):
         return obs
 
     def poses(self) -> np.ndarray:
-        """(N, POSE_SIZE) float32: every dog's pose, for drawing (columns in
-        `envs.standin.poses`)."""
+        """Every dog's pose, for drawing (columns in `envs.standin.poses`).
+
+        Returns:
+            (N, POSE_SIZE) float32.
+        """
         out = np.empty((self.config.num_agents, pose.POSE_SIZE), np.float32)
         body, _, lower = self._contacts()
         out[:, pose.ARENA] = self.config.arena_size
@@ -325,7 +377,17 @@ class HuggySim(SeededSim):
         return reward, done & (slot % 2 == 0), done & (slot % 2 == 1)
 
     def step(self, actions: np.ndarray) -> StepResult:
-        """Apply one decision's actions (N, 21) for DT seconds; finished slots restart at once."""
+        """Apply one decision's actions for DT seconds; finished slots restart at once.
+
+        Args:
+            actions: (N, 21); clipped to [-1, 1], NaN read as 0.
+
+        Returns:
+            The decision's output, one row per agent in slot order.
+
+        Raises:
+            ValueError: actions of another shape.
+        """
         n = self.config.num_agents
         actions = np.asarray(actions, dtype=np.float64)
         if actions.shape != (n, ACT_SIZE):

@@ -55,8 +55,20 @@ class SpecBehavior:
 
 
 def parse_behavior_spec(text: str) -> list[SpecBehavior]:
-    """The behaviors of `--behavior-spec` (see the module docstring and
-    `launcher.spec_arguments`); ValueError naming the entry and field at fault."""
+    """The behaviors of `--behavior-spec` (see `launcher.spec_arguments`).
+
+    Args:
+        text: one behavior object (an `ActorSpec.as_dict()` with an optional `"behavior"` name), or
+            a non-empty list of them, each with an optional `"team"` and `"agents"`.
+
+    Returns:
+        The behaviors, in order.
+
+    Raises:
+        ValueError: not an object or a list of them, an entry that is not a spec, a team or agent
+            count that is not a whole number in range, or a behavior and team given twice; naming
+            the entry and field at fault.
+    """
     data = json.loads(text)
     entries = data if isinstance(data, list) else [data]
     if not entries or not all(isinstance(entry, dict) for entry in entries):
@@ -85,7 +97,12 @@ def parse_behavior_spec(text: str) -> list[SpecBehavior]:
 
 
 class SpecStandIn:
-    """Protocol state of the spec-driven mode (the interface of `client.StandIn`)."""
+    """Protocol state of the spec-driven mode (the interface of `client.StandIn`).
+
+    Args:
+        log: where to write what happens.
+        behaviors: the behaviors to play, in order.
+    """
 
     def __init__(self, log: TextIO, behaviors: Sequence[SpecBehavior]) -> None:
         self.log = log
@@ -98,12 +115,30 @@ class SpecStandIn:
         self.order = [np.zeros(0, dtype=np.int64) for _ in self.behaviors]
 
     def handshake_message(self) -> bytes:
+        """The player's first message, named after the first behavior.
+
+        Returns:
+            The serialized `UnityMessageProto`.
+        """
         return handshake_message(self.behaviors[0].name)
 
     def apply_parameters(self, side_channel: bytes) -> None:
+        """Apply the EnvironmentParameters of a message (`protocol.apply_parameter_values`).
+
+        Args:
+            side_channel: the message's side-channel bytes.
+        """
         apply_parameters(self, side_channel, PARAMETERS)
 
     def reset(self, seed: int) -> bytes:
+        """Reset the scene (made on the first reset) and report every agent's first decision.
+
+        Args:
+            seed: the handshake's seed (a seed sent as a parameter takes its place).
+
+        Returns:
+            The serialized observation message.
+        """
         seed = reset_seed(self, seed)
         if self.sim is None:
             self.sim = SpecScene([(b.spec, b.agents) for b in self.behaviors], self.config, seed)
@@ -121,6 +156,14 @@ class SpecStandIn:
         return self._message(parts)
 
     def step(self, actions: list[tuple[np.ndarray | None, np.ndarray | None]]) -> bytes:
+        """Step every behavior's simulation.
+
+        Args:
+            actions: per behavior, (continuous, discrete) rows by slot.
+
+        Returns:
+            The serialized observation message.
+        """
         assert self.sim is not None
         return self._message([self._rows(index, sim.step(*behavior_actions))
                               for index, (sim, behavior_actions)
@@ -172,8 +215,15 @@ class SpecStandIn:
         return message.SerializeToString()
 
     def actions_from(self, rl_input: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per behavior, (continuous, discrete) rows in slot order; zeros for a missing or
-        malformed answer."""
+        """The step's actions of a message from Python.
+
+        Args:
+            rl_input: the message's `UnityRLInputProto`.
+
+        Returns:
+            Per behavior, (continuous, discrete) rows in slot order; zeros for a missing or malformed
+                answer (logged).
+        """
         assert self.sim is not None
         return [self._behavior_actions(rl_input, behavior, sim.num_agents, order)
                 for behavior, sim, order in zip(self.behaviors, self.sim.sims, self.order,

@@ -42,7 +42,15 @@ class BehaviorSpecDescription:
 
     @classmethod
     def from_dict(cls, data: dict) -> BehaviorSpecDescription:
-        """From `huggy_agent.spec.ActorSpec.as_dict()` (the memory size is the policy's own)."""
+        """The behavior of a policy's interface.
+
+        Args:
+            data: `huggy_agent_client.spec.ActorSpec.as_dict()` (the memory size is the policy's own, and is
+                not read).
+
+        Returns:
+            The description.
+        """
         return cls(tuple(SpecInput(tuple(i["shape"]), i["kind"]) for i in data["inputs"]),
                    int(data["continuous_size"]), tuple(int(b) for b in data["discrete_branches"]))
 
@@ -57,7 +65,14 @@ class SpecSimConfig:
     episode_length_step: int = 0
 
     def validated(self) -> SpecSimConfig:
-        """This configuration, or ValueError naming the bad field."""
+        """This configuration, checked, with whole numbers where fields count.
+
+        Returns:
+            A new configuration.
+
+        Raises:
+            ValueError: `num_agents` or `episode_length` below 1, or `episode_length_step` below 0.
+        """
         if int(self.num_agents) < 1 or int(self.episode_length) < 1 or \
                 int(self.episode_length_step) < 0:
             raise ValueError(f"need num_agents >= 1, episode_length >= 1 and "
@@ -81,7 +96,16 @@ class SpecStep:
 
 
 class SpecSim(SeededSim):
-    """`num_agents` agents of one behavior; `reset()` then `step(continuous, discrete)`."""
+    """`num_agents` agents of one behavior; `reset()` then `step(continuous, discrete)`.
+
+    Args:
+        spec: the behavior.
+        config: the scene's settings; None: the defaults.
+        seed: seeds the draws.
+
+    Raises:
+        ValueError: a configuration `SpecSimConfig.validated` refuses.
+    """
 
     def __init__(self, spec: BehaviorSpecDescription, config: SpecSimConfig | None = None,
                  seed: int = 0) -> None:
@@ -89,7 +113,18 @@ class SpecSim(SeededSim):
         super().__init__(config or SpecSimConfig(), seed)
 
     def reset(self, config: SpecSimConfig | None = None) -> tuple[list[np.ndarray], np.ndarray | None]:
-        """New episodes for every slot (new ids); returns the first observations and masks."""
+        """New episodes for every slot (new ids).
+
+        Args:
+            config: a new configuration to apply first, or None.
+
+        Returns:
+            The first observations (one (N, *shape) array per input) and action masks (None without
+                discrete actions).
+
+        Raises:
+            ValueError: a configuration `SpecSimConfig.validated` refuses.
+        """
         if config is not None:
             self.config = config.validated()
         n = self.config.num_agents
@@ -122,8 +157,15 @@ class SpecSim(SeededSim):
         return arrays, allowed
 
     def step(self, continuous: np.ndarray | None, discrete: np.ndarray | None) -> SpecStep:
-        """Apply one decision's actions ((N, c) floats, (N, branches) ints); finished slots
-        restart at once with new ids."""
+        """Apply one decision's actions; finished slots restart at once with new ids.
+
+        Args:
+            continuous: (N, c) floats, or None.
+            discrete: (N, branches) integers, or None.
+
+        Returns:
+            The decision's output, one row per agent in slot order.
+        """
         n = self.config.num_agents
         reward = np.full(n, STEP_REWARD, dtype=np.float64)
         if self.spec.continuous_size and continuous is not None:
@@ -160,8 +202,16 @@ def _rows(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def behavior_seed(seed: int, index: int) -> int:
-    """The seed of the `index`-th behavior of a scene seeded `seed`: `seed` itself for the first
-    (a one-behavior scene plays as before), an independent stream for each other."""
+    """The seed of one behavior of a scene.
+
+    Args:
+        seed: the scene's seed.
+        index: the behavior's index.
+
+    Returns:
+        `seed` itself for the first (a one-behavior scene plays as before), an independent stream
+            for each other.
+    """
     if index == 0:
         return seed
     return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0])
@@ -169,7 +219,13 @@ def behavior_seed(seed: int, index: int) -> int:
 
 class SpecScene:
     """Several behaviors in one scene, each a `SpecSim` of its own spec and agent count (None:
-    the configuration's `num_agents`), seeded apart (`behavior_seed`)."""
+    the configuration's `num_agents`), seeded apart (`behavior_seed`).
+
+    Args:
+        behaviors: (spec, agents or None) of each behavior.
+        config: the scene's settings.
+        seed: the scene's seed.
+    """
 
     def __init__(self, behaviors: Sequence[tuple[BehaviorSpecDescription, int | None]],
                  config: SpecSimConfig, seed: int) -> None:
@@ -182,12 +238,22 @@ class SpecScene:
         return config if agents is None else replace(config, num_agents=agents)
 
     def reseed(self, seed: int) -> None:
-        """Restart every behavior's random stream (see `SeededSim.reseed`)."""
+        """Restart every behavior's random stream (see `SeededSim.reseed`).
+
+        Args:
+            seed: the scene's new seed.
+        """
         for index, sim in enumerate(self.sims):
             sim.reseed(behavior_seed(seed, index))
 
     def reset(self, config: SpecSimConfig) -> list[tuple[list[np.ndarray], np.ndarray | None]]:
-        """New episodes for every slot of every behavior: each one's first observations and
-        masks."""
+        """New episodes for every slot of every behavior.
+
+        Args:
+            config: the scene's settings.
+
+        Returns:
+            Each behavior's first observations and masks.
+        """
         return [sim.reset(self._config(config, agents))
                 for sim, agents in zip(self.sims, self.agent_counts, strict=True)]

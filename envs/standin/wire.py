@@ -38,6 +38,15 @@ class ObservationEncoder:
     Each agent carries one `ObservationProto` per size in `obs_sizes` (a flat float vector with
     dimension property NONE, named after `sensor_names`), in that order; with `groups`, also
     its multi-agent group id and group reward (POCA).
+
+    Args:
+        behavior: the behavior's name as on the wire.
+        obs_sizes: the size of each observation (one int for one).
+        sensor_names: each observation's sensor name (one name for all).
+        groups: whether agents carry a group id and a group reward.
+
+    Raises:
+        ValueError: not one sensor name per observation.
     """
 
     def __init__(self, behavior: str, obs_sizes: int | Sequence[int],
@@ -69,13 +78,26 @@ class ObservationEncoder:
     def agent_infos(self, agent_id: np.ndarray, reward: np.ndarray, done: np.ndarray,
                     max_step: np.ndarray, obs: np.ndarray, group_id: np.ndarray | None = None,
                     group_reward: np.ndarray | None = None) -> bytes:
-        """The wire bytes of a `ListAgentInfoProto` with one `AgentInfoProto` per row, in row
-        order. `obs` is (rows, sum of obs_sizes) float32, the observations side by side;
-        `group_id` and `group_reward` (rows,) are needed with `groups`. Agent and group ids
-        must be non-negative.
+        """The wire bytes of a `ListAgentInfoProto` with one `AgentInfoProto` per row, in row order.
 
-        Rows of one layout (flags, and the lengths of the id varints) are written as one numpy
-        table whose constant columns are cached per (rows, layout)."""
+        Rows of one layout (flags, and the lengths of the id varints) are written as one numpy table
+        whose constant columns are cached per (rows, layout).
+
+        Args:
+            agent_id: (rows,) non-negative agent ids.
+            reward: (rows,) rewards.
+            done: (rows,) episodes that ended.
+            max_step: (rows,) of those, the ones the step limit ended.
+            obs: (rows, sum of obs_sizes) float32, the observations side by side.
+            group_id: (rows,) non-negative group ids; needed with `groups`.
+            group_reward: (rows,) group rewards; needed with `groups`.
+
+        Returns:
+            The bytes (empty for no rows).
+
+        Raises:
+            ValueError: with `groups`, a group id or reward missing; a negative agent or group id.
+        """
         ids = np.asarray(agent_id, dtype=np.int64).reshape(-1)
         n = len(ids)
         if n == 0:
@@ -163,19 +185,31 @@ class ObservationEncoder:
 
     def message(self, agent_infos: bytes, initialization_output: bytes = b"",
                 side_channel: bytes = b"") -> bytes:
-        """A `UnityMessageProto` (status 200) whose rl_output holds `agent_infos` (the bytes
-        `agent_infos()` gives) for this behavior; see `unity_message`."""
+        """A `UnityMessageProto` (status 200) for this behavior (see `unity_message`).
+
+        Args:
+            agent_infos: the bytes `agent_infos()` gives.
+            initialization_output: the serialized initialization output to include, or empty.
+            side_channel: side-channel records to send, or empty.
+
+        Returns:
+            The serialized message.
+        """
         return unity_message([(self.behavior, agent_infos)], initialization_output, side_channel)
 
 
 def unity_message(listings: Sequence[tuple[bytes, bytes]], initialization_output: bytes = b"",
                   side_channel: bytes = b"") -> bytes:
-    """A `UnityMessageProto` (status 200) whose rl_output maps each behavior name (bytes) of
-    `listings` to its `ListAgentInfoProto` bytes.
+    """A `UnityMessageProto` (status 200) whose rl_output maps behaviors to their agents.
 
-    `initialization_output` is the serialized `UnityRLInitializationOutputProto` to include
-    (with the brain parameters) the first time the behaviors appear, else empty.
-    `side_channel` holds the side-channel records to send (none when empty).
+    Args:
+        listings: (behavior name as bytes, its `ListAgentInfoProto` bytes) pairs.
+        initialization_output: the serialized `UnityRLInitializationOutputProto` to include (with
+            the brain parameters) the first time the behaviors appear, else empty.
+        side_channel: the side-channel records to send (none when empty).
+
+    Returns:
+        The serialized message.
     """
     # The listings are large: only their headers are built, and everything is joined once.
     pieces: list[bytes] = []
@@ -232,17 +266,34 @@ def _fixed_field(listing: bytes, count: int, field: int, size: int) -> np.ndarra
 
 
 def continuous_actions(listing: bytes, count: int, width: int) -> np.ndarray | None:
-    """The `continuous_actions` (field 6) of a serialized `ListAgentActionProto` of `count`
-    agents as a (count, width) float32 table, read in bulk (see `_fixed_field`); None when the
-    entries differ in layout or hold no `width` continuous actions."""
+    """The `continuous_actions` (field 6) of a serialized `ListAgentActionProto`, read in bulk.
+
+    Args:
+        listing: the serialized list.
+        count: the agents it holds.
+        width: the continuous actions per agent.
+
+    Returns:
+        A (count, width) float32 table; None when the entries differ in layout or hold no `width`
+            continuous actions (read the message instead).
+    """
     table = _fixed_field(listing, count, 6, 4 * width)
     return None if table is None else table.copy().view("<f4").astype(np.float32)
 
 
 def discrete_actions(listing: bytes, count: int, branches: int) -> np.ndarray | None:
-    """The `discrete_actions` (field 7, packed varints) of a serialized `ListAgentActionProto`
-    of `count` agents as a (count, branches) int64 table, read in bulk when every value takes
-    one byte (0-127, as every branch of up to 128 actions gives); None otherwise."""
+    """The `discrete_actions` (field 7, packed varints) of a serialized `ListAgentActionProto`, read
+    in bulk.
+
+    Args:
+        listing: the serialized list.
+        count: the agents it holds.
+        branches: the discrete actions per agent.
+
+    Returns:
+        A (count, branches) int64 table when every value takes one byte (0-127, as every branch of
+            up to 128 actions gives); None otherwise (read the message instead).
+    """
     table = _fixed_field(listing, count, 7, branches)
     if table is None or (table >= 0x80).any():
         return None
@@ -250,5 +301,9 @@ def discrete_actions(listing: bytes, count: int, branches: int) -> np.ndarray | 
 
 
 def empty_message() -> bytes:
-    """A `UnityMessageProto` with only the status-200 header."""
+    """A `UnityMessageProto` with only the status-200 header.
+
+    Returns:
+        Its bytes.
+    """
     return HEADER_OK

@@ -20,12 +20,27 @@ EPSILON = 1e-7
 
 
 def zero_entities_mask(entities: torch.Tensor) -> torch.Tensor:
-    """(N, entities) float: 1 where an entity is padding (squared sum < 0.01), else 0."""
+    """Which entities of a variable-length observation are padding.
+
+    Args:
+        entities: (N, entities, entity_size).
+
+    Returns:
+        (N, entities) in `entities`' dtype: 1 where an entity is padding (squared sum < 0.01),
+            else 0.
+    """
     return (torch.sum(entities.float() ** 2, dim=2) < 0.01).to(entities.dtype)
 
 
 class EntityEmbedding(nn.Module):
-    """One Linear + Swish over each entity, concatenated with `x_self` when `self_size` > 0."""
+    """One Linear + Swish over each entity, concatenated with `x_self` when `self_size` > 0.
+
+    Args:
+        entity_size: values per entity.
+        max_entities: entities per observation.
+        self_size: width of the other observations' encoding joined to each entity (0: none).
+        embedding_size: width of each entity's embedding.
+    """
 
     def __init__(self, entity_size: int, max_entities: int, self_size: int,
                  embedding_size: int = EMBEDDING_SIZE) -> None:
@@ -35,6 +50,15 @@ class EntityEmbedding(nn.Module):
         self.self_ent_encoder = LinearEncoder(self_size + entity_size, 1, embedding_size)
 
     def forward(self, x_self: torch.Tensor | None, entities: torch.Tensor) -> torch.Tensor:
+        """Embed every entity.
+
+        Args:
+            x_self: (N, self_size) encoding of the other observations; None when `self_size` is 0.
+            entities: (N, max_entities, entity_size).
+
+        Returns:
+            (N, max_entities, embedding_size).
+        """
         # (N, self) and (N, E, entity) -> (N, E, embedding)
         if self.self_size > 0:
             assert x_self is not None
@@ -45,8 +69,12 @@ class EntityEmbedding(nn.Module):
 
 
 class ResidualSelfAttention(nn.Module):
-    """Multi-head self-attention with a residual connection and masked average pooling:
-    (N, E, emb) and a (N, E) padding mask -> (N, emb)."""
+    """Multi-head self-attention with a residual connection and masked average pooling.
+
+    Args:
+        embedding_size: width of each entity's embedding.
+        num_heads: attention heads (`embedding_size` is split evenly among them).
+    """
 
     def __init__(self, embedding_size: int = EMBEDDING_SIZE, num_heads: int = NUM_HEADS) -> None:
         super().__init__()
@@ -61,6 +89,15 @@ class ResidualSelfAttention(nn.Module):
         self.residual_norm = LayerNorm()
 
     def forward(self, inp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attend over the entities and average-pool those that are not padding.
+
+        Args:
+            inp: (N, E, embedding_size) entity embeddings.
+            mask: (N, E), 1 where an entity is padding (`zero_entities_mask`).
+
+        Returns:
+            (N, embedding_size).
+        """
         n_ent = inp.shape[1]
         inp = self.embedding_norm(inp)
         query = self.fc_q(inp).reshape(-1, n_ent, self.n_heads, self.head_size).permute(0, 2, 1, 3)

@@ -22,7 +22,11 @@ MIN_RESOLUTION = {"fully_connected": 1, "match3": 5, "simple": 20, "nature_cnn":
 class Normalizer(nn.Module):
     """`clamp((x - running_mean) / std, -5, 5)`, always in float32 whatever the layers' dtype:
     ML-Agents' running variance and step count overflow float16. `std` is
-    `sqrt(running_variance / normalization_steps)`, derived once by the loader."""
+    `sqrt(running_variance / normalization_steps)`, derived once by the loader.
+
+    Args:
+        size: values per observation.
+    """
 
     running_mean: torch.Tensor
     std: torch.Tensor
@@ -41,30 +45,69 @@ class Normalizer(nn.Module):
         return self
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Normalize and clip, in float32.
+
+        Args:
+            inputs: (N, size) observations.
+
+        Returns:
+            (N, size) float32.
+        """
         return torch.clamp((inputs.float() - self.running_mean) / self.std, -NORMALIZER_CLIP,
                            NORMALIZER_CLIP)
 
 
 class VectorInput(nn.Module):
-    """A vector observation, normalized or passed through."""
+    """A vector observation, normalized or passed through.
+
+    Args:
+        input_size: values per observation.
+        normalize: whether it has a `Normalizer`.
+    """
 
     def __init__(self, input_size: int, normalize: bool) -> None:
         super().__init__()
         self.normalizer = Normalizer(input_size) if normalize else None
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The observation, normalized where there is a normalizer.
+
+        Args:
+            inputs: (N, input_size) observations.
+
+        Returns:
+            (N, input_size): float32 when normalized, else `inputs` itself.
+        """
         return inputs if self.normalizer is None else self.normalizer(inputs)
 
 
 def conv_output_shape(h_w: tuple[int, int], kernel_size: int, stride: int = 1,
                       padding: int = 0) -> tuple[int, int]:
-    """Height and width after a convolution."""
+    """Height and width after a convolution.
+
+    Args:
+        h_w: height and width before it.
+        kernel_size: the square kernel's side.
+        stride: the stride.
+        padding: the padding on each side.
+
+    Returns:
+        (height, width).
+    """
     return tuple(math.floor((d + 2 * padding - (kernel_size - 1) - 1) / stride + 1)  # type: ignore[return-value]
                  for d in h_w)
 
 
 def pool_out_shape(h_w: tuple[int, int], kernel_size: int) -> tuple[int, int]:
-    """Height and width after ML-Agents' stride-2 max pooling."""
+    """Height and width after ML-Agents' stride-2 max pooling.
+
+    Args:
+        h_w: height and width before it.
+        kernel_size: the square window's side.
+
+    Returns:
+        (height, width).
+    """
     return (h_w[0] - kernel_size) // 2 + 1, (h_w[1] - kernel_size) // 2 + 1
 
 
@@ -73,7 +116,12 @@ def _dense(input_size: int, output_size: int) -> nn.Sequential:
 
 
 class FullyConnectedVisualEncoder(nn.Module):
-    """`fully_connected`: flatten, Linear, LeakyReLU."""
+    """`fully_connected`: flatten, Linear, LeakyReLU.
+
+    Args:
+        height, width, initial_channels: the image's shape.
+        output_size: width of the encoding.
+    """
 
     def __init__(self, height: int, width: int, initial_channels: int, output_size: int) -> None:
         super().__init__()
@@ -81,6 +129,14 @@ class FullyConnectedVisualEncoder(nn.Module):
         self.dense = _dense(self.input_size, output_size)
 
     def forward(self, visual_obs: torch.Tensor) -> torch.Tensor:
+        """Encode images.
+
+        Args:
+            visual_obs: (N, C, H, W).
+
+        Returns:
+            (N, output_size).
+        """
         encoding: torch.Tensor = self.dense(visual_obs.reshape(-1, self.input_size))
         return encoding
 
@@ -127,7 +183,11 @@ class SmallVisualEncoder(_ConvEncoder):
 
 
 class ResNetBlock(nn.Module):
-    """`x + conv(swish(conv(swish(x))))`, 3x3 convolutions with padding 1."""
+    """`x + conv(swish(conv(swish(x))))`, 3x3 convolutions with padding 1.
+
+    Args:
+        channel: channels in and out.
+    """
 
     def __init__(self, channel: int) -> None:
         super().__init__()
@@ -135,13 +195,26 @@ class ResNetBlock(nn.Module):
                                     Swish(), nn.Conv2d(channel, channel, (3, 3), (1, 1), padding=1))
 
     def forward(self, input_tensor: torch.Tensor) -> torch.Tensor:
+        """Apply the block.
+
+        Args:
+            input_tensor: (N, channel, H, W).
+
+        Returns:
+            A tensor of the same shape.
+        """
         residual: torch.Tensor = self.layers(input_tensor)
         return input_tensor + residual
 
 
 class ResNetVisualEncoder(nn.Module):
     """`resnet`: three stacks (16, 32, 32 channels) of conv, 3x3/2 max pool, two residual
-    blocks; then Swish, flatten, dense, ReLU."""
+    blocks; then Swish, flatten, dense, ReLU.
+
+    Args:
+        height, width, initial_channels: the image's shape.
+        output_size: width of the encoding.
+    """
 
     def __init__(self, height: int, width: int, initial_channels: int, output_size: int) -> None:
         super().__init__()
@@ -159,6 +232,14 @@ class ResNetVisualEncoder(nn.Module):
         self.sequential = nn.Sequential(*layers)
 
     def forward(self, visual_obs: torch.Tensor) -> torch.Tensor:
+        """Encode images.
+
+        Args:
+            visual_obs: (N, C, H, W).
+
+        Returns:
+            (N, output_size).
+        """
         hidden = self.sequential(visual_obs).reshape(-1, self.final_flat_size)
         return torch.relu(self.dense(hidden))
 
@@ -171,8 +252,19 @@ VISUAL_ENCODER_CLASSES: dict[str, type[nn.Module]] = {
 
 
 def visual_encoder(kind: str, shape: tuple[int, int, int], output_size: int) -> nn.Module:
-    """The ML-Agents encoder `kind` for (C, H, W) observations; ValueError for an unknown kind or
-    an image smaller than the encoder's minimum resolution."""
+    """The ML-Agents visual encoder of a kind, for an image shape.
+
+    Args:
+        kind: one of `VISUAL_ENCODERS`.
+        shape: (C, H, W) of the observations.
+        output_size: width of the encoding.
+
+    Returns:
+        The encoder module.
+
+    Raises:
+        ValueError: an unknown kind, or an image smaller than the encoder's minimum resolution.
+    """
     if kind not in VISUAL_ENCODER_CLASSES:
         raise ValueError(f"unknown visual encoder {kind!r}; expected one of {VISUAL_ENCODERS}")
     channels, height, width = shape

@@ -14,6 +14,14 @@ class Swish(nn.Module):
     """`x * sigmoid(x)` (SiLU)."""
 
     def forward(self, data: torch.Tensor) -> torch.Tensor:
+        """Apply `x * sigmoid(x)`.
+
+        Args:
+            data: any tensor.
+
+        Returns:
+            A tensor of the same shape.
+        """
         return data * torch.sigmoid(data)
 
 
@@ -22,13 +30,27 @@ class LayerNorm(nn.Module):
     dimension, as ML-Agents' attention uses it."""
 
     def forward(self, layer_activations: torch.Tensor) -> torch.Tensor:
+        """Normalize over the last dimension.
+
+        Args:
+            layer_activations: any tensor.
+
+        Returns:
+            A tensor of the same shape.
+        """
         mean = torch.mean(layer_activations, dim=-1, keepdim=True)
         var = torch.mean((layer_activations - mean) ** 2, dim=-1, keepdim=True)
         return (layer_activations - mean) / torch.sqrt(var + 1e-5)
 
 
 class LinearEncoder(nn.Module):
-    """`num_layers` x (Linear -> Swish), all `hidden_size` wide: `seq_layers.{0,2,4,...}`."""
+    """`num_layers` x (Linear -> Swish), all `hidden_size` wide: `seq_layers.{0,2,4,...}`.
+
+    Args:
+        input_size: width of the input.
+        num_layers: Linear layers.
+        hidden_size: width of every layer's output.
+    """
 
     def __init__(self, input_size: int, num_layers: int, hidden_size: int) -> None:
         super().__init__()
@@ -38,13 +60,29 @@ class LinearEncoder(nn.Module):
         self.seq_layers = nn.Sequential(*layers)
 
     def forward(self, input_tensor: torch.Tensor) -> torch.Tensor:
+        """Run the layers.
+
+        Args:
+            input_tensor: (..., input_size).
+
+        Returns:
+            (..., hidden_size).
+        """
         encoding: torch.Tensor = self.seq_layers(input_tensor)
         return encoding
 
 
 class LSTM(nn.Module):
     """One LSTM step. Memory (N, memory_size) is [h, c] side by side, each memory_size / 2 wide,
-    as ML-Agents' `recurrent_in`/`recurrent_out` carry it; the output is h (N, memory_size / 2)."""
+    as ML-Agents' `recurrent_in`/`recurrent_out` carry it; the output is h (N, memory_size / 2).
+
+    Args:
+        input_size: width of the input.
+        memory_size: width of the memory, h and c together.
+
+    Raises:
+        ValueError: `memory_size` is odd.
+    """
 
     def __init__(self, input_size: int, memory_size: int) -> None:
         super().__init__()
@@ -55,6 +93,15 @@ class LSTM(nn.Module):
 
     def forward(self, input_tensor: torch.Tensor, memories: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step.
+
+        Args:
+            input_tensor: (N, input_size).
+            memories: (N, memory_size), [h, c].
+
+        Returns:
+            The output h (N, memory_size / 2) and the new memory (N, memory_size), [h, c].
+        """
         # (N, in) and (N, m) -> (N, m/2) and (N, m)
         h0 = memories[:, : self.hidden_size].unsqueeze(0).contiguous()  # (1, N, m/2)
         c0 = memories[:, self.hidden_size :].unsqueeze(0).contiguous()

@@ -28,7 +28,7 @@ from huggy_agent.actor.attention import (
 )
 from huggy_agent.actor.encoders import Normalizer, VectorInput, visual_encoder
 from huggy_agent.actor.layers import LSTM, LinearEncoder
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 
 Head = Literal["ppo", "sac"]
 PPO_ACTION_CLIP = 3.0
@@ -68,7 +68,11 @@ class ActorArchitecture:
         return any(i.input.kind == "variable" for i in self.inputs)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready, stable (the weights fingerprint hashes it)."""
+        """The architecture as JSON-ready data, stable (the weights fingerprint hashes it).
+
+        Returns:
+            Every field; each input as `{"input": ..., "normalize": ..., "encoder": ...}`.
+        """
         data = asdict(self)
         data["inputs"] = [{"input": i.input.as_dict(), "normalize": i.normalize,
                            "encoder": i.encoder} for i in self.inputs]
@@ -76,7 +80,11 @@ class ActorArchitecture:
         return data
 
     def describe(self) -> str:
-        """One line such as `obs_0 (59,) norm -> 3x512 SiLU -> 21 continuous (ppo)`."""
+        """The architecture in one line.
+
+        Returns:
+            Such as `obs_0 (59,) norm -> 3x512 SiLU -> 21 continuous (ppo)`.
+        """
         parts = []
         for arch in self.inputs:
             item = f"{arch.input.name} {arch.input.shape}"
@@ -94,7 +102,11 @@ class ActorArchitecture:
 
 class ObservationEncoder(nn.Module):
     """Per-input processors (`processors.<i>`), and for variable-length inputs an
-    `x_self_encoder` and a residual self-attention (`rsa`), as ML-Agents builds them."""
+    `x_self_encoder` and a residual self-attention (`rsa`), as ML-Agents builds them.
+
+    Args:
+        architecture: the actor's architecture.
+    """
 
     def __init__(self, architecture: ActorArchitecture) -> None:
         super().__init__()
@@ -126,6 +138,18 @@ class ObservationEncoder(nn.Module):
         self.total_enc_size = self_size + (EMBEDDING_SIZE if self.variable else 0)
 
     def forward(self, inputs: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """Encode every observation input.
+
+        Vector inputs pass their float32 normalizer first; the other encoders run in `dtype`.
+
+        Args:
+            inputs: one (N, ...) tensor per input, in `obs_i` order.
+            dtype: the layers' dtype.
+
+        Returns:
+            (N, total_enc_size): the inputs' encodings side by side, then the attention's pooled
+                embedding when there are variable-length inputs.
+        """
         # Vector inputs pass their float32 normalizer first; the other encoders run in `dtype`.
         encodes = [processor(inputs[i]).to(dtype) if isinstance(processor, VectorInput)
                    else processor(inputs[i].to(dtype))
@@ -144,7 +168,11 @@ class ObservationEncoder(nn.Module):
 
 
 class NetworkBody(nn.Module):
-    """Observation encoder, `_body_endoder` (ML-Agents' spelling), and the LSTM if any."""
+    """Observation encoder, `_body_endoder` (ML-Agents' spelling), and the LSTM if any.
+
+    Args:
+        architecture: the actor's architecture.
+    """
 
     def __init__(self, architecture: ActorArchitecture) -> None:
         super().__init__()
@@ -156,6 +184,17 @@ class NetworkBody(nn.Module):
 
     def forward(self, inputs: list[torch.Tensor], memories: torch.Tensor | None, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encode the observations and run the body (and the LSTM step).
+
+        Args:
+            inputs: one (N, ...) tensor per input, in `obs_i` order.
+            memories: (N, memory_size) for a recurrent actor, else None.
+            dtype: the layers' dtype.
+
+        Returns:
+            The encoding (N, hidden_units), or the LSTM's output (N, memory_size / 2); and the new
+                memory (N, memory_size), None without an LSTM.
+        """
         encoding = self._body_endoder(self.observation_encoder(inputs, dtype))
         if self.lstm is None:
             return encoding, None
@@ -166,7 +205,13 @@ class NetworkBody(nn.Module):
 
 class GaussianDistribution(nn.Module):
     """`mu` and `log_sigma`: a (1, c) parameter (PPO, POCA) or a Linear layer clamped to
-    [-20, 2] (SAC's conditional sigma)."""
+    [-20, 2] (SAC's conditional sigma).
+
+    Args:
+        hidden_size: width of the encoding.
+        num_outputs: continuous actions.
+        conditional_sigma: whether `log_sigma` is a Linear layer (SAC).
+    """
 
     def __init__(self, hidden_size: int, num_outputs: int, conditional_sigma: bool) -> None:
         super().__init__()
@@ -176,6 +221,14 @@ class GaussianDistribution(nn.Module):
             else nn.Parameter(torch.zeros(1, num_outputs)))
 
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Gaussian's parameters.
+
+        Args:
+            inputs: (N, hidden_size) encoding.
+
+        Returns:
+            mu (N, c) and log_sigma: the (1, c) parameter, or (N, c) clamped to `SAC_LOG_SIGMA_RANGE`.
+        """
         mu: torch.Tensor = self.mu(inputs)
         if isinstance(self.log_sigma, nn.Parameter):
             return mu, self.log_sigma
@@ -183,18 +236,36 @@ class GaussianDistribution(nn.Module):
 
 
 class MultiCategoricalDistribution(nn.Module):
-    """One Linear layer per discrete branch (`branches.<j>`); logits concatenated."""
+    """One Linear layer per discrete branch (`branches.<j>`); logits concatenated.
+
+    Args:
+        hidden_size: width of the encoding.
+        branches: the size of each branch.
+    """
 
     def __init__(self, hidden_size: int, branches: tuple[int, ...]) -> None:
         super().__init__()
         self.branches = nn.ModuleList(nn.Linear(hidden_size, size) for size in branches)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The logits of every branch.
+
+        Args:
+            inputs: (N, hidden_size) encoding.
+
+        Returns:
+            (N, sum of branches).
+        """
         return torch.cat([branch(inputs) for branch in self.branches], dim=1)
 
 
 class ActionModel(nn.Module):
-    """`_continuous_distribution` and/or `_discrete_distribution`, as the action spec has them."""
+    """`_continuous_distribution` and/or `_discrete_distribution`, as the action spec has them.
+
+    Args:
+        architecture: the actor's architecture.
+        encoding_size: width of the body's output.
+    """
 
     def __init__(self, architecture: ActorArchitecture, encoding_size: int) -> None:
         super().__init__()
@@ -208,10 +279,13 @@ class ActionModel(nn.Module):
 
 
 class Actor(nn.Module):
-    """The policy network; see the module docstring for `forward`'s inputs and outputs.
+    """The policy network, ML-Agents' `SimpleActor` module for module.
 
     The normalizers stay float32 in every precision; everything after them runs in the dtype the
     module was moved to (`.to(torch.bfloat16)`, ...).
+
+    Args:
+        architecture: what fixes the modules and shapes; `build_actor` fills in the weights.
     """
 
     def __init__(self, architecture: ActorArchitecture) -> None:
@@ -230,6 +304,18 @@ class Actor(nn.Module):
         return first.weight.dtype
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The actor's outputs for a batch.
+
+        Args:
+            *tensors: the observation tensors in `obs_i` order, then the memory (N, memory_size) when
+                the policy has one.
+
+        Returns:
+            In this order and only those the policy has: mu (N, c) and log_sigma ((1, c) for PPO,
+                state-dependent (N, c) for SAC), the concatenated discrete logits (N, sum(branches)),
+                the new memory (N, memory_size). Masks, sampling and squashing are the agent's
+                (`huggy_agent.heads`).
+        """
         inputs = list(tensors[: self._inputs])
         memories = tensors[self._inputs] if len(tensors) > self._inputs else None
         encoding, memories_out = self.network_body(inputs, memories, self.layer_dtype)
@@ -244,8 +330,12 @@ class Actor(nn.Module):
         return tuple(outputs)
 
     def parameter_counts(self) -> dict[str, int]:
-        """Parameters per part: observation encoders, body (the Linear layers), LSTM, action
-        heads, log-sigma, and the normalizers' values (mean and std)."""
+        """The number of values in each part of the network.
+
+        Returns:
+            Counts for `encoders`, `body` (the Linear layers), `lstm`, `heads`, `log_sigma` and
+                `normalizer` (the normalizers' mean and std values).
+        """
         counts = {"encoders": 0, "body": 0, "lstm": 0, "heads": 0, "log_sigma": 0,
                   "normalizer": 0}
         for name, tensor in [*self.named_parameters(), *self.named_buffers()]:
@@ -279,8 +369,17 @@ class MlpPolicy:
 
 
 def mlp_policy(net: nn.Module) -> MlpPolicy:
-    """The parts of `net` if it is an MLP policy (see `MlpPolicy`); ValueError naming its
-    interface otherwise."""
+    """The parts of a network that is an MLP policy (see `MlpPolicy`).
+
+    Args:
+        net: a module, expected to be an `Actor`.
+
+    Returns:
+        The normalizer, hidden layers, mu layer, log_sigma and head kind.
+
+    Raises:
+        ValueError: `net` is not an `Actor`, or not an MLP policy (its interface is named).
+    """
     if not isinstance(net, Actor):
         raise ValueError(f"expected an ML-Agents actor, got {type(net).__name__}")
     architecture = net.architecture
@@ -301,14 +400,33 @@ def mlp_policy(net: nn.Module) -> MlpPolicy:
 
 
 def expected_keys(architecture: ActorArchitecture) -> dict[str, tuple[int, ...]]:
-    """The state-dict keys an `Actor` of `architecture` holds, with their shapes, in order."""
+    """The state-dict keys an `Actor` of an architecture holds.
+
+    Args:
+        architecture: the actor's architecture.
+
+    Returns:
+        Each key with its shape, in the state dict's order.
+    """
     return {key: tuple(value.shape) for key, value in Actor(architecture).state_dict().items()}
 
 
 def build_actor(architecture: ActorArchitecture, tensors: dict[str, torch.Tensor],
                 origin: str) -> Actor:
-    """A float32 `Actor` holding `tensors` (its own state-dict keys); every key and shape is
-    checked first. Raises ValueError naming `origin`, the key and both shapes on a mismatch."""
+    """A float32 `Actor` holding `tensors`, every key and shape checked first.
+
+    Args:
+        architecture: the actor's architecture.
+        tensors: the weights under the Actor's own state-dict keys.
+        origin: names the weights' source in errors.
+
+    Returns:
+        The actor, in eval mode, without gradients.
+
+    Raises:
+        ValueError: a key is missing or unexpected, or a shape differs; naming `origin`, the key and
+            both shapes.
+    """
     actor = Actor(architecture)
     expected = {key: tuple(value.shape) for key, value in actor.state_dict().items()}
     missing = [key for key in expected if key not in tensors]

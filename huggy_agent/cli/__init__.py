@@ -23,7 +23,11 @@ ENTRY_POINT_GROUP = "huggy_agent.commands"
 
 
 def plugin_commands() -> dict[str, EntryPoint]:
-    """The subcommands other installed packages contribute, by command name."""
+    """The subcommands other installed packages contribute.
+
+    Returns:
+        Their entry points (group `huggy_agent.commands`) by command name.
+    """
     return {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -33,9 +37,19 @@ def _command_word(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The `huggy` parser: every core subcommand, the plugin subcommand named in `argv` (or
-    every plugin subcommand when `argv` names none, for `huggy --help`), and a placeholder for
-    the other plugin subcommands (all of them for `huggy --version`)."""
+    """The `huggy` parser.
+
+    Args:
+        argv: the command line, without the program name: the plugin subcommand it names is loaded
+            (every plugin subcommand when it names none, for `huggy --help`); the other plugin
+            subcommands get a placeholder (all of them for `huggy --version`).
+
+    Returns:
+        The parser, with every core subcommand.
+
+    Raises:
+        RuntimeError: a plugin redefines a core command.
+    """
     parser = argparse.ArgumentParser(
         prog="huggy",
         description="Run a trained Unity ML-Agents policy (Huggy the Dog first) outside Unity.",
@@ -58,7 +72,15 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `huggy`; returns the process exit code."""
+    """Entry point of `huggy`.
+
+    Args:
+        argv: the command line without the program name; None reads `sys.argv`.
+
+    Returns:
+        The exit code: the command's; 2 for a ValueError, OSError or RuntimeError (its message
+            printed); 130 when interrupted; 141 when the reader of the output left.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     try:

@@ -11,9 +11,18 @@ from collections.abc import Callable
 
 def whole_number(low: int, high: int | None = None, shown: str | None = None,
                  what: str = "a whole number") -> Callable[[str], int]:
-    """An argparse type: a whole number in [low, high] (no upper bound where `high` is None),
-    `what` in refusals; `shown` words the range where its numbers are long (default "low to
-    high")."""
+    """An argparse type: a whole number in a range.
+
+    Args:
+        low: the smallest accepted.
+        high: the largest accepted; None for no upper bound.
+        shown: the range as refusals word it where its numbers are long (default "low to high").
+        what: what a refusal says was expected.
+
+    Returns:
+        The parser of one argument, which raises `argparse.ArgumentTypeError` naming the range and
+            what came.
+    """
     expected = (f"{what} >= {low}" if high is None else f"{what}, {shown or f'{low} to {high}'}")
 
     def parse(text: str) -> int:
@@ -30,8 +39,17 @@ def whole_number(low: int, high: int | None = None, shown: str | None = None,
 
 def number(low: float, high: float | None = None, above: bool = False
            ) -> Callable[[str], float]:
-    """An argparse type: a finite number >= `low` (> `low` where `above`) and <= `high` where
-    given; NaN and infinities are refused."""
+    """An argparse type: a finite number in a range (NaN and infinities are refused).
+
+    Args:
+        low: the lower bound.
+        high: the largest accepted; None for no upper bound.
+        above: whether `low` itself is refused.
+
+    Returns:
+        The parser of one argument, which raises `argparse.ArgumentTypeError` naming the range and
+            what came.
+    """
     expected = f"a number {'>' if above else '>='} {low:g}" + (
         "" if high is None else f" and <= {high:g}")
 

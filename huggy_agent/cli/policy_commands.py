@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from huggy_agent.agent import ActionResult, Actions, HuggyAgent, split_memory
+from huggy_agent.agent import HuggyAgent
 from huggy_agent.benchmark import EVICT_BYTES, run_benchmark
 from huggy_agent.cli.arguments import positive_int, seed64
 from huggy_agent.diagnostics import (
@@ -28,10 +28,11 @@ from huggy_agent.formats import load_policy
 from huggy_agent.formats.export_onnx import export_onnx
 from huggy_agent.formats.results import list_checkpoints
 from huggy_agent.formats.sources import policy_path
-from huggy_agent.http_api import json_kind
 from huggy_agent.reference import canonical_inputs
-from huggy_agent.spec import ActorSpec
 from huggy_agent.tables import format_table
+from huggy_agent_client.actions import ActionResult, Actions, split_memory
+from huggy_agent_client.http_api import json_kind
+from huggy_agent_client.spec import ActorSpec
 
 
 def _json_flag(flag: str, text: str, booleans: bool = False) -> Any:
@@ -172,6 +173,15 @@ def _as_lists(result: ActionResult, agent: HuggyAgent) -> dict[str, list[Any]]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """`huggy info`: a policy's architecture, parameter counts and fingerprint, after a warm-up call
+    (so that a graph engine's table says what really runs).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+    """
     agent = _agent(args)
     agent.warmup([1])  # a graph engine captures and checks its first graphs: say what really runs
     info = agent.describe()
@@ -198,6 +208,18 @@ def _agent_spec_line(info: dict[str, Any]) -> str:
 
 
 def cmd_act(args: argparse.Namespace) -> int:
+    """`huggy act`: the actions for one observation.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+
+    Raises:
+        ValueError: a malformed observation, mask or memory, or `--memory` for a policy without
+            one.
+    """
     agent = _agent(args)
     observation = _observation(args, agent)
     kwargs = _policy_args(agent, observation, args)
@@ -219,6 +241,14 @@ def cmd_act(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
+    """`huggy sample`: many stochastic actions for one observation, summarised.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+    """
     agent = _agent(args, seed=args.seed)
     observation = _observation(args, agent)
     samples, _ = split_memory(agent.compute_action(
@@ -270,6 +300,18 @@ def _batch_inputs(args: argparse.Namespace, agent: HuggyAgent) -> list[np.ndarra
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
+    """`huggy batch`: actions for many observations at once, optionally written to a file.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+
+    Raises:
+        ValueError: an `--input` that is not a .npy or .npz of the policy's inputs, or an `--output`
+            without the suffix numpy would write.
+    """
     agent = _agent(args)
     inputs = _batch_inputs(args, agent)
     start = time.perf_counter()
@@ -309,6 +351,14 @@ def _agreement_table(rows: list[Agreement]) -> str:
 
 
 def cmd_precision(args: argparse.Namespace) -> int:
+    """`huggy precision`: each precision on each device against float64.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0 when every run is within its tolerance, else 1.
+    """
     rows = precision_report(args.policy, args.devices, args.count)
     if args.json:
         _print_json([r.as_dict() for r in rows])
@@ -320,6 +370,18 @@ def cmd_precision(args: argparse.Namespace) -> int:
 
 
 def cmd_onnx_compare(args: argparse.Namespace) -> int:
+    """`huggy onnx-compare`: our network against onnxruntime on an ML-Agents ONNX file.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0 when the actions agree within the tolerance, else 1.
+
+    Raises:
+        ValueError: the file is not an `.onnx`, the engine would run onnxruntime itself, or the
+            policy's interface differs from the file's.
+    """
     onnx_path = args.onnx
     if onnx_path.suffix != ".onnx":
         raise ValueError(f"{onnx_path}: expected an ML-Agents .onnx file (to compare a .pt "
@@ -344,6 +406,14 @@ def cmd_onnx_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
+    """`huggy fingerprint`: the weights hash and the actions of a canonical observation.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+    """
     result = fingerprints(_agent(args))
     if args.json:
         _print_json(result)
@@ -358,6 +428,14 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    """`huggy stats`: parameter counts per layer, normalizer and log-sigma statistics.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+    """
     stats = policy_stats(_agent(args))
     if args.json:
         _print_json(stats)
@@ -377,6 +455,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
+    """`huggy benchmark`: latency and throughput of each engine against onnxruntime and plain eager
+    torch (see `huggy_agent.benchmark.run_benchmark`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+    """
     print("benchmarking (about 30 s)...", file=sys.stderr)
     report = run_benchmark(args.policy, args.threads, args.rounds, args.calls, args.batch,
                            engines=[args.engine])
@@ -409,6 +496,14 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_export_onnx(args: argparse.Namespace) -> int:
+    """`huggy export-onnx`: the policy's source weights in ML-Agents' ONNX interface.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+    """
     agent = HuggyAgent(args.policy, device="cpu", engine="torch")
     path = export_onnx(agent.loaded.build(), args.output)  # the source weights, in float32
     print(f"wrote {path} (ML-Agents interface, opset 9; weights fingerprint {agent.fingerprint})")
@@ -416,6 +511,17 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """`huggy checkpoints`: a results folder's checkpoints with step and recorded reward.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        0.
+
+    Raises:
+        ValueError: the folder holds no checkpoint.
+    """
     entries = list_checkpoints(args.folder)
     if not entries:
         raise ValueError(f"no checkpoints in {args.folder}: expected an ML-Agents "

@@ -39,7 +39,7 @@ GRAPH_ENGINES: dict[str, type[CudaGraphEngine] | type[NpuGraphEngine]] = {
 
 def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool,
                 native: bool = False) -> tuple[str, str]:
-    """(engine, why) for `auto` on a device kind and precision; a fixed rule, never a timing.
+    """The engine `auto` picks on a device kind and precision, by a fixed rule, never a timing.
 
     - cpu: `native` for fp32 where `native` says so (an MLP policy, and the compiled kernels
       run here with AVX2: `native_fits`); else `onnxruntime` for fp32 where it is installed;
@@ -50,6 +50,16 @@ def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: 
     The same engine serves every batch size on a device (`native` hands batches over
     `NATIVE_ROWS` rows to onnxruntime, or torch); the measurements behind the rule are in
     docs/benchmarks.md ("The policy").
+
+    Args:
+        device_type: `cpu`, `cuda` or `npu`.
+        precision: `fp32`, `fp16` or `bf16`.
+        onnxruntime: whether onnxruntime is installed.
+        graphs: whether the device's torch module offers graph capture.
+        native: whether `native_fits` the network.
+
+    Returns:
+        (engine, why it was picked).
     """
     if device_type == "cpu":
         if precision != "fp32":
@@ -69,9 +79,15 @@ def auto_choice(device_type: str, precision: str, *, onnxruntime: bool, graphs: 
 
 
 def native_fits(net: nn.Module | None) -> bool:
-    """Whether `auto` runs `net` on the CPU with `native`: an MLP policy, and the compiled
-    kernels run here with AVX2 (their `generic` kernel, for other CPUs, is slower than
-    onnxruntime; it runs when asked for by name)."""
+    """Whether `auto` runs a network on the CPU with `native`.
+
+    Args:
+        net: the network, or None.
+
+    Returns:
+        True for an MLP policy where the compiled kernels run with AVX2 (their `generic` kernel,
+            for other CPUs, is slower than onnxruntime; it runs when asked for by name).
+    """
     if net is None or "avx2" not in mlp_kernels():
         return False
     try:
@@ -83,25 +99,57 @@ def native_fits(net: nn.Module | None) -> bool:
 
 def auto_engine(device_type: str, precision: str, *, onnxruntime: bool, graphs: bool,
                 native: bool = False) -> str:
-    """The engine of `auto_choice`."""
+    """The engine of `auto_choice`.
+
+    Args:
+        device_type: see `auto_choice`.
+        precision: see `auto_choice`.
+        onnxruntime: see `auto_choice`.
+        graphs: see `auto_choice`.
+        native: see `auto_choice`.
+
+    Returns:
+        The engine's name.
+    """
     return auto_choice(device_type, precision, onnxruntime=onnxruntime, graphs=graphs,
                        native=native)[0]
 
 
 def resolve_engine(name: str, device: torch.device, precision: str, net: nn.Module | None = None
                    ) -> str:
-    """`name` as a concrete engine for `device` and `precision` (`auto` resolved, for `net`; never
-    to `native` without one).
+    """An engine name as a concrete engine for a device and precision.
 
-    Raises ValueError for an unknown name and for an engine that cannot run there.
+    Args:
+        name: an engine name or `auto`.
+        device: where it runs.
+        precision: the layers' precision.
+        net: the network, for `auto` (never `native` without one).
+
+    Returns:
+        The concrete engine's name.
+
+    Raises:
+        ValueError: an unknown name, or an engine that cannot run there (naming what it needs).
     """
     return choose_engine(name, device, precision, net)[0]
 
 
 def choose_engine(name: str, device: torch.device, precision: str, net: nn.Module | None = None
                   ) -> tuple[str, str]:
-    """(the concrete engine, why) for `name` on `device` in `precision` (running `net`); raises
-    as `resolve_engine` does."""
+    """An engine name as a concrete engine, and why it runs.
+
+    Args:
+        name: an engine name or `auto`.
+        device: where it runs.
+        precision: the layers' precision.
+        net: the network, for `auto` (never `native` without one).
+
+    Returns:
+        (the concrete engine, why).
+
+    Raises:
+        ValueError: an unknown name, or an engine that cannot run there (naming what it needs).
+    """
     if name not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINE_NAMES)}")
     cpu = device.type == "cpu"
@@ -128,8 +176,23 @@ def choose_engine(name: str, device: torch.device, precision: str, net: nn.Modul
 
 def create_engine(name: str, net: nn.Module, input_shapes: InputShapes, device: torch.device,
                   precision: str, head: ActionHead) -> Engine:
-    """The engine `name` (`auto` resolved by `resolve_engine`) running `net` on `device`; graph
-    engines check their graphs within the tolerance of `precision`."""
+    """An engine running a network.
+
+    Args:
+        name: an engine name or `auto` (resolved by `resolve_engine`).
+        net: the network.
+        input_shapes: the feature shape of each input.
+        device: where it runs.
+        precision: the layers' precision; graph engines check their graphs within its tolerance.
+        head: the agent's action head.
+
+    Returns:
+        The engine.
+
+    Raises:
+        ValueError: as `resolve_engine` raises, or the engine refuses the network (such as `native`
+            for a network that is not an MLP policy).
+    """
     resolved = resolve_engine(name, device, precision, net)
     if resolved in GRAPH_ENGINES:
         return GRAPH_ENGINES[resolved](net, input_shapes, device, head, precision=precision)

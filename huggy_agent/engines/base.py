@@ -27,17 +27,39 @@ class ActionHead(Protocol):
     synchronisation) and in numpy (host outputs) must agree within the numerical contract."""
 
     def torch(self, outputs: tuple[torch.Tensor, ...], noise: torch.Tensor | None) -> torch.Tensor:
-        """Actions from float32 outputs on one device; `noise` is (N, *action) float32 or None."""
+        """Actions from float32 outputs on one device, with no host synchronisation.
+
+        Args:
+            outputs: the network's outputs, on one device.
+            noise: host noise (N, *action) float32 on that device, or None for deterministic actions.
+
+        Returns:
+            The actions, on that device.
+        """
         ...
 
     def numpy(self, outputs: tuple[np.ndarray, ...], noise: np.ndarray | None) -> np.ndarray:
-        """The same on the host, returning a new float32 array (the outputs are left untouched)."""
+        """The same on the host; the outputs are left untouched.
+
+        Args:
+            outputs: the network's outputs as float32 arrays.
+            noise: host noise (N, *action) float32, or None for deterministic actions.
+
+        Returns:
+            A new float32 array of actions.
+        """
         ...
 
 
 class EngineFailure(RuntimeError):
     """An engine that cannot be trusted to serve: a graph that failed its check against eager
-    torch, or raised in capture or replay. The agent runs the `torch` engine instead."""
+    torch, or raised in capture or replay. The agent runs the `torch` engine instead.
+
+    Args:
+        engine: the engine's name.
+        rows: the batch size at which it failed.
+        cause: what went wrong.
+    """
 
     def __init__(self, engine: str, rows: int, cause: str) -> None:
         super().__init__(f"the {engine} engine failed at batch size {rows}: {cause}")
@@ -52,6 +74,12 @@ class Engine(ABC):
 
     Calls are serialised by the engine where it holds buffers; an engine is not shared across
     processes.
+
+    Args:
+        net: the network: `net(*inputs)` takes one float32 tensor per input and returns a tuple.
+        input_shapes: the feature shape of each input, without the batch dimension.
+        device: where it runs.
+        head: the agent's action head, which `act` runs.
     """
 
     name: ClassVar[str]
@@ -65,12 +93,26 @@ class Engine(ABC):
 
     @abstractmethod
     def forward(self, inputs: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
-        """The network's outputs for `inputs`, floating ones as float32, on `self.device` or on
-        the host (CPU engines). Per-row outputs have N rows; shared ones come as they are."""
+        """The network's outputs for a batch.
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array per input.
+
+        Returns:
+            The outputs, floating ones as float32, on `self.device` or on the host (CPU engines).
+                Per-row outputs have N rows; shared ones come as they are.
+        """
 
     def act(self, inputs: Sequence[np.ndarray], noise: np.ndarray | None) -> np.ndarray:
-        """`head(forward(inputs), noise)` as float32 numpy, (N, *action). `noise` is host noise
-        for every row (stochastic) or None (deterministic)."""
+        """`head(forward(inputs), noise)`.
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array per input.
+            noise: host noise for every row (stochastic), or None (deterministic).
+
+        Returns:
+            (N, *action) float32 numpy actions.
+        """
         outputs = self.forward(inputs)
         if outputs[0].device.type == "cpu":
             return self.head.numpy(tuple(output.numpy() for output in outputs), noise)
@@ -84,20 +126,40 @@ class Engine(ABC):
         return
 
     def describe(self) -> str:
-        """One line: the engine and how it runs."""
+        """The engine and how it runs, in one line.
+
+        Returns:
+            Such as `torch on cpu`.
+        """
         return f"{self.name} on {self.device}"
 
 
 def as_float32(outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """Floating outputs in float32 (a half-precision network's layers), others unchanged."""
+    """Floating outputs in float32 (a half-precision network's layers), others unchanged.
+
+    Args:
+        outputs: a network's outputs.
+
+    Returns:
+        The outputs, in order.
+    """
     return tuple(output.float() if output.is_floating_point() and output.dtype != torch.float32
                  else output for output in outputs)
 
 
 def per_row_flags(outputs: Sequence[torch.Tensor | np.ndarray], rows: int) -> tuple[bool, ...]:
-    """For each output of a `rows`-row batch (rows > 1): True if per-row, False if shared.
+    """Which outputs of a batch are per-row and which are shared.
 
-    Raises ValueError for an output that is neither (its first dimension is not `rows` or 1).
+    Args:
+        outputs: a network's outputs for a batch of `rows` rows.
+        rows: the batch's rows, more than 1.
+
+    Returns:
+        For each output, True if per-row (first dimension `rows`), False if shared (first
+            dimension 1).
+
+    Raises:
+        ValueError: an output is neither.
     """
     flags = []
     for index, output in enumerate(outputs):
@@ -112,8 +174,15 @@ def per_row_flags(outputs: Sequence[torch.Tensor | np.ndarray], rows: int) -> tu
 
 def merge_parts(parts: Sequence[tuple[torch.Tensor, ...]], per_row: Sequence[bool]
                 ) -> tuple[torch.Tensor, ...]:
-    """Outputs of consecutive row chunks as one batch: per-row outputs concatenated in order,
-    shared outputs taken from the first chunk."""
+    """Outputs of consecutive row chunks as one batch.
+
+    Args:
+        parts: each chunk's outputs, in row order.
+        per_row: which outputs are per-row (`per_row_flags`).
+
+    Returns:
+        Per-row outputs concatenated in order, shared outputs taken from the first chunk.
+    """
     if len(parts) == 1:
         return parts[0]
     return tuple(torch.cat([part[index] for part in parts]) if row else parts[0][index]
@@ -121,5 +190,13 @@ def merge_parts(parts: Sequence[tuple[torch.Tensor, ...]], per_row: Sequence[boo
 
 
 def chunk_bounds(rows: int, chunk_rows: int) -> list[tuple[int, int]]:
-    """[(start, stop), ...] covering `rows` rows in order, each at most `chunk_rows` long."""
+    """Row ranges covering a batch in order.
+
+    Args:
+        rows: the batch's rows.
+        chunk_rows: the most rows per chunk.
+
+    Returns:
+        [(start, stop), ...], each at most `chunk_rows` long.
+    """
     return [(start, min(start + chunk_rows, rows)) for start in range(0, rows, chunk_rows)]

@@ -2,25 +2,12 @@
 graphs, one per batch-size rung, replayed with one host-to-device and one device-to-host copy.
 
 Small batches on an accelerator are launch-bound: a replayed graph launches once where eager ops
-launch every layer (docs/benchmarks.md has the figures).
+launch every layer (docs/benchmarks.md, "The policy").
 
-- Rungs: powers of two up to `max_rung`. A batch of N <= max_rung rows is padded to the smallest
-  rung >= N; a larger one runs in chunks of max_rung rows and a padded remainder.
-- Programs: `forward` (the network's outputs, left on the device for `distribution`), `act`
-  (network and head: the actions) and `act+noise` (the host noise as one more per-row input).
-- Buffers: a program's per-row inputs are packed side by side in one row of a pinned host buffer
-  (network inputs, then the noise), so a call copies exactly its N rows to the device in one copy,
-  and the actions come back in one copy. Rung r's graph reads the first r rows of the program's
-  device input buffer; rows past N keep earlier (finite) values, and no row depends on another.
-- Slots: two independent sets of stream, memory pool, buffers and graphs. Calls of up to max_rung
-  rows use slot 0; chunked calls alternate slots, so packing and copying one chunk overlaps the
-  compute of the previous one. Graphs of one slot share its pool and never run concurrently.
-- Capture is lazy (the first call that needs a rung) or ahead of time (`HuggyAgent.warmup`), and
-  each is timed and logged.
-- Check: every captured graph is replayed once on a fixed probe batch (seeded Gaussian inputs,
-  and seeded noise for `act+noise`) and its outputs are compared with the same program run
-  eagerly on the same device, within the precision's tolerance (`CHECK_ATOL`). A mismatch, or an
-  error in capture or replay, raises `EngineFailure`, and the agent runs `torch` instead.
+Every captured graph is checked against the same program run eagerly on the device, within the
+precision's tolerance (`CHECK_ATOL`); a mismatch, or an error in capture or replay, raises
+`EngineFailure`, and the agent runs `torch` instead. Capture is lazy (the first call that needs
+a rung) or ahead of time (`HuggyAgent.warmup`), and each is timed and logged.
 
 The graph API comes from the device's torch module: `torch.cuda.CUDAGraph` (torch 2.11 and 2.13
 alike), `torch.npu.NPUGraph` from torch-npu. Everything device-specific sits behind
@@ -76,14 +63,35 @@ GRAPH_MODULE_API = ("graph", "graph_pool_handle", "Stream", "stream", "current_s
 
 
 def rung_ladder(max_rung: int) -> tuple[int, ...]:
-    """The captured batch sizes: 1, 2, 4, ... max_rung (a power of two)."""
+    """The captured batch sizes.
+
+    Args:
+        max_rung: the largest, a power of two.
+
+    Returns:
+        1, 2, 4, ... max_rung.
+
+    Raises:
+        ValueError: `max_rung` is not a power of two >= 1.
+    """
     if max_rung < 1 or max_rung & (max_rung - 1):
         raise ValueError(f"max_rung must be a power of two >= 1, received {max_rung}")
     return tuple(1 << k for k in range(max_rung.bit_length()))
 
 
 def rung_for(rows: int, max_rung: int) -> int:
-    """The smallest rung that holds `rows` (1 <= rows <= max_rung) rows."""
+    """The smallest rung that holds a batch.
+
+    Args:
+        rows: the batch's rows, 1 <= rows <= max_rung.
+        max_rung: the largest rung.
+
+    Returns:
+        The power of two >= `rows`.
+
+    Raises:
+        ValueError: `rows` is outside [1, max_rung].
+    """
     if not 1 <= rows <= max_rung:
         raise ValueError(f"rows must be in [1, {max_rung}], received {rows}")
     return 1 << (rows - 1).bit_length()
@@ -103,7 +111,15 @@ class Chunk:
 
 
 def chunk_plan(rows: int, max_rung: int) -> list[Chunk]:
-    """Chunks covering `rows` rows in order: full max_rung chunks, then the remainder on its rung."""
+    """Chunks covering a call's rows in order.
+
+    Args:
+        rows: the call's rows.
+        max_rung: the largest rung.
+
+    Returns:
+        Full chunks of max_rung rows, then the remainder on its rung.
+    """
     chunks = [Chunk(start, start + max_rung, max_rung)
               for start in range(0, rows - rows % max_rung, max_rung)]
     if rows % max_rung:
@@ -132,12 +148,25 @@ class RowLayout:
         return self.spans[-1][1]
 
     def pack(self, arrays: Sequence[np.ndarray], chunk: Chunk, dest: np.ndarray) -> None:
-        """Rows `chunk` of each array into the first `chunk.rows` rows of `dest` (rows, width)."""
+        """Copy one chunk of rows of each input into a packed buffer.
+
+        Args:
+            arrays: one array per input, of the call's rows.
+            chunk: the rows to copy.
+            dest: a (rows, width) buffer; its first `chunk.rows` rows are written.
+        """
         for (a, b), array in zip(self.spans, arrays, strict=True):
             dest[:chunk.rows, a:b] = array[chunk.start:chunk.stop].reshape(chunk.rows, b - a)
 
     def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Views of packed (rows, width) as the inputs (rows, *shape); no copy."""
+        """Views of packed rows as the inputs; no copy.
+
+        Args:
+            packed: (rows, width).
+
+        Returns:
+            One (rows, *shape) view per input.
+        """
         rows = packed.shape[0]
         return tuple(packed[:, a:b].view(rows, *shape)
                      for (a, b), shape in zip(self.spans, self.shapes, strict=True))
@@ -152,26 +181,95 @@ class GraphBackend(Protocol):
 
     device: torch.device
 
-    def new_stream(self) -> Any: ...
-    def new_pool(self) -> Any: ...
-    def current_stream(self) -> Any: ...
-    def use_stream(self, stream: Any) -> AbstractContextManager[Any]: ...
-    def wait(self, stream: Any, other: Any) -> None:
-        """Work queued later on `stream` waits for the work queued so far on `other`."""
+    def new_stream(self) -> Any:
+        """A new stream on the device.
+
+        Returns:
+            The stream.
+        """
         ...
+
+    def new_pool(self) -> Any:
+        """A new graph memory pool on the device.
+
+        Returns:
+            The pool's handle.
+        """
+        ...
+
+    def current_stream(self) -> Any:
+        """The device's current stream.
+
+        Returns:
+            The stream.
+        """
+        ...
+
+    def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        """Make `stream` the current stream inside a `with` block.
+
+        Args:
+            stream: a stream of the device.
+
+        Returns:
+            The context manager.
+        """
+        ...
+
+    def wait(self, stream: Any, other: Any) -> None:
+        """Work queued later on `stream` waits for the work queued so far on `other`.
+
+        Args:
+            stream: the stream that waits.
+            other: the stream waited for.
+        """
+        ...
+
     def capture(self, fn: Callable[[], tuple[torch.Tensor, ...]], pool: Any
                 ) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
-        """Capture `fn` (whose inputs are static device tensors) into a graph in `pool`:
-        (replay, its static outputs)."""
+        """Capture a function into a graph.
+
+        Args:
+            fn: the function to capture; its inputs are static device tensors.
+            pool: the memory pool the graph allocates from.
+
+        Returns:
+            The graph's replay and its static outputs.
+        """
         ...
+
     def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A page-locked host tensor."""
+        """A page-locked host tensor.
+
+        Args:
+            shape: its shape.
+            dtype: its dtype.
+
+        Returns:
+            The tensor, uninitialised.
+        """
         ...
-    def record(self, stream: Any) -> Event: ...
+
+    def record(self, stream: Any) -> Event:
+        """An event marking the work queued so far on a stream.
+
+        Args:
+            stream: a stream of the device.
+
+        Returns:
+            The event, to synchronize on.
+        """
+        ...
 
 
 class DeviceGraphs:
-    """`GraphBackend` on a torch device module with CUDA's graph API (torch.cuda, torch.npu)."""
+    """`GraphBackend` on a torch device module with CUDA's graph API (torch.cuda, torch.npu).
+
+    Args:
+        device: the device.
+        module: its torch module (`torch.cuda`, `torch.npu`).
+        graph_class: the module's graph class (`CUDAGraph`, `NPUGraph`).
+    """
 
     def __init__(self, device: torch.device, module: ModuleType, graph_class: type) -> None:
         self.device = device
@@ -179,22 +277,61 @@ class DeviceGraphs:
         self._graph_class = graph_class
 
     def new_stream(self) -> Any:
+        """See `GraphBackend.new_stream`.
+
+        Returns:
+            A new stream on the device.
+        """
         return self._module.Stream(device=self.device)
 
     def new_pool(self) -> Any:
+        """See `GraphBackend.new_pool`.
+
+        Returns:
+            A new graph memory pool's handle.
+        """
         return self._module.graph_pool_handle()
 
     def current_stream(self) -> Any:
+        """See `GraphBackend.current_stream`.
+
+        Returns:
+            The device's current stream.
+        """
         return self._module.current_stream(self.device)
 
     def use_stream(self, stream: Any) -> AbstractContextManager[Any]:
+        """See `GraphBackend.use_stream`.
+
+        Args:
+            stream: a stream of the device.
+
+        Returns:
+            The module's stream context manager.
+        """
         return cast(AbstractContextManager[Any], self._module.stream(stream))
 
     def wait(self, stream: Any, other: Any) -> None:
+        """See `GraphBackend.wait`.
+
+        Args:
+            stream: the stream that waits.
+            other: the stream waited for.
+        """
         stream.wait_stream(other)
 
     def capture(self, fn: Callable[[], tuple[torch.Tensor, ...]], pool: Any
                 ) -> tuple[Callable[[], None], tuple[torch.Tensor, ...]]:
+        """See `GraphBackend.capture`: warm-up runs on a side stream (`CAPTURE_WARMUP_RUNS`), then the
+        capture.
+
+        Args:
+            fn: the function to capture; its inputs are static device tensors.
+            pool: the memory pool the graph allocates from.
+
+        Returns:
+            The graph's replay and its static outputs.
+        """
         module = self._module
         with module.device(self.device):
             side = module.Stream(device=self.device)
@@ -209,17 +346,42 @@ class DeviceGraphs:
         return graph.replay, outputs
 
     def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """See `GraphBackend.host_buffer`.
+
+        Args:
+            shape: its shape.
+            dtype: its dtype.
+
+        Returns:
+            A pinned, uninitialised host tensor.
+        """
         return torch.empty(shape, dtype=dtype, pin_memory=True)
 
     def record(self, stream: Any) -> Event:
+        """See `GraphBackend.record`.
+
+        Args:
+            stream: a stream of the device.
+
+        Returns:
+            The event recorded on it.
+        """
         event = self._module.Event()
         event.record(stream)
         return cast(Event, event)
 
 
 def graph_backend(device_type: str, module: ModuleType | None) -> tuple[ModuleType, type] | None:
-    """(module, graph class) when `module` (torch.cuda, torch.npu, or None if absent) offers
-    graph capture for `device_type`, else None: then graphs are not available there."""
+    """The graph API of a device module, where it has one.
+
+    Args:
+        device_type: `cuda` or `npu`.
+        module: `torch.cuda`, `torch.npu`, or None where absent.
+
+    Returns:
+        (module, graph class) when the module offers graph capture for `device_type`; None
+            otherwise, and then graphs are not available there.
+    """
     graph_class = getattr(module, GRAPH_CLASSES.get(device_type, ""), None)
     if module is None or graph_class is None:
         return None
@@ -229,23 +391,46 @@ def graph_backend(device_type: str, module: ModuleType | None) -> tuple[ModuleTy
 
 
 def device_graphs(device: torch.device) -> DeviceGraphs | None:
-    """The graph backend for `device`, or None where its torch module has no graph capture."""
+    """The graph backend of a device.
+
+    Args:
+        device: a torch device.
+
+    Returns:
+        Its backend, or None where its torch module has no graph capture.
+    """
     found = graph_backend(device.type, getattr(torch, device.type, None))
     return None if found is None else DeviceGraphs(device, *found)
 
 
 def probe_rows(width: int) -> np.ndarray:
-    """The probe batch's `CHECK_PROBE_ROWS` distinct packed rows, (rows, width) float32: seeded
-    standard-normal values, on the scale of normalized observations and of the noise."""
+    """The probe batch's distinct packed rows: seeded standard-normal values, on the scale of
+    normalized observations and of the noise.
+
+    Args:
+        width: the packed row's width.
+
+    Returns:
+        (`CHECK_PROBE_ROWS`, width) float32.
+    """
     return np.random.default_rng(CHECK_SEED).standard_normal((CHECK_PROBE_ROWS, width),
                                                              dtype=np.float32)
 
 
 def output_mismatch(graph: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
                     tolerance: float, relative: bool) -> str | None:
-    """None when every output of `graph` is within `tolerance` of `eager`'s (max abs difference,
-    or relative to max(1, |eager|) when `relative`; equal infinities and NaN where eager has NaN
-    agree), else what differs, naming the first output that does."""
+    """Compare a graph's outputs with eager torch's.
+
+    Args:
+        graph: the graph's outputs.
+        eager: eager torch's outputs of the same program and inputs.
+        tolerance: the largest difference allowed.
+        relative: compare relative to max(1, |eager|) rather than as a max abs difference.
+
+    Returns:
+        None when every output is within `tolerance` (equal infinities, and NaN where eager has
+            NaN, agree); else what differs, naming the first output that does.
+    """
     graph_shapes = [tuple(output.shape) for output in graph]
     eager_shapes = [tuple(output.shape) for output in eager]
     if graph_shapes != eager_shapes:
@@ -317,14 +502,41 @@ class _Pending:
         result[self.chunk.start:self.chunk.stop] = self.host[:self.chunk.rows]
 
 
-class GraphEngine(Engine):
-    """Replays captured graphs of the network (see the module docstring). `ladder` holds the
-    batch sizes it captures; `capture_seconds` how long each (program kind, rung) took to
-    capture, `check_seconds` to check against eager torch. `precision` (the layers') picks the
-    check's tolerance.
+# How `GraphEngine` runs a call:
+# - Rungs: powers of two up to `max_rung`. A batch of N <= max_rung rows is padded to the smallest
+#   rung >= N; a larger one runs in chunks of max_rung rows and a padded remainder.
+# - Programs: `forward` (the network's outputs, left on the device for `distribution`), `act`
+#   (network and head: the actions) and `act+noise` (the host noise as one more per-row input).
+# - Buffers: a program's per-row inputs are packed side by side in one row of a pinned host buffer
+#   (network inputs, then the noise), so a call copies exactly its N rows to the device in one
+#   copy, and the actions come back in one copy. Rung r's graph reads the first r rows of the
+#   program's device input buffer; rows past N keep earlier (finite) values, and no row depends
+#   on another.
+# - Slots: two independent sets of stream, memory pool, buffers and graphs. Calls of up to
+#   max_rung rows use slot 0; chunked calls alternate slots, so packing and copying one chunk
+#   overlaps the compute of the previous one. Graphs of one slot share its pool and never run
+#   concurrently.
+# - Check: every captured graph is replayed once on a fixed probe batch (seeded Gaussian inputs,
+#   and seeded noise for `act+noise`) and its outputs are compared with the same program run
+#   eagerly on the same device, within the precision's tolerance (`CHECK_ATOL`).
 
-    `forward` and `act` raise `EngineFailure` when a graph fails its check or raises in capture
-    or replay; the engine is not to be used after that.
+
+class GraphEngine(Engine):
+    """Replays captured graphs of the network. `ladder` holds the batch sizes it captures;
+    `capture_seconds` how long each (program kind, rung) took to capture, `check_seconds` to check
+    against eager torch.
+
+    Args:
+        net: the network.
+        input_shapes: the feature shape of each input.
+        device: the device the graphs run on.
+        head: the agent's action head, captured with the network for actions.
+        backend: the device's graph API.
+        max_rung: the largest captured batch, a power of two; larger batches are chunked.
+        precision: the layers' precision, which picks the check's tolerance.
+
+    Raises:
+        ValueError: an unknown precision, or `max_rung` not a power of two.
     """
 
     name = "graph"
@@ -348,6 +560,11 @@ class GraphEngine(Engine):
         self._lock = threading.Lock()
 
     def describe(self) -> str:
+        """The engine and how it runs, in one line.
+
+        Returns:
+            The device, the rungs, how many graphs were captured, and the chunking.
+        """
         return (f"{self.name} on {self.device}, {len(self.ladder)} rungs of 1-{self.max_rung} rows "
                 f"({len(self.capture_seconds)} graphs captured, each checked against eager "
                 "torch), larger batches chunked over 2 streams")
@@ -476,7 +693,18 @@ class GraphEngine(Engine):
             return _Pending(self.backend.record(slot.stream), chunk, host_array)
 
     def forward(self, inputs: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
-        """Outputs on the device (copies: the graphs' own outputs are overwritten next call)."""
+        """The network's outputs on the device (see `Engine.forward`).
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array per input.
+
+        Returns:
+            Copies of the outputs on the device (the graphs' own outputs are overwritten next call).
+
+        Raises:
+            EngineFailure: a graph failed its check, or capture or replay raised; the engine is not to
+                be used after that.
+        """
         program = self._program("forward")
         rows = len(inputs[0])
         with self._lock, torch.inference_mode(), self._failures(rows, "running its forward graphs"):
@@ -494,6 +722,19 @@ class GraphEngine(Engine):
             return merge_parts(parts, per_row)
 
     def act(self, inputs: Sequence[np.ndarray], noise: np.ndarray | None) -> np.ndarray:
+        """The actions for a batch, network and head replayed as one graph per chunk (see `Engine.act`).
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array per input.
+            noise: host noise for every row, or None for deterministic actions.
+
+        Returns:
+            (N, *action) actions on the host.
+
+        Raises:
+            EngineFailure: a graph failed its check, or capture or replay raised; the engine is not to
+                be used after that.
+        """
         program = (self._program("act") if noise is None
                    else self._program("act+noise", tuple(noise.shape[1:])))
         arrays = tuple(inputs) if noise is None else (*inputs, noise)

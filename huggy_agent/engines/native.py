@@ -31,7 +31,11 @@ rows take n times as long there, while onnxruntime's matrix product reads them o
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the OS tells it)."""
+    """The CPUs this process may run on.
+
+    Returns:
+        The size of its affinity where the OS tells it, else the CPU count (at least 1).
+    """
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -45,9 +49,18 @@ class NativeEngine(Engine):
     """The compiled kernels for batches of up to `native_rows` rows, `batches` (onnxruntime, or
     torch without it) for larger ones.
 
-    `kernel`: `avx2` or `generic` (see `huggy_agent.native.mlp_kernels`); None for the fastest
-    this CPU runs. ValueError for a network that is not an MLP policy, a device other than the
-    CPU, or where the kernels were not built.
+    Args:
+        net: an MLP policy (`huggy_agent.actor.MlpPolicy`).
+        input_shapes: the feature shape of its input.
+        device: the CPU.
+        head: the agent's action head, for larger batches.
+        kernel: `avx2` or `generic` (see `huggy_agent.native.mlp_kernels`); None for the fastest
+            this CPU runs.
+        native_rows: the largest batch the kernels run.
+
+    Raises:
+        ValueError: `net` is not an MLP policy, `device` is not the CPU, or the kernels were not
+            built.
     """
 
     name = "native"
@@ -88,6 +101,17 @@ class NativeEngine(Engine):
             net, input_shapes, device, head)
 
     def forward(self, inputs: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """The network's outputs for a batch (see `Engine.forward`).
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array.
+
+        Returns:
+            mu (N, c) and log_sigma ((1, c) shared for PPO, (N, c) for SAC), on the host.
+
+        Raises:
+            ValueError: an observation is not finite (the agent validates before).
+        """
         rows = len(inputs[0])
         if rows > self.native_rows:
             return self.batches.forward(inputs)
@@ -101,6 +125,18 @@ class NativeEngine(Engine):
         return torch.from_numpy(mu), torch.from_numpy(log_sigma)
 
     def act(self, inputs: Sequence[np.ndarray], noise: np.ndarray | None) -> np.ndarray:
+        """The actions for a batch, head included (see `Engine.act`).
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array.
+            noise: host noise (N, c), or None for deterministic actions.
+
+        Returns:
+            (N, c) float32 actions.
+
+        Raises:
+            ValueError: an observation is not finite (the agent validates before).
+        """
         rows = len(inputs[0])
         if rows > self.native_rows:
             return self.batches.act(inputs, noise)
@@ -110,20 +146,35 @@ class NativeEngine(Engine):
         return actions
 
     def act_row(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray | None:
-        """Actions (c,) for one float32 C-contiguous observation of the policy's input shape,
-        unvalidated; None if a value is not finite (the caller raises, naming it)."""
+        """The actions for one observation, unvalidated.
+
+        Args:
+            obs: a float32 C-contiguous observation of the policy's input shape.
+            noise: host noise (1, c), or None for deterministic actions.
+
+        Returns:
+            (c,) float32 actions; None if a value is not finite (the caller raises, naming it).
+        """
         actions = np.empty(self.actions, dtype=np.float32)
         return actions if self._compiled.mlp_act(self.plan, obs, actions, noise, 1) else None
 
     def expect_row(self) -> None:
-        """Wake the kernels' row helper, a second core that shares the next one-observation
-        pass's hidden layers (see `_native.c`): half as long when the weights must come from
-        memory. The helper waits up to 200 us for that pass, spinning, then sleeps. Call
-        it as early as possible before the pass: waking a core takes 50-150 us under a
-        hypervisor. Nothing with one usable CPU; the results are the same, bit for bit."""
+        """Wake the kernels' row helper, a second core that shares the next one-observation pass's
+        hidden layers (see `_native.c`): half as long when the weights must come from memory.
+
+        The helper waits for that pass, spinning, for a bounded time, then sleeps. Call it as early as
+        possible before the pass: waking a core is slow under a hypervisor (docs/benchmarks.md, "A second
+        core for a lone request's pass"). Nothing with one usable CPU; the results are the same, bit for
+        bit.
+        """
         if self._shares_rows:
             self._compiled.row_helper_arm()
 
     def describe(self) -> str:
+        """The engine and how it runs, in one line.
+
+        Returns:
+            The kernel, the largest batch it runs, and the engine of larger batches.
+        """
         return (f"native ({self.kernel} kernel) for up to {self.native_rows} row(s), larger "
                 f"batches: {self.batches.describe()}")

@@ -1,7 +1,7 @@
 """`onnxruntime`: an ONNX export of the loaded network (its raw outputs only: for a policy, mu and
 log-sigma) run by onnxruntime on the CPU; the head and the host noise stay in the agent.
 
-At one observation a quarter of `InferenceSession.run`'s time goes to per-call work (name
+At one observation a large share of `InferenceSession.run`'s time goes to per-call work (name
 checks, dictionaries, output allocation), so each batch size keeps an IO binding whose input and
 output buffers are bound once: a call copies its rows in and runs.
 """
@@ -36,7 +36,11 @@ CACHED_BINDINGS = 32
 
 
 def onnxruntime_available() -> bool:
-    """Whether onnxruntime imports (it is the optional `onnx` extra)."""
+    """Whether onnxruntime imports (it is the optional `onnx` extra).
+
+    Returns:
+        True when it imports.
+    """
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
@@ -56,8 +60,18 @@ class ExportedNetwork:
 
 
 def export_network(net: nn.Module, input_shapes: InputShapes) -> ExportedNetwork:
-    """Trace a float32 CPU `net` into ONNX with a dynamic batch dimension on every input and
-    per-row output. Raises ValueError for a network that is not float32 on the CPU."""
+    """Trace a network into ONNX with a dynamic batch dimension on every input and per-row output.
+
+    Args:
+        net: a float32 network on the CPU.
+        input_shapes: the feature shape of each input.
+
+    Returns:
+        The model, and for each output whether it is per-row, its shape and its dtype.
+
+    Raises:
+        ValueError: `net` is not float32 on the CPU.
+    """
     params = [*net.parameters(), *net.buffers()]
     if any(p.device.type != "cpu" or (p.is_floating_point() and p.dtype != torch.float32)
            for p in params):
@@ -105,8 +119,18 @@ class _Binding:
 
 
 class OnnxRuntimeEngine(Engine):
-    """onnxruntime's CPU execution provider with `threads` intra-op threads (default: torch's
-    thread count when the engine is made), sequential execution, all graph optimizations."""
+    """onnxruntime's CPU execution provider, sequential execution, all graph optimizations.
+
+    Args:
+        net: a float32 network on the CPU.
+        input_shapes: the feature shape of each input.
+        device: the CPU.
+        head: the agent's action head.
+        threads: intra-op threads; None: torch's thread count when the engine is made.
+
+    Raises:
+        ValueError: `device` is not the CPU, or `net` is not float32 on the CPU.
+    """
 
     name = "onnxruntime"
 
@@ -159,9 +183,26 @@ class OnnxRuntimeEngine(Engine):
                 for index, row in enumerate(self.exported.per_row)]
 
     def forward(self, inputs: Sequence[np.ndarray]) -> tuple[torch.Tensor, ...]:
+        """The network's outputs for a batch (see `Engine.forward`), in chunks of `CHUNK_ROWS` rows.
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array per input.
+
+        Returns:
+            The outputs as CPU tensors that own their memory.
+        """
         return tuple(torch.from_numpy(output) for output in self._numpy_outputs(inputs))
 
     def act(self, inputs: Sequence[np.ndarray], noise: np.ndarray | None) -> np.ndarray:
+        """The actions for a batch (see `Engine.act`), the head run on each chunk's outputs in place.
+
+        Args:
+            inputs: one (N, *feature_shape) float32 array per input.
+            noise: host noise for every row, or None for deterministic actions.
+
+        Returns:
+            (N, *action) float32 actions.
+        """
         rows = len(inputs[0])
         with self._lock:  # the head reads the binding's buffers and returns new arrays
             if rows <= CHUNK_ROWS:
@@ -172,6 +213,11 @@ class OnnxRuntimeEngine(Engine):
                 for start, stop in chunk_bounds(rows, CHUNK_ROWS)])
 
     def describe(self) -> str:
+        """The engine and how it runs, in one line.
+
+        Returns:
+            onnxruntime's version, the thread count and the chunk size.
+        """
         return (f"onnxruntime {self._version()} CPU, {self.threads} thread(s), chunks of "
                 f"{CHUNK_ROWS} rows")
 

@@ -11,11 +11,20 @@ from huggy_agent.formats.sources import resolve_policy_source
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:
-    """Load an ML-Agents `.onnx` export, `.pt` checkpoint or `results/<run>/` folder, local or
-    on the Hugging Face Hub (`hf://owner/repo[@revision][/path]`, see `formats.sources`).
+    """Load an ML-Agents policy, local or on the Hugging Face Hub.
 
-    A folder resolves to its final `<Behavior>.onnx`, else its newest checkpoint.
-    Raises FileNotFoundError for a missing path and PolicyLoadError for anything unusable.
+    Args:
+        path: an `.onnx` export, a `.pt` checkpoint or a `results/<run>/` folder (its final
+            `<Behavior>.onnx`, else its newest checkpoint), or a Hub source
+            `hf://owner/repo[@revision][/path]` (see `huggy_agent.formats.sources`).
+
+    Returns:
+        The architecture, the actor's float32 weights and their origin.
+
+    Raises:
+        FileNotFoundError: the path, results folder or Hub source does not exist.
+        ValueError: a malformed Hub source.
+        PolicyLoadError: anything unusable: an unknown format, a damaged or unsupported file.
     """
     path = resolve_policy_source(path).path
     if not path.exists():

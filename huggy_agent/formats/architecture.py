@@ -14,7 +14,7 @@ import torch
 
 from huggy_agent.actor import ActorArchitecture, InputArchitecture
 from huggy_agent.errors import PolicyLoadError
-from huggy_agent.spec import ObservationInput
+from huggy_agent_client.spec import ObservationInput
 
 ENCODER = "network_body.observation_encoder."
 PROCESSOR = re.compile(r"^network_body\.observation_encoder\.processors\.(\d+)\.")
@@ -26,7 +26,16 @@ KNOWN_PREFIXES = (ENCODER, BODY, LSTM, CONTINUOUS, DISCRETE)
 
 
 def refuse_unsupported(keys: list[str], origin: Path) -> None:
-    """Name the ML-Agents network features this project cannot run, if `keys` show one."""
+    """Refuse the ML-Agents network features this project cannot run.
+
+    Args:
+        keys: the checkpoint's tensor names.
+        origin: the file, named in the error.
+
+    Raises:
+        PolicyLoadError: the keys show a hypernetwork body (goal conditioning) or an LSTM of more
+            than one layer.
+    """
     if any(".hypernet." in key for key in keys):
         raise PolicyLoadError(f"{origin}: goal-conditioned policy (goal_conditioning_type: hyper, "
                               "a hypernetwork body) is not supported; train it with "
@@ -36,14 +45,35 @@ def refuse_unsupported(keys: list[str], origin: Path) -> None:
 
 
 def processor_keys(tensors: dict[str, torch.Tensor], index: int) -> list[str]:
-    """Keys of processor `index` (without the prefix), sorted."""
+    """The keys of one observation processor.
+
+    Args:
+        tensors: the Actor's tensors by key.
+        index: the processor's (the observation input's) index.
+
+    Returns:
+        Its keys without the `...processors.<index>.` prefix, sorted.
+    """
     prefix = f"{ENCODER}processors.{index}."
     return sorted(key[len(prefix):] for key in tensors if key.startswith(prefix))
 
 
 def visual_encoder_kind(keys: list[str], tensors: dict[str, torch.Tensor], prefix: str,
                         origin: Path) -> str:
-    """Which of ML-Agents' visual encoders these processor keys belong to."""
+    """Which of ML-Agents' visual encoders one processor's keys belong to.
+
+    Args:
+        keys: the processor's keys (`processor_keys`).
+        tensors: the Actor's tensors by key.
+        prefix: the processor's key prefix.
+        origin: the file, named in the error.
+
+    Returns:
+        `resnet`, `fully_connected`, `simple`, `nature_cnn` or `match3`.
+
+    Raises:
+        PolicyLoadError: the keys or the convolutions' kernel sizes match none of them.
+    """
     if any(key.startswith("sequential.") for key in keys):
         return "resnet"
     convs = sorted({int(key.split(".")[1]) for key in keys if key.startswith("conv_layers.")})
@@ -60,10 +90,23 @@ def visual_encoder_kind(keys: list[str], tensors: dict[str, torch.Tensor], prefi
 
 def vector_inputs_from_weights(tensors: dict[str, torch.Tensor], origin: Path
                                ) -> tuple[ObservationInput, ...]:
-    """The observation inputs as far as the weights tell them: only when every input is a
-    vector, and then each normalized input as its own, or, without normalizers, one input as
-    wide as the body (several unnormalized vector inputs are concatenated in order by the
-    network, so they act as one). Otherwise PolicyLoadError, saying what to add."""
+    """The observation inputs as far as the weights tell them, when every input is a vector.
+
+    Each normalized input is its own; without normalizers, one input as wide as the body (the network
+    concatenates several unnormalized vector inputs in order, so they act as one).
+
+    Args:
+        tensors: the Actor's tensors by key.
+        origin: the file, named in the error.
+
+    Returns:
+        The inputs `obs_0`, `obs_1`, ... with their sizes.
+
+    Raises:
+        PolicyLoadError: the weights cannot tell the shapes (visual or variable-length inputs, or
+            inputs without a normalizer beside normalized ones); the message says to keep the run's
+            ONNX export beside the checkpoint.
+    """
     indices = sorted({int(m.group(1)) for key in tensors if (m := PROCESSOR.match(key))})
     vector_only = all(key.startswith("normalizer.") for i in indices
                       for key in processor_keys(tensors, i))
@@ -87,7 +130,20 @@ def vector_inputs_from_weights(tensors: dict[str, torch.Tensor], origin: Path
 
 def infer_architecture(tensors: dict[str, torch.Tensor], inputs: tuple[ObservationInput, ...],
                        origin: Path) -> ActorArchitecture:
-    """The architecture of `tensors` (the Actor's keys) for observation `inputs`."""
+    """The architecture of a set of ML-Agents actor weights.
+
+    Args:
+        tensors: the Actor's tensors under ML-Agents' keys.
+        inputs: the observation inputs, in order.
+        origin: the file, named in errors.
+
+    Returns:
+        The inputs with their normalizers and encoders, the body's size, the memory size, the
+            action heads and the head kind (`sac` where there is a `log_sigma` layer, else `ppo`).
+
+    Raises:
+        PolicyLoadError: unknown keys, no body layer, no action head, or an unknown visual encoder.
+    """
     unknown = sorted(key for key in tensors if not key.startswith(KNOWN_PREFIXES))
     if unknown:
         raise PolicyLoadError(f"{origin}: unsupported network parts (not an ML-Agents SimpleActor "
@@ -124,7 +180,17 @@ def infer_architecture(tensors: dict[str, torch.Tensor], inputs: tuple[Observati
 
 
 def check_declared(declared: dict[str, list[float]], arch: ActorArchitecture, origin: Path) -> None:
-    """Compare the sizes a file declares (`continuous_act_size_vector`, ...) with the weights."""
+    """Check the sizes a file declares against those of the weights.
+
+    Args:
+        declared: `continuous_act_size_vector`, `discrete_act_size_vector` and
+            `memory_size_vector` as the file holds them; other names are ignored.
+        arch: the architecture read off the weights.
+        origin: the file, named in the error.
+
+    Raises:
+        PolicyLoadError: a declared size differs from the weights'.
+    """
     expected = {"continuous_act_size_vector": [float(arch.continuous_size)],
                 "discrete_act_size_vector": [float(b) for b in arch.discrete_branches],
                 "memory_size_vector": [float(arch.memory_size)]}

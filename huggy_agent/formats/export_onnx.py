@@ -26,7 +26,15 @@ MLAGENTS_EXPORT_VERSION = 3.0
 
 
 def output_names(actor: Actor) -> list[str]:
-    """The ONNX outputs ML-Agents exports for this actor's spec, in order."""
+    """The ONNX outputs ML-Agents exports for an actor's spec.
+
+    Args:
+        actor: the policy network.
+
+    Returns:
+        `version_number`, `memory_size`, then the continuous, the discrete and the recurrent outputs
+            the actor has, in ML-Agents' order.
+    """
     spec = actor.architecture.spec
     names = ["version_number", "memory_size"]
     if spec.continuous_size:
@@ -41,14 +49,26 @@ def output_names(actor: Actor) -> list[str]:
 
 
 def input_names(actor: Actor) -> list[str]:
-    """The ONNX inputs ML-Agents exports for this actor's spec, in order."""
+    """The ONNX inputs ML-Agents exports for an actor's spec.
+
+    Args:
+        actor: the policy network.
+
+    Returns:
+        `obs_0, obs_1, ...`, then `action_masks` when there are discrete branches, then
+            `recurrent_in` when there is memory.
+    """
     spec = actor.architecture.spec
     return ([i.name for i in spec.inputs] + (["action_masks"] if spec.discrete_branches else [])
             + (["recurrent_in"] if spec.memory_size else []))
 
 
 class MLAgentsExportModule(nn.Module):
-    """An Actor's modules under ML-Agents' top-level names, computing ML-Agents' outputs."""
+    """An Actor's modules under ML-Agents' top-level names, computing ML-Agents' outputs.
+
+    Args:
+        actor: the float32 policy network whose modules it holds.
+    """
 
     version_number: torch.Tensor
     memory_size_vector: torch.Tensor
@@ -70,6 +90,16 @@ class MLAgentsExportModule(nn.Module):
                              torch.tensor([[float(b) for b in spec.discrete_branches]]))
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """ML-Agents' outputs for its inputs, as the exported graph computes them.
+
+        Args:
+            *tensors: the inputs in `input_names` order: the observations, then the action masks
+                (batch, sum of branches) when there are discrete branches, then the memory
+                (batch, 1, memory) when there is memory.
+
+        Returns:
+            The outputs in `output_names` order; sampled actions draw their noise in the graph.
+        """
         spec = self.spec
         count = len(spec.inputs)
         inputs, rest = list(tensors[:count]), list(tensors[count:])
@@ -111,7 +141,15 @@ class MLAgentsExportModule(nn.Module):
 
 
 def example_inputs(actor: Actor, rows: int = 1) -> tuple[torch.Tensor, ...]:
-    """Zero inputs of the ML-Agents interface (masks all ones), `rows` rows each."""
+    """Zero inputs of the ML-Agents interface, to trace an export with.
+
+    Args:
+        actor: the policy network.
+        rows: the batch size of each input.
+
+    Returns:
+        The inputs in `input_names` order: zeros, the action masks all ones.
+    """
     spec = actor.architecture.spec
     tensors = [torch.zeros(rows, *i.shape) for i in spec.inputs]
     if spec.discrete_branches:
@@ -122,8 +160,18 @@ def example_inputs(actor: Actor, rows: int = 1) -> tuple[torch.Tensor, ...]:
 
 
 def export_onnx(actor: Actor, path: str | Path) -> Path:
-    """Write `actor` to `path` in ML-Agents' ONNX interface, as float32 (a half-precision actor's
-    weights are exported as rounded; export `LoadedPolicy.build()` to keep the source weights)."""
+    """Write an actor in ML-Agents' ONNX interface, as float32.
+
+    A half-precision actor's weights are exported rounded; export `LoadedPolicy.build()` to keep the
+    source weights.
+
+    Args:
+        actor: the policy network.
+        path: the `.onnx` file to write.
+
+    Returns:
+        `path`.
+    """
     path = Path(path)
     copy = build_actor(actor.architecture, {k: v.detach().float().cpu() for k, v in
                                             actor.state_dict().items()}, "export")

@@ -11,7 +11,7 @@ import torch
 
 from huggy_agent.actor import Actor, ActorArchitecture, build_actor
 from huggy_agent.errors import PolicyLoadError
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.spec import ActorSpec
 
 _STEP_IN_NAME = re.compile(r"-(\d+)\.(?:pt|onnx)$")
 
@@ -42,7 +42,14 @@ class LoadedPolicy:
         return self.arch.spec
 
     def build(self) -> Actor:
-        """A float32 Actor on the CPU; key or shape mismatches raise PolicyLoadError."""
+        """The Actor network with these weights.
+
+        Returns:
+            A float32 Actor on the CPU.
+
+        Raises:
+            PolicyLoadError: a key or a shape of the weights does not match the architecture.
+        """
         try:
             return build_actor(self.arch, self.tensors, str(self.origin))
         except ValueError as error:
@@ -50,6 +57,13 @@ class LoadedPolicy:
 
 
 def step_from_filename(path: Path) -> int | None:
-    """The training step in an ML-Agents checkpoint name such as `Huggy-2000343.pt`."""
+    """The training step in an ML-Agents checkpoint's file name.
+
+    Args:
+        path: a file such as `Huggy-2000343.pt` or `Huggy-2000343.onnx`.
+
+    Returns:
+        The step (2000343 here), or None when the name carries none.
+    """
     match = _STEP_IN_NAME.search(path.name)
     return int(match.group(1)) if match else None

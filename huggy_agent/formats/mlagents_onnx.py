@@ -29,7 +29,7 @@ from huggy_agent.formats.architecture import (
     refuse_unsupported,
 )
 from huggy_agent.formats.loaded import LoadedPolicy, step_from_filename
-from huggy_agent.spec import InputKind, ObservationInput
+from huggy_agent_client.spec import InputKind, ObservationInput
 
 OUTPUTS = {"version_number", "memory_size", "continuous_actions", "continuous_action_output_shape",
            "deterministic_continuous_actions", "discrete_actions", "discrete_action_output_shape",
@@ -57,8 +57,22 @@ def _read_model(path: Path) -> onnx.ModelProto:
 
 def read_spec(model: onnx.ModelProto, initializers: Mapping[str, object], path: Path
               ) -> tuple[tuple[ObservationInput, ...], int]:
-    """The observation inputs (`obs_0, obs_1, ...`) and the memory size that the graph declares;
-    refuses graphs that are not an ML-Agents policy interface."""
+    """The observation inputs and the memory size an ML-Agents graph declares.
+
+    Args:
+        model: the ONNX model.
+        initializers: the graph's initializers by name (inputs that are initializers are skipped).
+        path: the file, named in errors.
+
+    Returns:
+        The inputs `obs_0, obs_1, ...` with their shapes and kinds, and the memory size (0 without
+            `recurrent_in`).
+
+    Raises:
+        PolicyLoadError: the graph is not an ML-Agents policy interface: no `obs_<i>` inputs or
+            deterministic action outputs, observation inputs out of order, unknown inputs, or an
+            input shape of another rank.
+    """
     graph = model.graph
     names = [i.name for i in graph.input if i.name not in initializers]
     outputs = {o.name for o in graph.output}
@@ -133,7 +147,18 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
 
 
 def load_onnx(path: str | Path) -> LoadedPolicy:
-    """The spec and weights of an ML-Agents ONNX export; refuses what it cannot run, naming why."""
+    """The spec and weights of an ML-Agents ONNX export.
+
+    Args:
+        path: the `.onnx` file.
+
+    Returns:
+        The loaded policy, its every key and shape checked by building the network once.
+
+    Raises:
+        PolicyLoadError: the file is corrupt or truncated, or holds what this loader cannot run
+            (unsupported features or operators, inconsistent sizes), naming why.
+    """
     path = Path(path)
     model = _read_model(path)
     try:

@@ -31,7 +31,7 @@ from huggy_agent.formats.architecture import (
 )
 from huggy_agent.formats.loaded import LoadedPolicy, step_from_filename
 from huggy_agent.formats.mlagents_onnx import read_spec
-from huggy_agent.spec import ObservationInput
+from huggy_agent_client.spec import ObservationInput
 
 NORMALIZER_STATS = ("running_mean", "running_variance", "normalization_steps")
 
@@ -67,9 +67,19 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def normalizer_std(running_variance: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """`sqrt(running_variance / steps)` computed in float64 and rounded once to float32: the
-    same bits on every machine (float32 kernels may divide through a reciprocal), and within
-    1 ulp of the std an ML-Agents ONNX export folds in."""
+    """A normalizer's standard deviation from its running statistics.
+
+    Computed in float64 and rounded once to float32, so every machine gets the same bits (float32
+    kernels may divide through a reciprocal), within 1 ulp of the std an ML-Agents ONNX export folds
+    in.
+
+    Args:
+        running_variance: the normalizer's running sum of squared deviations.
+        steps: its `normalization_steps`.
+
+    Returns:
+        float32 `sqrt(running_variance / steps)`.
+    """
     variance = running_variance.detach().double().numpy()
     std = np.sqrt(variance / float(steps)).astype(np.float32)
     return torch.from_numpy(std)
@@ -123,7 +133,21 @@ def _inputs(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[tuple[Observa
 
 
 def load_pt(path: str | Path) -> LoadedPolicy:
-    """An ML-Agents checkpoint's actor weights and architecture, every key and shape checked."""
+    """An ML-Agents checkpoint's actor weights and architecture, every key and shape checked.
+
+    Args:
+        path: the `.pt` checkpoint; its run's ONNX export beside it, where there is one, gives the
+            observation shapes.
+
+    Returns:
+        The loaded policy; `extras` records where the observation spec came from and the
+            normalizers' step count.
+
+    Raises:
+        PolicyLoadError: the file is corrupt, holds code or objects beyond tensors, is not an
+            ML-Agents policy checkpoint, holds network parts this loader cannot run, or does not
+            tell its observation shapes.
+    """
     path = Path(path)
     policy = _read_checkpoint(path)
     refuse_unsupported(list(policy), path)

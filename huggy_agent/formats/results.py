@@ -34,9 +34,21 @@ def _local_file(folder: Path, behavior: str, recorded: list[str]) -> Path | None
 
 
 def list_checkpoints(folder: str | Path) -> list[CheckpointEntry]:
-    """Every checkpoint of a results folder, sorted by step: those recorded in
-    `run_logs/training_status.json` (with their reward, `path=None` if the file is gone) and any
-    `<Behavior>/<Behavior>-<step>.{onnx,pt}` on disk that the status file does not list."""
+    """Every checkpoint of a results folder.
+
+    Args:
+        folder: an ML-Agents `results/<run_id>/` folder.
+
+    Returns:
+        The checkpoints recorded in `run_logs/training_status.json` (with their reward; `path` None
+            where the file is gone) and any `<Behavior>/<Behavior>-<step>.{onnx,pt}` on disk that
+            the status file does not list, sorted by behavior and step.
+
+    Raises:
+        FileNotFoundError: `folder` is not a folder.
+        PolicyLoadError: the status file is not JSON, not an object, or lists a checkpoint without
+            an integer `steps` and a `file_path`.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"results folder not found: {folder}")
@@ -72,8 +84,19 @@ def list_checkpoints(folder: str | Path) -> list[CheckpointEntry]:
 
 
 def resolve_results_folder(folder: str | Path) -> Path:
-    """The policy a results folder stands for: its final `<Behavior>.onnx`, else its newest
-    checkpoint on disk (`<Behavior>/checkpoint.pt` counts as newest only when nothing is numbered)."""
+    """The policy file a results folder stands for.
+
+    Args:
+        folder: an ML-Agents `results/<run_id>/` folder.
+
+    Returns:
+        Its final `<Behavior>.onnx`, else its newest checkpoint on disk (`<Behavior>/checkpoint.pt`
+            counts only when nothing is numbered).
+
+    Raises:
+        PolicyLoadError: the folder holds several final exports, or its status file is unreadable.
+        FileNotFoundError: it holds no export and no checkpoint.
+    """
     folder = Path(folder)
     finals = sorted(folder.glob("*.onnx"))
     if len(finals) == 1:

@@ -59,7 +59,11 @@ class PolicySource:
         return self.repo_id is not None
 
     def describe(self) -> str:
-        """The source as a user names it, with the commit for a Hub source."""
+        """The source as a user names it.
+
+        Returns:
+            The local path for a local source; `hf://owner/repo@commit[/path]` for a Hub source.
+        """
         if self.repo_id is None:
             return str(self.path)
         inner = f"/{self.repo_path}" if self.repo_path else ""
@@ -67,12 +71,31 @@ class PolicySource:
 
 
 def is_hub_source(source: str | os.PathLike[str]) -> TypeGuard[str]:
-    """Whether `source` names a policy on the Hugging Face Hub (`hf://...`)."""
+    """Whether a source names a policy on the Hugging Face Hub.
+
+    Args:
+        source: a policy source.
+
+    Returns:
+        True for a string that starts with `hf://`.
+    """
     return isinstance(source, str) and source.startswith(HUB_SCHEME)
 
 
 def parse_hub_source(source: str) -> HubReference:
-    """Split `hf://owner/repo[@revision][/path]`. Raises ValueError naming the expected form."""
+    """Split a Hub source into its parts.
+
+    Args:
+        source: `hf://owner/repo[@revision][/path]`.
+
+    Returns:
+        The repository id, the revision (None when not named) and the path inside the repository
+            (empty for the whole repository).
+
+    Raises:
+        ValueError: `source` is not of that form, its repository id is not `Owner/Name`, it ends in
+            an empty `@`, or its path leaves the repository (`..`).
+    """
     if not is_hub_source(source):
         raise ValueError(f"expected hf://owner/repo[@revision][/path], got {source!r}")
     parts = source[len(HUB_SCHEME):].strip("/").split("/")
@@ -90,8 +113,14 @@ def parse_hub_source(source: str) -> HubReference:
 
 
 def hub_provenance(path: str | os.PathLike[str]) -> PolicySource | None:
-    """For a path inside huggingface_hub's cache (`.../models--OWNER--NAME/snapshots/COMMIT/
-    ...`), the repository, commit and path inside it; None for any other path."""
+    """The repository, commit and path inside it of a file in huggingface_hub's cache.
+
+    Args:
+        path: a local path, such as `.../models--OWNER--NAME/snapshots/COMMIT/path/in/repo`.
+
+    Returns:
+        The `PolicySource` of that file; None for a path outside such a snapshot.
+    """
     parts = Path(path).parts
     for k in range(len(parts) - 2):
         match = _CACHE_REPO.match(parts[k])
@@ -134,9 +163,20 @@ def _hub_reason(error: Exception, offline: bool) -> str:
 
 
 def resolve_policy_source(source: str | os.PathLike[str]) -> PolicySource:
-    """Local files for `source`: a local path as it is (not checked here); a Hub source through
-    huggingface_hub's cache. Raises ValueError for a malformed Hub source and FileNotFoundError
-    when the repository, revision or path cannot be found (offline: is not in the cache)."""
+    """Local files for a policy source.
+
+    Args:
+        source: a local path (returned as it is, not checked) or a Hub source, resolved through
+            huggingface_hub's cache (from the cache alone where `HF_HUB_OFFLINE` is set).
+
+    Returns:
+        The local file or folder, with the repository, commit and path of a Hub source.
+
+    Raises:
+        ValueError: a malformed Hub source.
+        FileNotFoundError: huggingface_hub is not installed, the Hub cannot be reached, or the
+            repository, revision or path cannot be found (offline: is not in the cache).
+    """
     if not is_hub_source(source):
         return PolicySource(name=os.fspath(source), path=Path(source))
     reference = parse_hub_source(source)
@@ -182,9 +222,19 @@ def resolve_policy_source(source: str | os.PathLike[str]) -> PolicySource:
 
 
 def policy_path(text: str) -> Path:
-    """An argparse `type` for policy options: the local path of `text`, Hub sources resolved
-    (their provenance stays readable from the path: `hub_provenance`); an empty one is
-    refused (it would name the current folder)."""
+    """An argparse `type` for policy options: the local path of a policy source.
+
+    Args:
+        text: a local path or a Hub source (resolved; its provenance stays readable from the path
+            through `hub_provenance`).
+
+    Returns:
+        The local path.
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is empty (it would name the current folder), or it cannot
+            be resolved (the message of `resolve_policy_source`'s error).
+    """
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a .onnx, a .pt, a results folder or "
                                          f"hf://owner/repo, got {text!r}")

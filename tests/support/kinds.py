@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from huggy_agent.spec import ActorSpec
+from huggy_agent_client.spec import ActorSpec
 
 
 def random_inputs(spec: ActorSpec, rows: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from deploy.ray_internals import render_haproxy_config
 from deploy.serving.haproxy import Front, patch_config, real_binary, replica_socket
-from deploy.serving.http_server import UnixHttpServer
+from deploy.serving.http_server import HttpService, UnixHttpServer
 from deploy.serving.limits import ServingLimits
 from deploy.serving.responses import ApiError, internal_error
 from deploy.serving.service import Admission, Reply, RequestHead
@@ -111,12 +111,14 @@ class _ServePort(http.server.BaseHTTPRequestHandler):
 
 class FrontDoor:
     """A live HAProxy on Ray's configuration changed for `limits` (and gRPC on `grpc_port`),
-    in front of a live listener of the replica `REPLICA_ID` whose service is a `Recorder`, all on
-    127.0.0.1; a stand-in for the replica's Serve port answers the health checks. Use as a
-    context manager; `call(coroutine)` runs one on the listener's event loop."""
+    in front of a live listener of the replica `REPLICA_ID` whose service is a `Recorder` (or
+    `service`, a replica's real one), all on 127.0.0.1; a stand-in for the replica's Serve port
+    answers the health checks. Use as a context manager; `call(coroutine)` runs one on the
+    listener's event loop."""
 
     def __init__(self, tmp_path: Path, page: Path, limits: ServingLimits | None = None,
-                 grpc: bool = False, service_limit: int = 1_000) -> None:
+                 grpc: bool = False, service_limit: int = 1_000,
+                 service: HttpService | None = None) -> None:
         self.tmp_path = tmp_path
         self.page = page
         self.limits = limits or ServingLimits()
@@ -125,7 +127,7 @@ class FrontDoor:
         self.grpc = grpc
         self.loop = asyncio.new_event_loop()
         self.recorder = Recorder(service_limit)  # its events bind to the loop at first use
-        self.listener = UnixHttpServer(self.recorder)
+        self.listener = UnixHttpServer(service or self.recorder)
         self.haproxy: subprocess.Popen[bytes] | None = None
         self.serve_port = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ServePort)
         self.config = tmp_path / "haproxy.cfg"

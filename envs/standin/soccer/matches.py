@@ -13,10 +13,20 @@ from envs.standin.soccer.sim import AGENT_TEAM, AGENTS_PER_ARENA, SoccerConfig, 
 
 def play_matches(blue: Any, purple: Any, matches: int, num_arenas: int = 16, seed: int = 0,
                  max_environment_steps: int | None = None) -> np.ndarray:
-    """Blue's results (1 win, 0 draw at the step limit, -1 loss) in the first `matches`
-    episodes to end, one arena's episode per match, in a `SoccerSim` of `num_arenas` arenas
-    seeded `seed`. `blue` and `purple` are players with `compute_action([obs_0, obs_1],
-    deterministic=False)` (scripted players or policies of the SoccerTwos interface)."""
+    """Matches between two players in one `SoccerSim`, in process.
+
+    Args:
+        blue: team 0's player: `compute_action([obs_0, obs_1], deterministic=False)` (a scripted
+            player or a policy of the SoccerTwos interface).
+        purple: team 1's player, the same way.
+        matches: how many matches: the first episodes to end, one arena's episode per match.
+        num_arenas: the simulation's arenas.
+        seed: the simulation's seed.
+        max_environment_steps: the step limit; None: the scene's.
+
+    Returns:
+        Blue's results, one per match: 1 win, 0 draw at the step limit, -1 loss.
+    """
     config = SoccerConfig(num_arenas=num_arenas)
     if max_environment_steps is not None:
         config.max_environment_steps = max_environment_steps

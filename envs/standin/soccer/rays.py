@@ -15,14 +15,7 @@ distance as a fraction of the ray length (1 when nothing was hit): 6 tags + 2 = 
 the angle order above. The tags, from each agent's point of view (`DETECTABLE_TAGS`): ball, own
 goal, opposing goal, wall, teammate, opponent.
 
-Each ray is a sphere cast (radius 0.5, length 20) from 0.5 above the agent's centre. Like
-Unity's sphere casts it does not report what the sphere overlaps where it starts (so an agent
-never sees itself). The distance is how far the sphere's centre travels until it first touches
-something.
-
-Stacking (`StackingSensor`, 3 frames): the observation is the last three frames, oldest first;
-a frame is taken at each decision and at the episode's end, and a new episode starts from zeros
-(the sensor's Reset), so its first observation is (0, 0, frame).
+Each ray is a sphere cast (`cast`); the frames are stacked three deep (`FrameStack`).
 """
 
 from __future__ import annotations
@@ -42,8 +35,15 @@ STACKS = 3
 
 
 def alternating_angles(rays_per_direction: int, max_degrees: float) -> np.ndarray:
-    """Ray angles in degrees, centre first then alternating right and left
-    (`GetRayAnglesAlternating`)."""
+    """Ray angles in the order of `GetRayAnglesAlternating`.
+
+    Args:
+        rays_per_direction: rays on each side of the centre.
+        max_degrees: the outermost ray's angle from the centre.
+
+    Returns:
+        Degrees, 90 (the centre) first, then alternating right (below 90) and left.
+    """
     delta = max_degrees / rays_per_direction
     angles = [90.0]
     for i in range(1, rays_per_direction + 1):
@@ -73,8 +73,14 @@ NUM_RAYS = len(_RIGHT_AND_FORWARD)
 
 
 def ray_directions(yaw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x and z components, each (K, 14), of the unit directions of the forward then the
-    backward sensor's rays, for agents with headings `yaw` (K,)."""
+    """The unit directions of every ray of agents, the forward sensor's then the backward one's.
+
+    Args:
+        yaw: (K,) the agents' headings.
+
+    Returns:
+        (x, z) components, each (K, 14).
+    """
     sin, cos = np.sin(yaw)[:, None], np.cos(yaw)[:, None]
     right_part, forward_part = _RIGHT_AND_FORWARD[:, 0], _RIGHT_AND_FORWARD[:, 1]
     # right = (cos yaw, -sin yaw), forward = (sin yaw, cos yaw)
@@ -130,11 +136,16 @@ def cast(x: np.ndarray, z: np.ndarray, yaw: np.ndarray, body_x: np.ndarray,
          wall_tag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Cast every ray of K agents.
 
+    Each ray is a sphere cast (radius 0.5, length 20) from 0.5 above the agent's centre. Like
+    Unity's sphere casts it does not report what the sphere overlaps where it starts (so an
+    agent never sees itself). The distance is how far the sphere's centre travels until it
+    first touches something.
+
     Args:
         x, z: (K,) the agents' positions.
         yaw: (K,) their headings.
         body_x, body_z: (K, M) the moving bodies each agent may see (its own included: it is
-            never seen, see the module docstring).
+            never seen).
         body_radius: (M,) how far from a body's centre a cast first touches it
             (`field.RAY_AGENT_RADIUS`, `field.RAY_BALL_RADIUS`).
         body_tag: (K, M) each body's tag index for that agent.
@@ -182,7 +193,15 @@ _ONE_HOT = np.array([*range(NUM_TAGS), -1])
 
 
 def encode(distance: np.ndarray, tag: np.ndarray) -> np.ndarray:
-    """(K, rays * 8) float32 frames in `RayPerceptionSensor`'s layout from `cast`'s output."""
+    """Frames in `RayPerceptionSensor`'s layout from `cast`'s output.
+
+    Args:
+        distance: (K, rays) hit distances (inf where nothing was hit).
+        tag: (K, rays) the tag hit, or -1.
+
+    Returns:
+        (K, rays * 8) float32.
+    """
     k, rays = distance.shape
     out = np.empty((k, rays, VALUES_PER_RAY), dtype=np.float32)
     out[..., :NUM_TAGS + 1] = tag[..., None] == _ONE_HOT
@@ -192,8 +211,14 @@ def encode(distance: np.ndarray, tag: np.ndarray) -> np.ndarray:
 
 
 class FrameStack:
-    """The last `STACKS` frames of each of `rows` agents' two sensors, oldest first, kept as
-    the stacked observation (forward frames, then backward frames)."""
+    """The last `STACKS` frames of each agent's two sensors, oldest first, kept as the stacked
+    observation (forward frames, then backward frames), as ML-Agents' `StackingSensor` keeps them:
+    a frame is taken at each decision and at the episode's end, and a new episode starts from
+    zeros (the sensor's Reset), so its first observation is (0, 0, frame).
+
+    Args:
+        rows: the agents.
+    """
 
     _SENSORS = ((0, FORWARD_RAYS * VALUES_PER_RAY), (FORWARD_SIZE, BACKWARD_RAYS * VALUES_PER_RAY))
     """(first column in the observation, values per frame) of each sensor."""
@@ -203,8 +228,15 @@ class FrameStack:
         self._every = np.arange(rows)
 
     def push(self, rows: np.ndarray, frames: np.ndarray) -> np.ndarray:
-        """Add a frame (len(rows), 14 * 8) to each of `rows`; their stacked observations
-        (len(rows), 264 + 72)."""
+        """Add a frame to some agents.
+
+        Args:
+            rows: the agents.
+            frames: (len(rows), 14 * 8) their new frames.
+
+        Returns:
+            Their stacked observations, (len(rows), 264 + 72).
+        """
         every = len(rows) == len(self._every) and np.array_equal(rows, self._every)
         stacked = self.stacked if every else self.stacked[rows]
         taken = 0
@@ -220,5 +252,9 @@ class FrameStack:
         return stacked
 
     def clear(self, rows: np.ndarray) -> None:
-        """Start `rows` from zeros (a new episode)."""
+        """Start agents from zeros (a new episode).
+
+        Args:
+            rows: the agents.
+        """
         self.stacked[rows] = 0.0

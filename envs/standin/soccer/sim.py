@@ -11,19 +11,7 @@ the agents that finished since the last one, or every agent asking for a decisio
 exchange with finished agents only comes when an episode ends between two decision steps, as
 Unity sends one then.
 
-Rewards (`SoccerEnvController.GoalTouched`, `AgentSoccer`): a goal gives the scoring team's
-group 1 - t / max_environment_steps (t: physics steps since the arena's reset) and the other
-group -1, as group rewards, and ends both groups' episodes (terminal); at the step limit both
-are interrupted (group reward 0). The only individual reward is `ball_touch * 0.2` each time
-an agent starts touching the ball (0 by default, as in the scene).
-
-Random: each arena's start positions at each of its resets, from a stream of its own: each
-agent's start x offset U(-5, 5), then each agent's heading U(80, 100) degrees (mirrored for
-purple), then the ball's x and z offsets U(-2.5, 2.5). The arenas' streams are drawn from the
-simulation's seed at every reset of the whole simulation; `seed_next_episode(arena, seed)`
-replaces an arena's stream for its next episode (a tournament's match seed). Nothing else is
-random, and arenas never affect each other: the same seeds and the same actions give the same
-episodes, and an arena's episodes depend only on its own stream and actions.
+Rewards are `SoccerSim.step`'s; what is random, and how it is seeded, `SoccerSim`'s.
 """
 
 from __future__ import annotations
@@ -89,7 +77,14 @@ class SoccerConfig:
     environment parameter; each touch gives 0.2 times it)."""
 
     def validated(self) -> SoccerConfig:
-        """This configuration, or ValueError naming the bad field."""
+        """This configuration, checked, with whole numbers where fields count.
+
+        Returns:
+            A new configuration.
+
+        Raises:
+            ValueError: `num_arenas` or `max_environment_steps` below 1, or `ball_touch` not finite.
+        """
         if int(self.num_arenas) < 1:
             raise ValueError(f"num_arenas must be >= 1, got {self.num_arenas}")
         if int(self.max_environment_steps) < 1:
@@ -144,6 +139,23 @@ class SoccerSim(SeededSim):
     x and z components of positions and velocities, `yaw` (arenas, 4) headings, `timer`
     (arenas,) physics steps since each arena's reset, `awaiting` (slots,) the agents the last
     report asked for a decision.
+
+    Random: each arena's start positions at each of its resets, from a stream of its own: each
+    agent's start x offset U(-5, 5), then each agent's heading U(80, 100) degrees (mirrored for
+    purple), then the ball's x and z offsets U(-2.5, 2.5). The arenas' streams are drawn from the
+    simulation's seed at every reset of the whole simulation; `seed_next_episode(arena, seed)`
+    replaces an arena's stream for its next episode (a tournament's match seed). Nothing else is
+    random, and arenas never affect each other: the same seeds and the same actions give the same
+    episodes, and an arena's episodes depend only on its own stream and actions.
+
+    Args:
+        config: the scene's settings; None: the defaults.
+        seed: the simulation's seed.
+        arena_seeds: {arena: seed} for the first episodes of some arenas (as
+            `seed_next_episode`).
+
+    Raises:
+        ValueError: a configuration `SoccerConfig.validated` refuses.
     """
 
     def __init__(self, config: SoccerConfig | None = None, seed: int = 0,
@@ -152,8 +164,13 @@ class SoccerSim(SeededSim):
         super().__init__(config or SoccerConfig(), seed)
 
     def seed_next_episode(self, arena: int, seed: int) -> None:
-        """Start the next episode of `arena` (at its next restart, or the next reset) from
-        `seed`: its start positions then depend on `seed` alone."""
+        """Start the next episode of an arena from a seed of its own (at its next restart, or the next
+        reset): its start positions then depend on `seed` alone.
+
+        Args:
+            arena: the arena.
+            seed: the episode's seed.
+        """
         self.next_seeds[arena] = seed
 
     @property
@@ -161,8 +178,18 @@ class SoccerSim(SeededSim):
         return AGENTS_PER_ARENA * self.config.num_arenas
 
     def reset(self, config: SoccerConfig | None = None) -> SoccerReport:
-        """New episodes in every arena (new agent ids); every agent asks for a decision. The
-        report is also kept as `opening` (the constructor resets once)."""
+        """New episodes in every arena (new agent ids); every agent asks for a decision. The report is
+        also kept as `opening` (the constructor resets once).
+
+        Args:
+            config: a new configuration to apply first, or None.
+
+        Returns:
+            The report: every agent asking for its first decision.
+
+        Raises:
+            ValueError: a configuration `SoccerConfig.validated` refuses.
+        """
         if config is not None:
             self.config = config.validated()
         a = self.config.num_arenas
@@ -217,9 +244,25 @@ class SoccerSim(SeededSim):
         self.stack.clear(slots)
 
     def step(self, actions: np.ndarray) -> SoccerReport:
-        """Apply `actions` ((slots, 3) ints; only the rows of `awaiting` agents are read, the
-        others keep their stored actions; a value outside its branch means no move there) and
-        run physics steps until the next report."""
+        """Apply the deciding agents' actions and run physics steps until the next report.
+
+        Rewards (`SoccerEnvController.GoalTouched`, `AgentSoccer`): a goal gives the scoring team's
+        group 1 - t / max_environment_steps (t: physics steps since the arena's reset) and the other
+        group -1, as group rewards, and ends both groups' episodes (terminal); at the step limit both
+        are interrupted (group reward 0). The only individual reward is `ball_touch * 0.2` each time
+        an agent starts touching the ball (0 by default, as in the scene).
+
+        Args:
+            actions: (slots, 3) integers; only the rows of `awaiting` agents are read, the others
+                keep their stored actions; a value outside its branch means no move there.
+
+        Returns:
+            The report: the agents whose episode ended since the last one, then, on a decision step,
+                every agent asking for a decision.
+
+        Raises:
+            ValueError: actions of another shape.
+        """
         actions = np.asarray(actions)
         if actions.shape != (self.num_agents, len(BRANCHES)):
             raise ValueError(f"expected actions of shape {(self.num_agents, len(BRANCHES))}, "

@@ -40,7 +40,11 @@ ARENA_SEED = re.compile(r"arena_seed_(\d+)")
 
 class SoccerStandIn:
     """Protocol state: the simulation, the agents awaiting decisions, pending parameters (the
-    interface `envs.standin.protocol.run` drives)."""
+    interface `envs.standin.protocol.run` drives).
+
+    Args:
+        log: where to write what happens.
+    """
 
     def __init__(self, log: TextIO) -> None:
         self.log = log
@@ -57,9 +61,21 @@ class SoccerStandIn:
         self.order = [np.zeros(0, dtype=np.int64) for _ in BEHAVIORS]
 
     def handshake_message(self) -> bytes:
+        """The player's first message.
+
+        Returns:
+            The serialized `UnityMessageProto`.
+        """
         return handshake_message(NAME)
 
     def apply_parameters(self, side_channel: bytes) -> None:
+        """Apply the EnvironmentParameters of a message: `arena_seed_K` seeds arena K's next episode
+        (a seed that is not a whole number >= 0 is logged and ignored); the others as
+        `protocol.apply_parameter_values` applies them.
+
+        Args:
+            side_channel: the message's side-channel bytes.
+        """
         values = parse_environment_parameters(side_channel)
         for key in [key for key in values if ARENA_SEED.fullmatch(key)]:
             arena, value = int(key.rsplit("_", 1)[1]), values.pop(key)
@@ -73,6 +89,14 @@ class SoccerStandIn:
         apply_parameter_values(self, values, PARAMETERS)
 
     def reset(self, seed: int) -> bytes:
+        """Reset the simulation (made on the first reset) and report every agent's first decision.
+
+        Args:
+            seed: the handshake's seed (a seed sent as a parameter takes its place).
+
+        Returns:
+            The serialized observation message.
+        """
         seed = reset_seed(self, seed)
         if self.sim is None:
             self.sim = SoccerSim(self.config, seed, self.arena_seeds)
@@ -83,6 +107,14 @@ class SoccerStandIn:
         return self._message(report)
 
     def step(self, actions: np.ndarray) -> bytes:
+        """Step the simulation.
+
+        Args:
+            actions: (slots, 3) discrete actions by slot.
+
+        Returns:
+            The serialized observation message.
+        """
         assert self.sim is not None
         return self._message(self.sim.step(actions))
 
@@ -104,8 +136,15 @@ class SoccerStandIn:
         return unity_message(listings, init)
 
     def actions_from(self, rl_input: Any) -> np.ndarray:
-        """(slots, 3) discrete actions by slot: each behavior's answers in the order of its
-        deciding agents; zeros (no move) for a missing or malformed answer."""
+        """The step's actions of a message from Python, by slot.
+
+        Args:
+            rl_input: the message's `UnityRLInputProto`.
+
+        Returns:
+            (slots, 3) discrete actions: each behavior's answers in the order of its deciding agents;
+                zeros (no move) for a missing or malformed answer (logged).
+        """
         sim = self.sim
         assert sim is not None
         actions = np.zeros((sim.num_agents, len(BRANCHES)), dtype=np.int64)

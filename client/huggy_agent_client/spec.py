@@ -39,7 +39,11 @@ class ObservationInput:
         return size
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
+        """The input as JSON-ready data.
+
+        Returns:
+            `{"name": ..., "shape": [...], "kind": ...}`.
+        """
         return {"name": self.name, "shape": list(self.shape), "kind": self.kind}
 
 
@@ -75,27 +79,50 @@ class ActorSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ActorSpec:
-        """The spec that `as_dict()` described (for example in a server's `/v1/info`)."""
+        """The spec that `as_dict` described (for example in a server's `/v1/info`).
+
+        Args:
+            data: the output of `as_dict` (its `action_kind` is ignored).
+
+        Returns:
+            The spec.
+        """
         return cls(tuple(ObservationInput(i["name"], tuple(i["shape"]), i["kind"])
                          for i in data["inputs"]), data["continuous_size"],
                    tuple(data["discrete_branches"]), data["memory_size"])
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
+        """The spec as JSON-ready data.
+
+        Returns:
+            `inputs` (each input's `as_dict`), `action_kind`, `continuous_size`, `discrete_branches`
+                and `memory_size`.
+        """
         return {"inputs": [i.as_dict() for i in self.inputs], "action_kind": self.kind,
                 "continuous_size": self.continuous_size,
                 "discrete_branches": list(self.discrete_branches), "memory_size": self.memory_size}
 
     def describe(self) -> str:
-        """One line such as `obs_0 (59,) -> 21 continuous` or `obs_0 (3, 64, 64) visual,
-        obs_1 (8,) -> discrete (3, 3), memory 32`."""
+        """The spec in one line.
+
+        Returns:
+            Such as `obs_0 (59,) -> 21 continuous` or
+                `obs_0 (3, 64, 64) visual, obs_1 (8,) -> discrete (3, 3), memory 32`.
+        """
         inputs = ", ".join(f"{i.name} {i.shape}" + ("" if i.kind == "vector" else f" {i.kind}")
                            for i in self.inputs)
         memory = f", memory {self.memory_size}" if self.memory_size else ""
         return f"{inputs} -> {self.describe_actions()}{memory}"
 
     def describe_actions(self, head: str | None = None) -> str:
-        """Such as `21 continuous`, `discrete (3, 3)` or `2 continuous (sac) + discrete (4,)`."""
+        """The actions in words.
+
+        Args:
+            head: the continuous head's kind (`ppo` or `sac`) to name, or None.
+
+        Returns:
+            Such as `21 continuous`, `discrete (3, 3)` or `2 continuous (sac) + discrete (4,)`.
+        """
         actions = []
         if self.continuous_size:
             actions.append(f"{self.continuous_size} continuous" + (f" ({head})" if head else ""))

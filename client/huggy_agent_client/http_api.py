@@ -1,6 +1,6 @@
 """The HTTP contract of a served policy (`huggy serve`), version 1, with no server in it: paths,
 headers, limits, the API key, and which policy answers a request. The server (`deploy.serving`)
-and the client (`huggy_agent.remote.RemoteAgent`) both follow it.
+and the client (`huggy_agent_client.remote.RemoteAgent`) both follow it.
 
     POST /v1/act              actions; the policy: the `serve_multiplexed_model_id` header's,
                               else the split's (by the body's "session"), else the default
@@ -11,7 +11,8 @@ and the client (`huggy_agent.remote.RemoteAgent`) both follow it.
     GET  /v1/openapi.json     the OpenAPI 3.1 document of this server
 
 Errors are `{"error": "<kind>", "message": "<what was expected and what came>"}`. A server that
-cannot answer for now (starting, or a replica restarting) answers 503 with `Retry-After`.
+cannot answer for now (starting, or a replica restarting) answers 503 with `Retry-After`. gRPC
+carries the act route as `GRPC_ACT_METHOD`, its errors as `GRPC_STATUS_FOR_HTTP` says.
 
 A/B splits: `Split.assign(session)` is the same pure rule on every machine (BLAKE2b of the
 session key), so a client that knows the split knows which policy a session gets.
@@ -57,19 +58,45 @@ RETRY_AFTER_S = 1
 ECHO_CHARS = 64
 """The most characters of what a client sent that a server's error message quotes."""
 
+GRPC_SERVICE = "huggy.v1.Policy"
+GRPC_ACT_METHOD = f"/{GRPC_SERVICE}/Act"
+"""The one gRPC method (`huggy serve --grpc-port`): unary, the request and the answer the same
+JSON documents as `POST /v1/act`, as raw bytes (no .proto)."""
+GRPC_POLICY_METADATA = "multiplexed_model_id"
+"""The gRPC metadata that names the policy to answer (Ray Serve's multiplexed model id)."""
+GRPC_STATUS_FOR_HTTP = {400: 3, 401: 16, 404: 5, 413: 8, 422: 3, 500: 13, 503: 14}
+"""The gRPC status code that ends a call the HTTP API would answer with each status
+(grpc/doc/statuscodes.md): INVALID_ARGUMENT, UNAUTHENTICATED, NOT_FOUND, RESOURCE_EXHAUSTED,
+INTERNAL, UNAVAILABLE; the details are the API's JSON error."""
+
 _HASH_PERSON = b"huggy-split"
 
 
 def model_act_path(policy_id: str) -> str:
-    """`/v1/models/{policy_id}/act`, the id quoted for a URL ('@' and '/' kept)."""
+    """The act path of one served policy.
+
+    Args:
+        policy_id: the policy's id.
+
+    Returns:
+        `/v1/models/{policy_id}/act`, the id quoted for a URL ('@' and '/' kept).
+    """
     return f"{MODELS_PATH}/{quote(policy_id, safe='@/')}/act"
 
 
 def load_api_key(path: str | os.PathLike[str] | None = None) -> str | None:
-    """The API key: the first line of the file at `path`, else `$HUGGY_API_KEY`, else None.
+    """The API key a server or client uses.
 
-    Raises ValueError for a file that cannot be read or holds no key (an empty key would let
-    anyone in), naming the file and what is wrong."""
+    Args:
+        path: a file whose first line is the key; None reads `$HUGGY_API_KEY`.
+
+    Returns:
+        The key; None when `path` is None and `$HUGGY_API_KEY` is unset or empty.
+
+    Raises:
+        ValueError: the file cannot be read or holds no key (an empty key would let anyone in),
+            naming the file and what is wrong.
+    """
     if path is None:
         return os.environ.get(API_KEY_ENV) or None
     try:
@@ -87,9 +114,18 @@ def load_api_key(path: str | os.PathLike[str] | None = None) -> str | None:
 
 
 def check_session_key(session: Any) -> str | None:
-    """A request's `"session"` value: None or a string of 1 to `SESSION_KEY_LIMIT` Unicode
-    characters (no lone UTF-16 surrogate, which JSON's escapes can write: it has no UTF-8 form
-    to hash); ValueError naming what came otherwise."""
+    """A request's `"session"` value, validated.
+
+    Args:
+        session: the value read from the request's JSON body.
+
+    Returns:
+        `session`: None, or a string of 1 to `SESSION_KEY_LIMIT` characters.
+
+    Raises:
+        ValueError: anything else, or a string with a lone UTF-16 surrogate (which JSON's escapes
+            can write: it has no UTF-8 form to hash), naming what came.
+    """
     if session is None:
         return None
     if not isinstance(session, str) or not 1 <= len(session) <= SESSION_KEY_LIMIT:
@@ -108,7 +144,15 @@ def check_session_key(session: Any) -> str | None:
 
 
 def json_kind(value: Any) -> str:
-    """What a value read from JSON is, in JSON's words: "an integer", "an object", "null", ..."""
+    """What a value read from JSON is, in JSON's words, for error messages.
+
+    Args:
+        value: a value decoded from JSON.
+
+    Returns:
+        "null", "a boolean", "an integer", "a number", "a string", "an array", "an object", or
+            "a <type name>" for anything else.
+    """
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -127,7 +171,7 @@ def shown(sent: str | bytes, limit: int = ECHO_CHARS) -> str:
 
     Returns:
         Python's `repr` of the first `limit` characters, followed by how many more there were
-        ("'/x/yyyy...' and 4,032 more") when `sent` is longer.
+            ("'/x/yyyy...' and 4,032 more") when `sent` is longer.
     """
     if len(sent) <= limit:
         return repr(sent)
@@ -135,20 +179,39 @@ def shown(sent: str | bytes, limit: int = ECHO_CHARS) -> str:
 
 
 def unknown_policy_message(policy_id: str, known: Iterable[str]) -> str:
-    """What a request for a policy that is not served is told: the id and the known ones."""
+    """What a request for a policy that is not served is told.
+
+    Args:
+        policy_id: the id asked for (quoted short and escaped, by `shown`).
+        known: the served ids.
+
+    Returns:
+        The message, naming the id and the known ones.
+    """
     return f"no policy {shown(policy_id)} is served here; known policies: {', '.join(known)}"
 
 
 def session_point(key: str) -> float:
-    """Where the session `key` falls in [0, 1): the first 8 bytes of its BLAKE2b hash (UTF-8),
-    as a fraction of 2**64. The same on every machine, process and Python version."""
+    """Where a session key falls in [0, 1), the same on every machine, process and Python version.
+
+    Args:
+        key: the session key.
+
+    Returns:
+        The first 8 bytes of the key's BLAKE2b hash (of its UTF-8), as a fraction of 2**64.
+    """
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, person=_HASH_PERSON).digest()
     return int.from_bytes(digest, "big") / 2.0**64
 
 
 @dataclass(frozen=True)
 class Split:
-    """Traffic split over policies: `ids` with relative `weights` (any positive total)."""
+    """Traffic split over policies: `ids` with relative `weights` (any positive total).
+
+    Raises:
+        ValueError: no ids, not one weight per id, an id given twice, a weight that is not a finite
+            number >= 0, or weights that are all zero.
+    """
 
     ids: tuple[str, ...]
     weights: tuple[float, ...]
@@ -173,9 +236,21 @@ class Split:
 
     @classmethod
     def parse(cls, text: str, known: Sequence[str] | None = None) -> Split:
-        """A split from `ID=WEIGHT,ID=WEIGHT,...` (such as `a@100=0.9,b@200=0.1`; an id may
-        itself hold '=': the last one separates the weight). With `known`, every id must be one
-        of them. ValueError naming what was expected and what came."""
+        """A split from its command-line form.
+
+        Args:
+            text: `ID=WEIGHT,ID=WEIGHT,...` (such as `a@100=0.9,b@200=0.1`; an id may itself hold '=':
+                the last one separates the weight).
+            known: the served ids that every id must be one of; None accepts any.
+
+        Returns:
+            The split.
+
+        Raises:
+            ValueError: `text` is not of that form, a weight is not a finite number >= 0, an id
+                repeats, the weights are all zero, or an id is not known; naming what was expected and
+                what came.
+        """
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"--split expects ID=WEIGHT,ID=WEIGHT,..., received {text!r}")
         ids, weights = [], []
@@ -196,8 +271,19 @@ class Split:
     @classmethod
     def from_weights(cls, weights: Mapping[str, float] | Split,
                      known: Sequence[str] | None = None) -> Split:
-        """A split from `{id: weight}` (a server config's form); with `known`, every id must be
-        one of them (ValueError listing the known ids)."""
+        """A split from `{id: weight}` (a server config's form).
+
+        Args:
+            weights: `{id: weight}`, or a split to check.
+            known: the served ids that every id must be one of; None accepts any.
+
+        Returns:
+            The split.
+
+        Raises:
+            ValueError: the weights do not make a split (see `Split`), or an id is not known (listing
+                the known ids).
+        """
         split = weights if isinstance(weights, Split) else cls(tuple(weights),
                                                               tuple(weights.values()))
         if known is not None:
@@ -208,17 +294,32 @@ class Split:
         return split
 
     def as_dict(self) -> dict[str, float]:
-        """`{id: weight}`, as given."""
+        """The split as given.
+
+        Returns:
+            `{id: weight}`.
+        """
         return dict(zip(self.ids, self.weights, strict=True))
 
     def shares(self) -> dict[str, float]:
-        """`{id: weight / total}`."""
+        """Each policy's share of the traffic.
+
+        Returns:
+            `{id: weight / total}`.
+        """
         total = sum(self.weights)
         return {policy_id: weight / total
                 for policy_id, weight in zip(self.ids, self.weights, strict=True)}
 
     def pick(self, point: float) -> str:
-        """The policy whose share of [0, 1) holds `point` (shares in the order of `ids`)."""
+        """The policy whose share of [0, 1) holds a point.
+
+        Args:
+            point: a number in [0, 1); the shares lie in the order of `ids`.
+
+        Returns:
+            Its id; never a policy of weight 0.
+        """
         total, running, bounds = sum(self.weights), 0.0, []
         for weight in self.weights:
             running += weight
@@ -229,7 +330,15 @@ class Split:
         return self.ids[index]
 
     def assign(self, session: str | None, rng: random.Random | None = None) -> str:
-        """The policy for a request: by the stable hash of `session` (`session_point`), or at
-        random by weight without one (`rng`, default the module's generator)."""
+        """The policy for a request.
+
+        Args:
+            session: the request's session key: the policy is picked at `session_point(session)`, the
+                same every time; None picks at random by weight.
+            rng: the generator for a request without a session; None: the `random` module's.
+
+        Returns:
+            The policy's id.
+        """
         point = session_point(session) if session is not None else (rng or random).random()
         return self.pick(point)

@@ -29,11 +29,21 @@ def _all_finite(values: np.ndarray) -> bool:
 
 
 def as_observation_batch(obs: Any, obs_size: int) -> tuple[np.ndarray, bool]:
-    """`obs` as a C-contiguous float32 (N, obs_size) array, and whether it was a single observation.
+    """Observations of a single-vector policy, validated, as a batch.
 
-    Accepts lists, numpy arrays and torch tensors of shape (obs_size,) or (N, obs_size).
-    Raises ValueError naming the expected and received shape, or the first non-finite entry.
-    A well-formed float32 C-contiguous numpy array is returned without a copy (a view).
+    A well-formed float32 C-contiguous numpy array comes back without a copy (a view).
+
+    Args:
+        obs: a list, a numpy array or a torch tensor of shape (obs_size,) or (N, obs_size).
+        obs_size: the values per observation.
+
+    Returns:
+        A C-contiguous float32 (N, obs_size) array, and whether `obs` was a single observation.
+
+    Raises:
+        ValueError: `obs` is an `(observation, info)` tuple from `env.reset()`, is not numeric, has
+            another shape (named with the expected one), or holds a NaN or an infinity (the first
+            one is named).
     """
     if type(obs) is np.ndarray and obs.dtype is _FLOAT32 and obs.flags.c_contiguous:
         # The common case, checked cheaply; anything else (and every error) takes the path below.

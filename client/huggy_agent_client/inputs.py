@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from huggy_agent.observations import as_observation_batch
-from huggy_agent.spec import ActorSpec, ObservationInput
+from huggy_agent_client.observations import as_observation_batch
+from huggy_agent_client.spec import ActorSpec, ObservationInput
 
 
 def _as_float32(value: Any, what: str, expected: str) -> np.ndarray:
@@ -30,8 +30,20 @@ def _check_finite(array: np.ndarray, what: str) -> None:
 
 
 def as_input_batch(value: Any, observation: ObservationInput) -> tuple[np.ndarray, bool]:
-    """One input as a C-contiguous float32 (N, *shape) array, and whether it was a single row.
-    Raises ValueError naming the input, the expected and the received shape."""
+    """One observation input, validated, as a batch.
+
+    Args:
+        value: one row of the input's shape or a batch (N, *shape): a list, a numpy array or a torch
+            tensor.
+        observation: the input it should be.
+
+    Returns:
+        A C-contiguous float32 (N, *shape) array, and whether `value` was a single row.
+
+    Raises:
+        ValueError: `value` is not numeric, has another shape, or holds a NaN or an infinity; the
+            message names the input, the expected and the received shape.
+    """
     if observation.kind == "vector":
         try:
             return as_observation_batch(value, observation.shape[0])
@@ -52,9 +64,20 @@ def as_input_batch(value: Any, observation: ObservationInput) -> tuple[np.ndarra
 
 
 def as_input_batches(obs: Any, spec: ActorSpec) -> tuple[list[np.ndarray], bool]:
-    """Every observation input as a float32 (N, *shape) array (the same N), and whether they were
-    single rows. A single-input policy takes one array; several inputs come as a list or tuple in
-    `obs_0, obs_1, ...` order, all single rows or all batches of the same N."""
+    """Every observation input of a policy, validated, as batches of the same N.
+
+    Args:
+        obs: one array for a single-input policy; for several inputs a list or tuple in
+            `obs_0, obs_1, ...` order, all single rows or all batches of the same N.
+        spec: the policy's interface.
+
+    Returns:
+        One float32 (N, *shape) array per input, and whether they were single rows.
+
+    Raises:
+        ValueError: `obs` is an `(observation, info)` tuple from `env.reset()`, holds another number
+            of inputs, inputs of different row counts, or an input that `as_input_batch` refuses.
+    """
     if isinstance(obs, tuple) and len(obs) == 2 and isinstance(obs[1], dict):
         raise ValueError("got an (observation, info) tuple, as returned by env.reset(); "
                          "pass the observation alone: obs, info = env.reset()")
@@ -88,9 +111,21 @@ def _shape_of(value: Any) -> str:
 
 
 def as_mask_batch(mask: Any, spec: ActorSpec, rows: int) -> np.ndarray | None:
-    """An action mask as a (rows, sum of branches) bool array, True = allowed, or None for
-    "all allowed". Accepts bools or 0/1, one row (broadcast) or `rows` rows. Raises ValueError
-    for a wrong shape, other values, or a branch with no allowed action."""
+    """An action mask, validated, as one boolean row per observation row.
+
+    Args:
+        mask: None (all allowed), or bools or 0/1 (1 = allowed) of shape (sum of branches,),
+            broadcast to every row, or (rows, sum of branches).
+        spec: the policy's interface.
+        rows: the number of observation rows.
+
+    Returns:
+        A (rows, sum of branches) bool array, True where allowed; None for None.
+
+    Raises:
+        ValueError: the policy has no discrete actions, or the mask has a wrong shape, another row
+            count, values other than booleans or 0/1, or a branch with no allowed action in a row.
+    """
     if mask is None:
         return None
     size = spec.mask_size
@@ -129,9 +164,21 @@ def as_mask_batch(mask: Any, spec: ActorSpec, rows: int) -> np.ndarray | None:
 
 
 def as_memory_batch(memory: Any, spec: ActorSpec, rows: int) -> np.ndarray:
-    """A recurrent memory as a float32 (rows, memory_size) array; None means zeros (the start of
-    an episode). One row is broadcast. Raises ValueError for a policy without memory, a wrong
-    shape or a non-finite value."""
+    """A recurrent memory, validated, as one row per observation row.
+
+    Args:
+        memory: None (zeros: the start of an episode), one row (memory_size,), broadcast to every
+            row, or (rows, memory_size).
+        spec: the policy's interface.
+        rows: the number of observation rows.
+
+    Returns:
+        A C-contiguous float32 (rows, memory_size) array.
+
+    Raises:
+        ValueError: the policy has no memory, or `memory` is not numeric, has a wrong shape, or
+            holds a NaN or an infinity.
+    """
     size = spec.memory_size
     if not size:
         raise ValueError("this policy has no recurrent memory, so memory must be None (in a "
