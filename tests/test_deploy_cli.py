@@ -341,7 +341,8 @@ def test_huggy_serve_on_its_own_cluster_stops_cleanly_on_a_signal(case: str) -> 
         assert int(ignored, 16) & 1 << (signal.SIGINT - 1)
     with own_server(wrapper) as server:
         obs = np.random.default_rng(6).standard_normal((256, 59)).astype(np.float32)
-        with RemoteAgent(server.url) as remote:
+        # patient: on a loaded machine a health check may take the replica out for seconds
+        with RemoteAgent(server.url, retries=8) as remote:
             np.testing.assert_allclose(remote.compute_action(obs[:4]),
                                        HuggyAgent(device="cpu").compute_action(obs[:4]),
                                        rtol=0, atol=FP32_ACTION_ATOL)
@@ -367,7 +368,8 @@ def test_huggy_serve_on_its_own_cluster_stops_cleanly_on_a_signal(case: str) -> 
     assert not port_open(server.port)
     # each request is answered, or refused before it is sent; none gets a 5xx, and none is cut
     # off unless the signal went to the group (which ends the replicas with the raylet)
-    cut_off = {"ServerDisconnectedError", "ClientOSError"} if "group" in case else set()
+    cut_off = ({"ServerDisconnectedError", "ClientOSError", "ClientPayloadError"} if "group" in case
+               else set())
     assert len(answers) == 50
     assert {outcome for _, outcome in answers} <= {200, "ClientConnectorError", *cut_off}, answers
     assert any(when > signalled and outcome in {200, *cut_off} for when, outcome in answers), (
