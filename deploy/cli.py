@@ -287,7 +287,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="also serve gRPC (/huggy.v1.Policy/Act) on this port")
     parser.add_argument("--grpc-ingress", choices=("replica", "serve"), default="replica",
                         help="who answers --grpc-port: replica (each replica's own gRPC server, "
-                             "on --host; reaches the replicas of this node; fastest, default) "
+                             "on --host; reaches the replicas on this machine; fastest, default) "
                              "or serve (Serve's gRPC ingress on the head node; reaches every "
                              "replica of the cluster)")
     parser.add_argument("--address", default=None,

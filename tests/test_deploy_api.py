@@ -424,15 +424,19 @@ def test_serve_config_file_is_valid_and_builds() -> None:
     from ray.serve.schema import ServeDeploySchema
 
     from deploy.serving.app import build_app
-    from deploy.serving.server import ingress_env_vars
+    from deploy.serving.server import BUNDLED_HAPROXY_ENV, ingress_env_vars
     from deploy.serving.settings import AppArgs
 
     config = yaml.safe_load(Path(REPO_ROOT, "deploy", "serve_config.yaml").read_text())
     schema = ServeDeploySchema.model_validate(config)
-    flags = schema.controller_options.runtime_env["env_vars"]
+    flags = dict(schema.controller_options.runtime_env["env_vars"])
+    # Ray 2.56's switch to Ray's own HAProxy binary, which `huggy serve` sets where it does
+    # not run HAProxy through its wrapper
+    assert flags.pop(BUNDLED_HAPROXY_ENV) == "1"
     served = ingress_env_vars("haproxy", 8000)  # what `huggy serve` sets, but for its files
     assert flags == {name: served[name] for name in flags}
-    assert "RAY_SERVE_HAPROXY_RETRY_ON" in flags
+    assert {"RAY_SERVE_HAPROXY_RETRY_ON", "RAY_SERVE_HAPROXY_MAXCONN",
+            "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S"} <= set(flags)
     (application,) = schema.applications
     assert application.import_path == "deploy.serving.app:app"
     args = AppArgs.model_validate({**application.args, "accelerator": "npu"})

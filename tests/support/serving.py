@@ -1,7 +1,7 @@
-"""What the tests of the serving front door share, without Ray: a configuration shaped as Ray 2.60
-writes it (`ray_config`), a service that records what the replica's listener hands it
-(`Recorder`), and a live HAProxy on the changed configuration in front of a live listener
-(`FrontDoor`)."""
+"""What the tests of the serving front door share, without a Ray cluster: the HAProxy
+configuration that the installed Ray writes (`ray_config`), a service that records what the
+replica's listener hands it (`Recorder`), and a live HAProxy on the changed configuration in
+front of a live listener (`FrontDoor`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+from deploy.ray_internals import render_haproxy_config
 from deploy.serving.haproxy import Front, patch_config, real_binary, replica_socket
 from deploy.serving.http_server import HttpService, UnixHttpServer
 from deploy.serving.limits import ServingLimits
@@ -23,65 +24,23 @@ from tests.support.processes import free_ports, port_open
 WAIT_S = 30
 """The most a test waits for HAProxy or an answer (a bound against hanging, not a measurement)."""
 KEY = "Bearer k"
-
-# a configuration with the sections and lines of one that Ray 2.60 writes for one app
-# (ray/serve/_private/haproxy_templates.py), shortened: ports and the error page are filled in
-RAY_CONFIG = """global
-    maxconn 64
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    option redispatch 1
-    retry-on conn-failure empty-response
-    # Normalize 502/503/504 to 500 per Serve's default behavior.
-    errorfile 502 {ray_page}
-    errorfile 503 {ray_page}
-    errorfile 504 {ray_page}
-    balance leastconn
-frontend prometheus
-    bind :{metrics}
-    mode http
-    http-request use-service prometheus-exporter if {{ path /metrics }}
-    no log
-frontend http_frontend
-    bind {host}:{port}
-    acl healthcheck path -i /-/healthz
-    acl backend_http-huggy_server_up nbsrv(http-huggy) ge 1
-    http-request return status 503 content-type text/plain string "Service Unavailable" if healthcheck
-    acl is_http-huggy path_beg /
-    acl is_http-huggy path /
-    # Static routing based on path prefixes in decreasing length then alphabetical order
-    use_backend http-huggy if is_http-huggy
-    default_backend default_backend
-backend default_backend
-    http-request return status 404 content-type text/plain lf-string "Path '%[path]' not found."
-backend http-huggy
-    http-reuse always
-    option httpchk GET /-/healthz
-    http-check expect status 200
-    default-server fastinter 250ms downinter 250ms fall 2 rise 2 inter 5s check
-    # Servers in this backend
-    server SERVE_REPLICA_huggy-HuggyPolicy-1 127.0.0.1:{replica} check observe layer4 error-limit 3
-    # Fallback to head node's Serve proxy when no ingress replicas are available
-    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:{fallback} check backup
-backend grpc-huggy
-    mode http
-    server SERVE_PROXY_ACTOR-fallback-node 127.0.0.1:{fallback} proto h2 check backup
-listen stats
-  bind *:{stats}
-  stats enable
-  stats uri /stats
-"""
+REPLICA_ID = "1"
+"""The replica of `ray_config`: Ray's name for its server ends with it."""
 
 
 def ray_config(tmp_path: Path, port: int = 18000, replica: int = 30000, fallback: int = 8500,
-               host: str = "127.0.0.1", metrics: int = 18001, stats: int = 18002) -> str:
-    """`RAY_CONFIG` with its ports, its host and Ray's own error page (in `tmp_path`)."""
-    ray_page = tmp_path / "500.http"
-    ray_page.write_bytes(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
-    return RAY_CONFIG.format(ray_page=ray_page, port=port, replica=replica, fallback=fallback,
-                             host=host, metrics=metrics, stats=stats)
+               host: str = "127.0.0.1", metrics: int = 18001, stats: int = 18002,
+               grpc_port: int | None = None) -> str:
+    """The HAProxy configuration that the installed Ray writes for the app "huggy" at "/" with
+    one replica (`REPLICA_ID`, Serve port `replica` on 127.0.0.1), Serve's proxy on `fallback`
+    as its backup, HTTP on `host:port`, HAProxy's metrics and statistics on `metrics` and
+    `stats` (and Serve's gRPC on `grpc_port` where that Ray's HAProxy carries it), rendered by
+    Ray's own writer (`deploy.ray_internals.render_haproxy_config`, the one place that touches
+    those private classes), its files in `tmp_path`."""
+    folder = tmp_path / "ray-haproxy"
+    folder.mkdir(exist_ok=True)
+    return render_haproxy_config(folder, host, port, [(REPLICA_ID, "127.0.0.1", replica)],
+                                 fallback, metrics, stats, grpc_port=grpc_port)
 
 
 class Recorder:
@@ -152,10 +111,10 @@ class _ServePort(http.server.BaseHTTPRequestHandler):
 
 class FrontDoor:
     """A live HAProxy on Ray's configuration changed for `limits` (and gRPC on `grpc_port`),
-    in front of a live listener of the replica `1` whose service is a `Recorder` (or `service`,
-    a replica's real one), all on 127.0.0.1; a stand-in for the replica's Serve port answers the
-    health checks. Use as a context manager; `call(coroutine)` runs one on the listener's event
-    loop."""
+    in front of a live listener of the replica `REPLICA_ID` whose service is a `Recorder` (or
+    `service`, a replica's real one), all on 127.0.0.1; a stand-in for the replica's Serve port
+    answers the health checks. Use as a context manager; `call(coroutine)` runs one on the
+    listener's event loop."""
 
     def __init__(self, tmp_path: Path, page: Path, limits: ServingLimits | None = None,
                  grpc: bool = False, service_limit: int = 1_000,
@@ -179,7 +138,7 @@ class FrontDoor:
     def __enter__(self) -> FrontDoor:
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         threading.Thread(target=self.serve_port.serve_forever, daemon=True).start()
-        sock = replica_socket(self.page.parent, "1")
+        sock = replica_socket(self.page.parent, REPLICA_ID)
         sock.parent.mkdir(exist_ok=True)
         self.call(self.listener.start(sock))
         front = Front(self.limits, ("127.0.0.1", self.grpc_port) if self.grpc else None)
