@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from deploy.evaluation import statistics as stats
-from deploy.evaluation.plan import SELECT_BY
+from deploy.evaluation.plan import check_ranking
 from deploy.evaluation.selection import standard_error
 from deploy.evaluation.summary import BOOTSTRAP_RESAMPLES, CONFIDENCE
 
@@ -64,11 +64,7 @@ class RuleSettings:
     """Seeds the bootstraps (the watch's `--seed`)."""
 
     def __post_init__(self) -> None:
-        if self.statistic not in SELECT_BY:
-            raise ValueError(f"statistic must be one of {', '.join(SELECT_BY)}, got "
-                             f"{self.statistic!r}")
-        if not 0.0 < self.confidence < 1.0:
-            raise ValueError(f"confidence must be in (0, 1), got {self.confidence!r}")
+        check_ranking(self.statistic, self.confidence)
         if not self.margin >= 0.0:
             raise ValueError(f"margin must be >= 0, got {self.margin!r}")
         looks = list(self.looks)

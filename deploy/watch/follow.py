@@ -127,6 +127,11 @@ class RunFollower:
             return False
         return now - seen[3] >= self.settle_s
 
+    @property
+    def settling(self) -> int:
+        """Files seen but not yet taken, waiting to keep their size and time for `settle_s`."""
+        return len(self._watched)
+
     def finished(self) -> bool:
         """Whether the trainer has finished (see the module docstring).
 
