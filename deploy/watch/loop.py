@@ -104,6 +104,9 @@ class WatchOptions:
     """Write scalars into each run's own folder (beside the trainer's)."""
     stop_when_finished: bool = True
     """End when every run's trainer has finished and every checkpoint is decided."""
+    follow: bool = True
+    """Wait for the trainers to finish; False: end once the checkpoints there are decided (a
+    finished run without `run_logs/timers.json`, one downloaded, say)."""
     stop: Callable[[], bool] | None = None
     """Asked at each pass: True ends the watch as Ctrl-C does (tests, benchmarks)."""
 
@@ -201,7 +204,8 @@ class Watch:
         Returns:
             True when it is.
         """
-        return (all(follower.finished() and not follower.settling for follower in self.followers)
+        return (all((follower.finished() or not self.options.follow) and not follower.settling
+                    for follower in self.followers)
                 and self._progress.pending is None and not self.executor.busy()
                 and self.promotion.done())
 
