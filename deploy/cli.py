@@ -294,6 +294,8 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="Unity processes per runner (default 1)")
     parser.add_argument("--address", metavar="ADDRESS", default=None,
                         help="Ray cluster to use (as for huggy evaluate)")
+    parser.add_argument("--accelerator", choices=ACCELERATOR_CHOICES, default="auto",
+                        help="Ray resource per runner (as for huggy evaluate)")
     parser.add_argument("--no-ray", action="store_true",
                         help="run every item in this process on one environment, without Ray")
     parser.add_argument("--num-agents", metavar="N", type=positive_int, default=None,

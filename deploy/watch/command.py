@@ -78,7 +78,8 @@ def run_watch(args: argparse.Namespace) -> int:
     rule = rule_settings(args)
     config = EvalConfig(episodes=rule.looks[-1] * args.episodes_per_item,
                         episodes_per_item=args.episodes_per_item, seed=args.seed,
-                        stochastic=args.stochastic, runners=args.runners, progress=False)
+                        stochastic=args.stochastic, runners=args.runners,
+                        accelerator=args.accelerator, progress=False)
     store = WatchStore(db)
     try:
         store.check_settings(settings_of(config, env, rule.as_dict()))

@@ -360,7 +360,7 @@ class Decider:
         progress.best = first
         progress.decisions.append(Decision(
             0, first.label, first.fingerprint, "served" if first.served else "first", looks[0],
-            _episodes(strata), self._estimate(first.fingerprint, strata), self.settings.statistic,
+            _episodes(strata), self.estimate(first.fingerprint, strata), self.settings.statistic,
             first.label))
         for seq, candidate in enumerate(candidates[1:], start=1):
             decision, need = self._compare(seq, candidate, progress.best, strata_of)
@@ -395,12 +395,20 @@ class Decider:
             winner = candidate.label if found == "better" else best.label
             return Decision(seq, candidate.label, candidate.fingerprint, found or "undecided",
                             items, _episodes(mine),
-                            self._estimate(candidate.fingerprint, mine), settings.statistic,
+                            self.estimate(candidate.fingerprint, mine), settings.statistic,
                             winner, best.label, diff, seq, look + 1, level), []
         raise AssertionError("the last look always decides")
 
-    def _estimate(self, fingerprint: str, strata: stats.Strata) -> stats.Estimate:
-        """A policy's statistic with its 95% bootstrap interval over its first items."""
+    def estimate(self, fingerprint: str, strata: stats.Strata) -> stats.Estimate:
+        """A policy's statistic with its 95% stratified-bootstrap interval, computed once.
+
+        Args:
+            fingerprint: the policy.
+            strata: the returns of its first items.
+
+        Returns:
+            The estimate, as `huggy evaluate` reports it.
+        """
         key = (fingerprint, len(strata))
         if key not in self._estimates:
             self._estimates[key] = stats.bootstrap_interval(

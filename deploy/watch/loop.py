@@ -150,6 +150,8 @@ class Watch:
         self._running: set[tuple[str, int]] = set()
         self._failed: dict[str, str] = {}
         self._announced = {record["label"] for _, record in store.decisions().values()}
+        self._rated: dict[str, tuple[str, dict[str, Any]]] = {}
+        """label -> (when, estimate) of a policy's first rating, at its first look."""
         self._progress = Progress()
         for follower in self.followers:  # what an earlier session took is taken
             for record in self._records:
@@ -272,9 +274,12 @@ class Watch:
                 for record in self._records if record.fingerprint not in self._failed]
 
     def _wanted(self) -> list[tuple[str, int]]:
-        """The items the rule needs and nobody runs, most urgent first."""
+        """The items the rule needs and nobody runs: the first look of every policy first (a new
+        checkpoint gets its first rating within seconds, even while a close call takes many
+        items), then the rest, most urgent first. The order changes no decision."""
         wanted: list[tuple[str, int]] = []
-        for need in self._progress.needs:
+        first = self.rule.looks[0]
+        for need in sorted(self._progress.needs, key=lambda need: need.items > first):
             recorded = self._returns.get(need.fingerprint, {})
             for index in range(need.items):
                 key = (need.fingerprint, index)
@@ -320,10 +325,17 @@ class Watch:
     # --- decisions -----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        """Recompute the decisions; record every one, and report and promote the new ones."""
+        """Recompute the decisions; record every one, and report and promote the new ones. A
+        policy's first look, before its decision, gives its first rating (TensorBoard and
+        watch.json show it until the decision replaces it)."""
         self._progress = self._decider.run(self._candidates(), self._strata)
         new = [d for d in self._progress.decisions if d.label not in self._announced]
+        rated = self._rate_first_looks()
         if not new:
+            if rated and self.options.tensorboard:
+                self._write_tensorboard({record.folder for record in rated})
+            if rated:
+                self.write_summary()
             return
         by_label = {record.label: record for record in self._records}
         for decision in new:
@@ -338,25 +350,48 @@ class Watch:
                 if record.kind == "checkpoint" and previous is not None:
                     self.promotion.promote(record, decision)
         if self.options.tensorboard:
-            self._write_tensorboard({by_label[d.label].folder for d in new} - {None})
+            self._write_tensorboard({by_label[d.label].folder for d in new}
+                                    | {record.folder for record in rated})
         self.write_summary()
 
+    def _rate_first_looks(self) -> list[PolicyRecord]:
+        """The policies whose first look is recorded now, their first rating noted."""
+        rated = []
+        first = self.rule.looks[0]
+        for record in self._records:
+            strata = self._strata(record.fingerprint, first)
+            if record.label in self._rated or strata is None:
+                continue
+            estimate = self._decider.estimate(record.fingerprint, strata)
+            self._rated[record.label] = (utc_now(), {"value": estimate.value,
+                                                     "ci": estimate.as_list(), "items": first})
+            rated.append(record)
+        return rated
+
     def _write_tensorboard(self, folders: set[str | None]) -> None:
-        """Each decided checkpoint's statistic and its interval at its training step, in its
-        behavior's folder of its run (where the trainer writes its own scalars)."""
+        """Each checkpoint's statistic and its interval at its training step, in its behavior's
+        folder of its run (where the trainer writes its own scalars): the decision's, else its
+        first rating's (Evaluation/Decided 0 until the decision)."""
         name = STATISTIC_TAGS[self.rule.statistic]
         decided = self.store.decisions()
         points: dict[tuple[str, str], list[tuple[int, dict[str, float | None]]]] = {}
         for record in self._records:
-            if record.folder not in folders or record.step is None or record.seq not in decided:
+            if record.folder not in folders or record.step is None:
                 continue
-            estimate = decided[record.seq][1]["estimate"]
+            if record.seq in decided:
+                estimate = decided[record.seq][1]["estimate"]
+                episodes = decided[record.seq][1]["episodes"]
+            elif record.label in self._rated:
+                estimate = self._rated[record.label][1]
+                episodes = estimate["items"] * self.config.episodes_per_item
+            else:
+                continue
             value, (low, high) = estimate["value"], estimate["ci"]
             behavior = Path(record.source).parent.name
             points.setdefault((str(record.folder), behavior), []).append((record.step, {
                 f"Evaluation/{name}": value, f"Evaluation/{name} CI Low": low,
-                f"Evaluation/{name} CI High": high,
-                "Evaluation/Episodes": float(decided[record.seq][1]["episodes"])}))
+                f"Evaluation/{name} CI High": high, "Evaluation/Episodes": float(episodes),
+                "Evaluation/Decided": float(record.seq in decided)}))
         for (folder, behavior), values in points.items():
             write_scalars({behavior: values}, folder, EVENTS_SUFFIX)
 
@@ -364,8 +399,9 @@ class Watch:
         """What watch.json holds.
 
         Returns:
-            The rule's settings; per policy its label, step, seen_at, decided_at, estimate,
-                episodes, decision (and the comparison behind it); the best; the promotions.
+            The rule's settings; per policy its label, step, seen_at, its first rating at its
+                first look (first_rated_at, first_rating), decided_at, estimate, episodes,
+                decision (and the comparison behind it); the best; the promotions.
         """
         decided = self.store.decisions()
         checkpoints = []
@@ -377,6 +413,8 @@ class Watch:
             if record.fingerprint in self._failed:
                 entry["decision"] = "failed"
                 entry["error"] = self._failed[record.fingerprint]
+            if record.label in self._rated:
+                entry["first_rated_at"], entry["first_rating"] = self._rated[record.label]
             if record.seq in decided:
                 at, found = decided[record.seq]
                 entry.update({key: value for key, value in found.items()
