@@ -1,6 +1,6 @@
 """Promotion by `huggy watch` into a running `huggy serve` on 127.0.0.1 (the session's Ray cluster):
 `PUT /v1/policies` behind the API key, applied by the change desk and its loop as `huggy serve`'s
-own process runs them (`deploy.serving.server.start_change_desk`, `apply_next_change`); a
+own process runs them (`deploy.serving.server.start_change_desk`, `apply_changes`); a
 checkpoint proven better takes a canary share of the sticky split, then all of it; `huggy watch
 --rollback` returns to the policy served before. Checked by what the endpoint answers."""
 
@@ -19,7 +19,7 @@ import requests
 from deploy.evaluation import statistics as stats
 from deploy.serving.server import (
     DEFAULT_INGRESS,
-    apply_next_change,
+    apply_changes,
     deploy,
     start_change_desk,
     start_serve,
@@ -71,14 +71,8 @@ def server(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) ->
     stop = threading.Event()
     try:
         deploy(args, timeout_s=180)
-        desk = start_change_desk()
-
-        def apply_changes() -> None:
-            served = args.policy_set()
-            while not stop.is_set():
-                served = apply_next_change(desk, args, served, 180)
-
-        applier = threading.Thread(target=apply_changes)
+        applier = threading.Thread(target=apply_changes, args=(
+            start_change_desk(), args, args.policy_set(), 180, stop))
         applier.start()
         url = f"http://127.0.0.1:{port}"
         models = requests.get(f"{url}/v1/models", timeout=30,

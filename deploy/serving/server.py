@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -673,10 +674,15 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                 print(line, file=sys.stderr, flush=True)
             running = args.model_copy(update={"ingress": ingress})
             deploy(running, timeout_s=start_timeout_s, policies=served)
-            desk = start_change_desk()
+            stop_changes = threading.Event()
+            threading.Thread(target=apply_changes, name="policy-changes", daemon=True, args=(
+                start_change_desk(), running, served, start_timeout_s, stop_changes)).start()
             print(banner(served, host, port, ingress, grpc_port, grpc_ingress), flush=True)
-            while True:
-                served = apply_next_change(desk, running, served, start_timeout_s)
+            try:
+                while True:
+                    signal.pause()
+            finally:
+                stop_changes.set()
         except _Stop as stop:
             print(f"huggy serve: shutting down ({stop.name})", flush=True)
         finally:
@@ -695,8 +701,8 @@ def _not_ignored_http_options(record: logging.LogRecord) -> bool:
 
 
 CHANGE_POLL_S = 1.0
-"""How long `apply_next_change` waits for a change before it returns (and a stop signal can
-end `huggy serve`), seconds."""
+"""How long `apply_next_change` waits for a change before it returns (and `apply_changes` looks
+whether `huggy serve` stops), seconds."""
 
 
 def start_change_desk(app: str = APP_NAME) -> Any:
@@ -712,6 +718,28 @@ def start_change_desk(app: str = APP_NAME) -> Any:
     return ray.remote(ChangeDesk).options(
         name=desk_name(app), namespace=DESK_NAMESPACE, num_cpus=0,
         max_concurrency=1000).remote()
+
+
+def apply_changes(desk: Any, args: AppArgs, served: PolicySet, timeout_s: float,
+                  stop: threading.Event) -> None:
+    """Apply the desk's changes one at a time until `stop` is set. `huggy serve` runs this in a
+    thread of its own: its main thread waits for the stop signals, whose handlers must not run
+    inside Ray's calls.
+
+    Args:
+        desk: the change desk (`start_change_desk`).
+        args: the running app's arguments.
+        served: what is served now.
+        timeout_s: the longest wait for a redeploy.
+        stop: set when `huggy serve` stops (Ray may be shut down under a call then).
+    """
+    while not stop.is_set():
+        try:
+            served = apply_next_change(desk, args, served, timeout_s)
+        except Exception:
+            if stop.is_set():
+                return
+            raise
 
 
 def apply_next_change(desk: Any, args: AppArgs, served: PolicySet,
