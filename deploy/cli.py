@@ -1,5 +1,6 @@
-"""`huggy evaluate` and `huggy serve`, contributed to the `huggy` command through the entry-point
-group `huggy_agent.commands` (parsers only; the work is imported when a command runs)."""
+"""`huggy evaluate`, `huggy tournament`, `huggy watch` and `huggy serve`, contributed to the `huggy`
+command through the entry-point group `huggy_agent.commands` (parsers only; the work is imported
+when a command runs)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,9 @@ def add_evaluate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-ray", action="store_true",
                         help="run every item in this process on one environment, without Ray")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--db", metavar="PATH", type=Path, default=None,
+                        help="run nothing: write the report (and --tensorboard scalars) of "
+                             "every episode in a huggy watch database, instead of POLICY...")
     parser.set_defaults(handler=run_evaluate)
 
 
@@ -119,8 +123,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
         args: the parsed command line.
 
     Returns:
-        The exit code: 0 when every policy was evaluated, 1 when one failed, 130 when interrupted.
+        The exit code: 0 when every policy was evaluated (or, with --db, reported), 1 when one
+            failed, 130 when interrupted.
     """
+    if args.db is not None:
+        # start-up time: only `huggy evaluate --db` imports the watch
+        from deploy.watch.command import evaluate_from_db
+
+        return evaluate_from_db(args)
     # start-up time: `huggy --help` and the other commands import none of the evaluation
     from deploy.evaluation.command import run_evaluate as run
 
@@ -223,6 +233,106 @@ def run_tournament(args: argparse.Namespace) -> int:
     """
     # start-up time: `huggy --help` and the other commands import none of the tournament
     from deploy.evaluation.tournament_command import run_tournament as run
+
+    return run(args)
+
+
+def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `huggy watch`."""
+    parser = subparsers.add_parser(
+        "watch",
+        help="follow training runs, rate each checkpoint as it lands, promote a proven better one",
+        description=(
+            "Follow each RUN (an ML-Agents results/<run_id> folder, written by mlagents-learn "
+            "now or later) and rate every complete checkpoint as it lands against the best so "
+            "far: work items as huggy evaluate runs them (item i seeded S+i), compared at looks "
+            "after 1/2^k of --budget-items until the difference's interval says better, tied "
+            "within --margin, or not better. Over a whole watch, the chance that a checkpoint is "
+            "promoted though it is not better than the best is at most 1 - --confidence. Every "
+            "episode goes into an SQLite database (--db), so a watch started again resumes with "
+            "the same decisions. Writes --out/watch.json after each decision and TensorBoard "
+            "scalars (Evaluation/IQM and its bounds) beside the trainer's. With --serve, a "
+            "better checkpoint goes to that huggy serve: a canary share of the sessions, then "
+            "all. Ends when every trainer has finished and every checkpoint is decided, or on "
+            "Ctrl-C once the running work is back."))
+    parser.add_argument("runs", nargs="*", metavar="RUN",
+                        help="results folder of a run (results/<run_id>); several at once")
+    parser.add_argument("--env", metavar="builtin|PATH", default="builtin",
+                        help="'builtin' (the headless stand-in playing Huggy, default) or a "
+                             "Unity build's path")
+    parser.add_argument("--out", metavar="DIR", type=output_folder, default=Path("out/watch"),
+                        help="folder for watch.json, watch.db and the checkpoints' copies "
+                             "(default out/watch)")
+    parser.add_argument("--db", metavar="PATH", type=Path, default=None,
+                        help="the SQLite database (default DIR/watch.db of --out); a watch "
+                             "started again on it resumes")
+    parser.add_argument("--no-follow", action="store_true",
+                        help="rate the checkpoints there now and end once they are decided, "
+                             "without waiting for the trainers to finish")
+    parser.add_argument("--confidence", metavar="P", type=float, default=0.95,
+                        help="1 - the chance over the whole watch that a checkpoint not better "
+                             "than the best is promoted (default 0.95)")
+    parser.add_argument("--margin", metavar="M", type=float, default=0.1,
+                        help="differences within +-M (return units) count as a tie "
+                             "(default 0.1)")
+    parser.add_argument("--statistic", choices=SELECT_BY_CHOICES, default="iqm",
+                        help="what compares checkpoints: iqm (default), mean or median return")
+    parser.add_argument("--budget-items", metavar="N", type=positive_int, default=64,
+                        help="work items a checkpoint gets at most; undecided then, never "
+                             "promoted (default 64)")
+    parser.add_argument("--looks", metavar="L", type=positive_int, default=6,
+                        help="looks per comparison, at N, N/2, N/4, ... items (default 6)")
+    parser.add_argument("--episodes-per-item", metavar="N", type=positive_int, default=18,
+                        help="episodes per work item, one environment reset each (default 18)")
+    parser.add_argument("--seed", metavar="S", type=int, default=0,
+                        help="item i of every checkpoint uses S+i (default 0)")
+    parser.add_argument("--stochastic", action="store_true",
+                        help="sample actions (seeded per step) instead of the mean action")
+    parser.add_argument("--runners", metavar="K", type=positive_int, default=2,
+                        help="Ray runners, kept for the whole watch (default 2)")
+    parser.add_argument("--instances-per-runner", metavar="K", type=positive_int, default=1,
+                        help="Unity processes per runner (default 1)")
+    parser.add_argument("--address", metavar="ADDRESS", default=None,
+                        help="Ray cluster to use (as for huggy evaluate)")
+    parser.add_argument("--accelerator", choices=ACCELERATOR_CHOICES, default="auto",
+                        help="Ray resource per runner (as for huggy evaluate)")
+    parser.add_argument("--no-ray", action="store_true",
+                        help="run every item in this process on one environment, without Ray")
+    parser.add_argument("--num-agents", metavar="N", type=positive_int, default=None,
+                        help="agents per environment (stand-in parameter)")
+    parser.add_argument("--max-steps", metavar="N", type=positive_int, default=None,
+                        help="decisions per episode before it is cut (stand-in parameter)")
+    serving = parser.add_argument_group(
+        "promotion", "Change a running huggy serve (PUT /v1/policies, behind its API key): the "
+        "server must be able to read --out, where the watch keeps its copies of checkpoints.")
+    serving.add_argument("--serve", metavar="URL", default=None,
+                         help="the huggy serve to promote into; its default policy is the first "
+                              "baseline")
+    serving.add_argument("--api-key-file", metavar="PATH", type=Path, default=None,
+                         help="file whose first line is the server's API key (default: "
+                              "$HUGGY_API_KEY)")
+    serving.add_argument("--canary-share", metavar="F", type=float, default=0.1,
+                         help="share of the sessions a promoted checkpoint gets first "
+                              "(default 0.1)")
+    serving.add_argument("--canary-s", metavar="SECONDS", type=float, default=60.0,
+                         help="how long the canary runs before it takes all (default 60)")
+    serving.add_argument("--rollback", action="store_true",
+                         help="return --serve to the policy served before the last promotion "
+                              "logged in --db, and exit")
+    parser.set_defaults(handler=run_watch)
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    """`huggy watch` (`deploy.watch.command.run_watch`).
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The exit code: 0 when the watch ended by itself, 130 when stopped.
+    """
+    # start-up time: `huggy --help` and the other commands import none of the watch
+    from deploy.watch.command import run_watch as run
 
     return run(args)
 

@@ -9,6 +9,9 @@ and the client (`huggy_agent_client.remote.RemoteAgent`) both follow it.
     GET  /v1/healthz          liveness (open without the API key)
     GET  /v1/info             the default policy's description, batching, counters
     GET  /v1/openapi.json     the OpenAPI 3.1 document of this server
+    PUT  /v1/policies         change the served policies, the default and the split (needs the
+                              API key; applied by `huggy serve`'s own process; not in the
+                              OpenAPI document, which describes what clients call)
 
 Errors are `{"error": "<kind>", "message": "<what was expected and what came>"}`. A server that
 cannot answer for now (starting, or a replica restarting) answers 503 with `Retry-After`. gRPC
@@ -39,8 +42,11 @@ OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
 MODELS_PATH = f"{API_PREFIX}/models"
 MODEL_ACT_ROUTE = f"{MODELS_PATH}/{{policy}}/act"
 """`POST /v1/models/<policy id>/act`: the id may hold '/' and '@' (`run@step`, `run/Huggy.onnx`)."""
+POLICIES_PATH = f"{API_PREFIX}/policies"
+"""`PUT /v1/policies`: a live change of the served policies (`deploy.serving.changes`)."""
 ROUTES: dict[str, str] = {ACT_PATH: "POST", MODELS_PATH: "GET", MODEL_ACT_ROUTE: "POST",
-                          HEALTH_PATH: "GET", INFO_PATH: "GET", OPENAPI_PATH: "GET"}
+                          HEALTH_PATH: "GET", INFO_PATH: "GET", OPENAPI_PATH: "GET",
+                          POLICIES_PATH: "PUT"}
 """Each route and its one method."""
 OPEN_PATHS = frozenset({HEALTH_PATH})
 """Routes answered without the API key."""

@@ -35,6 +35,7 @@ from huggy_agent_client.http_api import (
     HEALTH_PATH,
     INFO_PATH,
     MODELS_PATH,
+    POLICIES_PATH,
     POLICY_ID_HEADER,
     SEED_LIMIT,
     Split,
@@ -218,6 +219,30 @@ class RemoteAgent:
             RemoteServerError: the server failed or could not be reached after the retries.
         """
         return self._request("GET", MODELS_PATH)
+
+    def change_policies(self, policies: list[dict[str, str]], default: str | None = None,
+                        split: dict[str, float] | None = None) -> dict[str, Any]:
+        """`PUT /v1/policies`: change what a `huggy serve` serves, live (needs its API key). The
+        answer comes once every replica serves the new set, so give this client a `timeout`
+        longer than a redeploy.
+
+        Args:
+            policies: each policy to serve, {"id": ...} for one served now, {"id": ...,
+                "path": ...} for a file on the server's machine (absolute path).
+            default: the policy `/v1/act` answers with outside the split; None keeps the current
+                one where it stays served.
+            split: {id: weight} of the sticky split; None: no split.
+
+        Returns:
+            The served set: `policies` (ids), `default` and `split`.
+
+        Raises:
+            RemoteRequestError: the server refused the change (4xx: no or a wrong key, a change it
+                cannot apply, naming why).
+            RemoteServerError: the redeploy failed, or the server could not be reached.
+        """
+        body = json.dumps({"policies": policies, "default": default, "split": split}).encode()
+        return self._request("PUT", POLICIES_PATH, body)
 
     def healthy(self) -> bool:
         """Whether the server is up: one attempt at `/v1/healthz`, no retries.

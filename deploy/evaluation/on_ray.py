@@ -32,7 +32,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from deploy.cluster import init_ray
 from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec, WorkItem, next_batch
-from deploy.evaluation.results import EvaluationResult, RunnerInfo
+from deploy.evaluation.results import EvaluationResult, ItemResult, RunnerInfo
 from deploy.evaluation.runner import EnvironmentCrashed, Runner
 from deploy.evaluation.scheduling import (
     EvaluationError,
@@ -137,13 +137,15 @@ class RunnerPool:
         placement: what each runner holds.
     """
 
-    def __init__(self, config: EvalConfig, env: EnvSpec, placement: Any) -> None:
+    def __init__(self, config: EvalConfig, env: EnvSpec, placement: Any,
+                 command: str = "huggy evaluate") -> None:
         self.actors: dict[str, Any] = {}
         self.infos: dict[str, RunnerInfo] = {}
         self.busy: dict[str, list[WorkItem]] = {}
         self._config = config
         self._env = env
         self._placement = placement
+        self._command = command
 
     def start(self, count: int) -> dict[Any, str]:
         """Start runners.
@@ -206,6 +208,67 @@ class RunnerPool:
         except (RayActorError, ray.exceptions.GetTimeoutError):
             return False
         return True
+
+    def started(self, ref: Any, name: str) -> RunnerInfo | None:
+        """A runner's start, once its `info()` came back.
+
+        Args:
+            ref: the ObjectRef `start` gave for it.
+            name: the runner.
+
+        Returns:
+            Its info, now among `infos`; None when it did not start (warned, and dropped).
+        """
+        try:
+            info = ray.get(ref)
+        except RayError as error:
+            self.warn(f"runner {name} did not start: {_short(error)}")
+            self.drop(name)
+            return None
+        self.infos[name] = info
+        return info
+
+    def collect(self, ref: Any, name: str, batch: list[WorkItem], label: str
+                ) -> tuple[list[ItemResult] | None, str | None]:
+        """A finished batch's results, or why its policy failed; the runner is free again.
+
+        Args:
+            ref: the batch's ObjectRef (`submit`).
+            name: the runner that ran it.
+            batch: its items.
+            label: its policy's label, for warnings.
+
+        Returns:
+            (results, None); or (None, the error) when its policy could not be loaded, or the
+                batch failed or lost its runner `max_attempts` times (a runner that is gone for
+                good is then dropped).
+        """
+        self.busy.pop(name, None)
+        tries = self._config.max_attempts
+        which = _items_text(batch)
+        try:
+            results: list[ItemResult] = ray.get(ref)
+        except RayTaskError as error:
+            cause = error.cause
+            if isinstance(cause, (PolicyLoadError, FileNotFoundError)):
+                return None, f"{type(cause).__name__}: {cause}"
+            return None, f"{which} failed {tries} times: {_short(error)}"
+        except RayActorError as error:
+            if not self.alive(name):
+                self.warn(f"runner {name} is gone and could not be restarted")
+                self.drop(name)
+            return None, f"{which} lost its runner {tries} times: {_short(error)}"
+        if results[0].attempts > 1:
+            self.warn(f"{name} finished {which} of {label} at try {results[0].attempts}")
+        return results, None
+
+    def warn(self, message: str) -> None:
+        """Print a warning on stderr, naming the command.
+
+        Args:
+            message: the warning.
+        """
+        print(f"{self._command}: {message}", file=sys.stderr)
 
     def drop(self, name: str) -> None:
         """Forget a runner and kill its actor (its environment goes with the process).
@@ -313,42 +376,19 @@ def _drive(pool: RunnerPool, outcome: EvaluationResult, schedule: Schedule,
             ready, _ = ray.wait([*running, *starting], num_returns=1)
             ref = ready[0]
             if ref in starting:
-                name = starting.pop(ref)
-                try:
-                    info = ray.get(ref)
-                except RayError as error:
-                    _warn(f"runner {name} did not start: {_short(error)}")
-                    pool.drop(name)
-                    continue
-                pool.infos[name] = info
-                outcome.runners.append(info)
-                if outcome.startup_seconds is None:
-                    outcome.startup_seconds = time.perf_counter() - started
+                info = pool.started(ref, starting.pop(ref))
+                if info is not None:
+                    outcome.runners.append(info)
+                    if outcome.startup_seconds is None:
+                        outcome.startup_seconds = time.perf_counter() - started
                 continue
             name, batch = running.pop(ref)
-            pool.busy.pop(name, None)
             index = batch[0].policy_index
-            which = _items_text(batch)
-            try:
-                results = ray.get(ref)
-            except RayTaskError as error:
-                cause = error.cause
-                if isinstance(cause, (PolicyLoadError, FileNotFoundError)):
-                    fail_policy(index, f"{type(cause).__name__}: {cause}")
-                else:
-                    fail_policy(index, f"{which} failed {config.max_attempts} times: "
-                                f"{_short(error)}")
+            results, error = pool.collect(ref, name, batch, specs[index].label)
+            if error is not None:
+                fail_policy(index, error)
                 continue
-            except RayActorError as error:
-                fail_policy(index, f"{which} lost its runner {config.max_attempts} times: "
-                            f"{_short(error)}")
-                if not pool.alive(name):
-                    _warn(f"runner {name} is gone and could not be restarted")
-                    pool.drop(name)
-                continue
-            if results[0].attempts > 1:
-                _warn(f"{name} finished {which} of {specs[index].label} at try "
-                      f"{results[0].attempts}")
+            assert results is not None
             if policies[index].failed:
                 continue
             for result in results:
@@ -372,6 +412,3 @@ def _short(error: BaseException) -> str:
     text = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {text[-1].rstrip('.') if text else ''}"
 
-
-def _warn(message: str) -> None:
-    print(f"huggy evaluate: {message}", file=sys.stderr)

@@ -131,6 +131,22 @@ SELECT_BY = ("mean", "median", "iqm")
 """Statistics `--select-by` may rank policies by."""
 
 
+def check_ranking(statistic: str, confidence: float) -> None:
+    """Refuse what no rule that ranks policies by a statistic at a confidence can use.
+
+    Args:
+        statistic: the statistic, one of SELECT_BY.
+        confidence: the confidence, in (0, 1).
+
+    Raises:
+        ValueError: an unknown statistic, or a confidence outside (0, 1).
+    """
+    if statistic not in SELECT_BY:
+        raise ValueError(f"statistic must be one of {', '.join(SELECT_BY)}, got {statistic!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+
+
 @dataclass(frozen=True)
 class SelectionConfig:
     """Adaptive selection of the best policy (`huggy evaluate --select-best`): rounds of work
@@ -151,11 +167,7 @@ class SelectionConfig:
     """Work items per remaining policy per round."""
 
     def __post_init__(self) -> None:
-        if self.statistic not in SELECT_BY:
-            raise ValueError(f"statistic must be one of {', '.join(SELECT_BY)}, got "
-                             f"{self.statistic!r}")
-        if not 0.0 < self.confidence < 1.0:
-            raise ValueError(f"confidence must be in (0, 1), got {self.confidence!r}")
+        check_ranking(self.statistic, self.confidence)
         if isinstance(self.round_items, bool) or not isinstance(self.round_items, int) \
                 or self.round_items < 1:
             raise ValueError(f"round_items must be an integer >= 1, got {self.round_items!r}")

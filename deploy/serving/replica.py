@@ -13,8 +13,10 @@ Where requests come in:
 
 The policies, the default and the split come with the `user_config` (`reconfigure`), so a
 redeploy that changes them applies to running replicas without a restart; the replica loads
-and warms up what it holds there before it reports healthy. With an API key, only its SHA-256
-digest travels to the replicas.
+and warms up what it holds there before it reports healthy. `PUT /v1/policies` asks for such a
+redeploy: the replica hands the change to `huggy serve`'s change desk (`deploy.serving.changes`)
+and answers once it is applied. With an API key, only its SHA-256 digest travels to the
+replicas.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ray.serve.grpc_util import RayServegRPCContext
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from deploy.serving.changes import DESK_NAMESPACE, PolicyChange, desk_name
 from deploy.serving.grpc_ingress import RawMessage, grpc_code
 from deploy.serving.haproxy import private_folder, replica_socket
 from deploy.serving.http_server import UnixHttpServer
@@ -46,7 +49,7 @@ from deploy.serving.service import (
 )
 from deploy.serving.settings import split_user_config
 from huggy_agent.devices import resolve_device
-from huggy_agent_client.http_api import ACT_PATH
+from huggy_agent_client.http_api import ACT_PATH, POLICIES_PATH
 
 DEPLOYMENT_NAME = "HuggyPolicy"
 OWN_LISTENER_GRACE_S = 4.0
@@ -74,6 +77,41 @@ def _replica_id() -> str | None:
         return serve.get_replica_context().replica_id.unique_id
     except RayServeException:
         return None
+
+
+def _app_name() -> str | None:
+    """The Serve application of this replica; None outside a Serve deployment."""
+    try:
+        return serve.get_replica_context().app_name
+    except RayServeException:
+        return None
+
+
+async def hand_in_change(app: str | None, change: PolicyChange) -> dict[str, Any]:
+    """Hand a live change to the change desk of `huggy serve`'s process and wait for its outcome.
+
+    Args:
+        app: this replica's application.
+        change: the change, its form checked.
+
+    Returns:
+        The served set, once every replica runs it.
+
+    Raises:
+        ApiError: 501 where no desk exists (an app of `serve run` or `serve deploy`); the desk's
+            refusal (422 naming what is wrong, 500 for a redeploy that failed).
+    """
+    try:
+        desk = ray.get_actor(desk_name(app or ""), namespace=DESK_NAMESPACE)
+    except ValueError:
+        raise ApiError(501, "not_supported", f"PUT {POLICIES_PATH} is applied by `huggy serve`'s "
+                       "own process, which this app does not have (it was deployed with "
+                       "`serve run` or `serve deploy`): change the policies in its config's "
+                       "user_config and deploy it again") from None
+    outcome = await desk.submit.remote(change.as_dict())
+    if "error" in outcome:
+        raise ApiError(outcome["status"], "change_refused", outcome["error"])
+    return dict(outcome["served"])
 
 
 def http_response(reply: Reply) -> Response:
@@ -124,7 +162,9 @@ class HuggyPolicyDeployment:
         collect_young_objects_less_often()
         self.runner = self.runner_class(_pinned_device(device), precision, models_per_replica,
                                         ingress, _replica_id())
-        self.service = ActService(self.runner, api_key)
+        app = _app_name()
+        self.service = ActService(self.runner, api_key,
+                                  lambda change: hand_in_change(app, change))
         self.haproxy_folder = None if haproxy_folder is None else Path(haproxy_folder)
         self.route_prefix = route_prefix.rstrip("/")
         self._http_server: UnixHttpServer | None = None

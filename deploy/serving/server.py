@@ -14,7 +14,8 @@ head node is this machine), and a request whose replica died before answering is
 The flags only apply when the Serve controller is created: `start_serve` refuses to reuse a
 running Serve instance that has another ingress. `stop_serve` drains HAProxy before Serve's own
 shutdown (`deploy.serving.haproxy_admin`), and `serve_forever` (`huggy serve`) runs until
-SIGTERM or SIGINT, printing only its own lines.
+SIGTERM or SIGINT, printing only its own lines, and applies the live changes that come through
+`PUT /v1/policies` (`deploy.serving.changes`) one at a time as redeploys.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,13 +46,22 @@ from deploy import ray_internals
 from deploy.cluster import init_ray
 from deploy.serving import haproxy
 from deploy.serving.app import build_app
-from deploy.serving.catalogue import PolicySet
+from deploy.serving.catalogue import PolicySet, catalogue
+from deploy.serving.changes import (
+    DESK_NAMESPACE,
+    ChangeDesk,
+    PolicyChange,
+    changed_set,
+    desk_name,
+    served_summary,
+)
 from deploy.serving.grpc_ingress import GRPC_SERVICER_FUNCTION
 from deploy.serving.haproxy_admin import drain_haproxy, haproxy_dir, wait_until_servers_up
 from deploy.serving.limits import ServingLimits
 from deploy.serving.processes import a_child_process_ended
 from deploy.serving.responses import unavailable
 from deploy.serving.settings import AppArgs, app_args
+from huggy_agent import PolicyLoadError
 from huggy_agent_client.http_api import (
     GRPC_ACT_METHOD,
     HEALTH_PATH,
@@ -661,11 +672,17 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                 extra_env=POLICY_AFFINITY_ENV if several and ingress == "haproxy" else None)
             for line in differences:
                 print(line, file=sys.stderr, flush=True)
-            deploy(args.model_copy(update={"ingress": ingress}), timeout_s=start_timeout_s,
-                   policies=served)
+            running = args.model_copy(update={"ingress": ingress})
+            deploy(running, timeout_s=start_timeout_s, policies=served)
+            stop_changes = threading.Event()
+            threading.Thread(target=apply_changes, name="policy-changes", daemon=True, args=(
+                start_change_desk(), running, served, start_timeout_s, stop_changes)).start()
             print(banner(served, host, port, ingress, grpc_port, grpc_ingress), flush=True)
-            while True:
-                signal.pause()
+            try:
+                while True:
+                    signal.pause()
+            finally:
+                stop_changes.set()
         except _Stop as stop:
             print(f"huggy serve: shutting down ({stop.name})", flush=True)
         finally:
@@ -681,6 +698,88 @@ def _not_ignored_http_options(record: logging.LogRecord) -> bool:
     Ray 2.56's `serve.run` passes HTTP options of its own and logs it at every deploy, while the
     options of `start_serve` stay in force."""
     return not record.getMessage().startswith("The new client HTTP config differs")
+
+
+CHANGE_POLL_S = 1.0
+"""How long `apply_next_change` waits for a change before it returns (and `apply_changes` looks
+whether `huggy serve` stops), seconds."""
+
+
+def start_change_desk(app: str = APP_NAME) -> Any:
+    """Start the change desk of an application (`deploy.serving.changes.ChangeDesk`), owned by this
+    process: it ends with it.
+
+    Args:
+        app: the application's name.
+
+    Returns:
+        The actor's handle.
+    """
+    return ray.remote(ChangeDesk).options(
+        name=desk_name(app), namespace=DESK_NAMESPACE, num_cpus=0,
+        max_concurrency=1000).remote()
+
+
+def apply_changes(desk: Any, args: AppArgs, served: PolicySet, timeout_s: float,
+                  stop: threading.Event) -> None:
+    """Apply the desk's changes one at a time until `stop` is set. `huggy serve` runs this in a
+    thread of its own: its main thread waits for the stop signals, whose handlers must not run
+    inside Ray's calls.
+
+    Args:
+        desk: the change desk (`start_change_desk`).
+        args: the running app's arguments.
+        served: what is served now.
+        timeout_s: the longest wait for a redeploy.
+        stop: set when `huggy serve` stops (Ray may be shut down under a call then).
+    """
+    while not stop.is_set():
+        try:
+            served = apply_next_change(desk, args, served, timeout_s)
+        except Exception:
+            if stop.is_set():
+                return
+            raise
+
+
+def apply_next_change(desk: Any, args: AppArgs, served: PolicySet,
+                      timeout_s: float = 180.0) -> PolicySet:
+    """Wait up to `CHANGE_POLL_S` for a change from the desk, and apply it: the new set checked and
+    its new policies loaded here first, then the redeploy (`deploy`). The desk answers the replica
+    that handed it in.
+
+    Args:
+        desk: the change desk.
+        args: the running app's arguments.
+        served: what is served now.
+        timeout_s: the longest wait for the redeploy.
+
+    Returns:
+        What is served afterwards (`served` when no change came, or it was refused).
+    """
+    taken = ray.get(desk.take.remote(CHANGE_POLL_S))
+    if taken is None:
+        return served
+    ticket, asked = taken
+    change = PolicyChange(tuple((entry["id"], entry.get("path")) for entry in asked["policies"]),
+                          asked["default"], asked["split"])
+    try:
+        changed = changed_set(served, change, catalogue)
+    except (ValueError, FileNotFoundError, PolicyLoadError) as error:
+        desk.finish.remote(ticket, {"status": 422, "error": str(error)})
+        return served
+    try:
+        deploy(args, timeout_s=timeout_s, policies=changed)
+    except RuntimeError as error:
+        desk.finish.remote(ticket, {"status": 500, "error": f"the redeploy failed: {error}"})
+        return served
+    summary = served_summary(changed)
+    desk.finish.remote(ticket, {"served": summary})
+    answers = (f"split by session: {summary['split']}" if summary["split"]
+               else f"default {summary['default']}")
+    print(f"huggy serve: policies changed: {', '.join(summary['policies'])}; /v1/act "
+          f"{answers}", flush=True)
+    return changed
 
 
 def exposure_warning(host: str, port: int, grpc_port: int | None, has_key: bool) -> str | None:

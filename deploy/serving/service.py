@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
+from deploy.serving.changes import PolicyChange, parse_change
 from deploy.serving.responses import ApiError, internal_error
 from deploy.serving.routes import ApiKey, check_route
 from deploy.serving.runner import PolicyRunner
@@ -28,6 +31,7 @@ from huggy_agent_client.http_api import (
     INFO_PATH,
     MODEL_ACT_ROUTE,
     MODELS_PATH,
+    POLICIES_PATH,
     POLICY_ID_HEADER,
 )
 
@@ -94,17 +98,25 @@ def request_head(headers: list[tuple[bytes, bytes]]) -> RequestHead:
     return RequestHead(authorization, length, named[0] if named[0] is not None else named[1])
 
 
+ChangePolicies = Callable[[PolicyChange], Awaitable[dict[str, Any]]]
+"""Applies a live change of the served policies and returns the served set
+(`deploy.serving.changes`)."""
+
+
 class ActService:
     """A replica's answers to requests of any ingress (see the module docstring).
 
     Args:
         runner: the replica's policies and forward passes.
         api_key: the key every route but `/v1/healthz` requires; None: no key.
+        change_policies: applies `PUT /v1/policies`; None: this replica takes no live changes.
     """
 
-    def __init__(self, runner: PolicyRunner, api_key: ApiKey | None = None) -> None:
+    def __init__(self, runner: PolicyRunner, api_key: ApiKey | None = None,
+                 change_policies: ChangePolicies | None = None) -> None:
         self.runner = runner
         self.api_key = api_key
+        self.change_policies = change_policies
 
     @property
     def max_body_bytes(self) -> int:
@@ -178,6 +190,8 @@ class ActService:
                 document = self.runner.info()
             elif route == MODELS_PATH:
                 document = self.runner.models()
+            elif route == POLICIES_PATH:
+                document = await self._change(body)
             else:
                 document = self.runner.openapi(self.api_key is not None)
             return Reply(200, json.dumps(document).encode())
@@ -186,6 +200,19 @@ class ActService:
         except Exception as error:  # answered as JSON; the replica serves on
             logger.exception("request for %s failed", route)
             return self.refusal(internal_error(error))
+
+    async def _change(self, body: bytes) -> dict[str, Any]:
+        """`PUT /v1/policies`: only a server with an API key takes live changes (it changes what
+        every client gets), and only through a replica that can apply them."""
+        if self.api_key is None:
+            raise ApiError(403, "forbidden", f"PUT {POLICIES_PATH} changes what this server "
+                           "serves, so it needs the server's API key: start huggy serve with "
+                           "--api-key-file (or $HUGGY_API_KEY)")
+        change = parse_change(body)
+        if self.change_policies is None:
+            raise ApiError(501, "not_supported", f"this server takes no live changes through "
+                           f"PUT {POLICIES_PATH}")
+        return await self.change_policies(change)
 
     def refusal(self, error: ApiError) -> Reply:
         """The reply of a refused (4xx) or failed (5xx) request, counted.
