@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 
 from huggy_agent import HuggyAgent
+from huggy_agent.formats.export_onnx import export_onnx
 from tests.support.fixtures import FIXTURE_RUNS, fixtures_dir
 from tests.support.policy_reference import ReferencePolicy, normalizer_observations, ppo_actions
 
@@ -103,6 +105,28 @@ def test_onnxruntime_reference_is_the_float64_forward_of_the_initializers(refere
     obs, expected = references[run]
     mu, log_sigma = ReferencePolicy.from_onnx(fixtures_dir() / run / "Huggy.onnx").forward(obs)
     assert np.abs(ppo_actions(mu, log_sigma) - expected).max() <= TOLERANCE
+
+
+def test_an_export_of_equal_hidden_biases_loads_as_onnxruntime_runs_it(references,
+                                                                       tmp_path: Path) -> None:
+    # ML-Agents starts hidden biases at zero, so a checkpoint written before the first update
+    # holds equal biases; torch's exporter keeps one and names the others as Identity nodes.
+    obs, trained = references["ppo_baseline"]
+    net = HuggyAgent.from_checkpoint(fixtures_dir() / "ppo_baseline" / "Huggy.onnx",
+                                     device="cpu").net
+    with torch.no_grad():
+        for name, parameter in net.named_parameters():
+            if name.startswith("network_body._body_endoder.") and name.endswith(".bias"):
+                parameter.zero_()
+    path = export_onnx(net, tmp_path / "Huggy-9660.onnx")
+    aliases = sorted(node.output[0] for node in onnx.load(str(path)).graph.node
+                     if node.op_type == "Identity" and node.output[0].endswith(".bias"))
+    assert aliases == [f"network_body._body_endoder.seq_layers.{i}.bias" for i in (2, 4)]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    expected = session.run(["deterministic_continuous_actions"], {"obs_0": obs})[0]
+    assert np.abs(expected - trained).max() > 100 * TOLERANCE  # the zeroed biases count
+    actions = HuggyAgent.from_checkpoint(path, device="cpu").compute_action(obs)
+    assert np.abs(actions - expected).max() <= TOLERANCE
 
 
 def test_baseline_matches_the_values_recorded_in_the_fixture_readme() -> None:

@@ -125,15 +125,40 @@ def test_finished_needs_an_end_time_written_after_the_newest_checkpoint(tmp_path
     follower = RunFollower(folder, clock=Clock())
     assert not follower.finished()                      # nothing there
     first = write_checkpoint(folder, 100)
+    write_status(folder, [100])
     os.utime(first, ns=(10**18, 10**18))
+    assert labels(follower.poll()) == [("run@100", 100, "Huggy-100.onnx")]
     write_timers(folder, ended=False, mtime_ns=10**18 + 5)
     assert not follower.finished()                      # no end time: training
     write_timers(folder, ended=True, mtime_ns=10**18 + 5)
     assert follower.finished()
     resumed = write_checkpoint(folder, 200)             # `mlagents-learn --resume`
+    write_status(folder, [100, 200])
     os.utime(resumed, ns=(10**18 + 9, 10**18 + 9))
     assert not follower.finished()                      # the earlier session's timers
+    assert labels(follower.poll()) == [("run@200", 200, "Huggy-200.onnx")]
     write_timers(folder, ended=True, mtime_ns=10**18 + 9)
+    assert follower.finished()
+
+
+def test_a_trainer_that_ended_after_the_last_poll_is_finished_once_its_files_are_taken(
+        tmp_path: Path) -> None:
+    # mlagents-learn writes its last checkpoint, the final one and timers.json within a second:
+    # all of it may land between two polls.
+    folder = tmp_path / "run"
+    follower = RunFollower(folder, settle_s=0.0, clock=Clock())
+    for step, mtime_ns in ((49780, 10**18), (50275, 10**18 + 1)):
+        os.utime(write_checkpoint(folder, step), ns=(mtime_ns, mtime_ns))
+    write_status(folder, [49780, 50275])
+    write_timers(folder, ended=True, mtime_ns=10**18 + 2)
+    assert not follower.finished()
+    assert labels(follower.poll()) == [("run@49780", 49780, "Huggy-49780.onnx"),
+                                       ("run@50275", 50275, "Huggy-50275.onnx")]
+    assert follower.finished()
+    os.utime(write_checkpoint(folder, 60000), ns=(10**18 + 1, 10**18 + 1))  # unlisted, settling
+    assert not follower.finished()
+    follower.poll()
+    assert labels(follower.poll()) == [("run@60000", 60000, "Huggy-60000.onnx")]
     assert follower.finished()
 
 

@@ -14,7 +14,9 @@ checkpoints are taken like any other; a checkpoint the trainer deleted (past
 
 The trainer has finished when `run_logs/timers.json` holds `metadata.end_time_seconds` and was
 written after the newest checkpoint file: a resumed run writes new checkpoints after the
-`timers.json` of its earlier session.
+`timers.json` of its earlier session. A follower is finished once, besides, every checkpoint on
+disk has been taken: the trainer writes its last checkpoints and `timers.json` within a second,
+often between two polls.
 
 No Ray and no evaluation here: a follower only reads the file system.
 """
@@ -133,11 +135,12 @@ class RunFollower:
         return len(self._watched)
 
     def finished(self) -> bool:
-        """Whether the trainer has finished (see the module docstring).
+        """Whether the trainer has finished and every checkpoint it wrote is taken (see the
+        module docstring).
 
         Returns:
             True when `run_logs/timers.json` has an end time and is newer than every checkpoint
-                file.
+                file, and `poll` has taken every checkpoint on disk.
         """
         timers = self.folder / TIMERS_FILE
         try:
@@ -148,7 +151,14 @@ class RunFollower:
         if ended is None:
             return False
         files = list(self.folder.glob("*/*-*.onnx")) + list(self.folder.glob("*/*-*.pt"))
-        return written >= max((_modified(file) for file in files), default=0)
+        if written < max((_modified(file) for file in files), default=0):
+            return False
+        try:
+            entries = list_checkpoints(self.folder)
+        except (PolicyLoadError, OSError):  # a status file being rewritten: not yet
+            return False
+        return all(entry.path is None or (entry.behavior, entry.step) in self._taken
+                   for entry in entries)
 
 
 def _modified(path: Path) -> int:

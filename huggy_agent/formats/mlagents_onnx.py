@@ -6,6 +6,10 @@ graph's structure: a normalizer's std (folded into the `Div` after `x - running_
 LSTM's W, R and B (`LSTM` node; ONNX gate order i, o, f, c, torch's i, f, g, o), and the
 attention path's Linear weights, exported as `MatMul` with a transposed, anonymous weight, whose
 `Add` names the bias. Opset-9 exports of torch 1.x and 2.x are read alike.
+
+torch's exporter keeps one copy of equal initializers and names the others as `Identity` nodes of
+it: the hidden layers' biases of a network that has not trained yet (ML-Agents starts them at
+zero, and checkpoints before the first update hold them so) come out that way.
 """
 
 from __future__ import annotations
@@ -108,6 +112,15 @@ def _consumer(graph: onnx.GraphProto, output: str, op_type: str) -> onnx.NodePro
     return next((n for n in graph.node if n.op_type == op_type and output in n.input), None)
 
 
+def _aliased_weights(graph: onnx.GraphProto, initializers: Mapping[str, np.ndarray]
+                     ) -> dict[str, np.ndarray]:
+    """The module weights that torch's exporter left as `Identity` nodes of an equal initializer,
+    under their own names."""
+    return {node.output[0]: initializers[node.input[0]] for node in graph.node
+            if node.op_type == "Identity" and node.input[0] in initializers
+            and node.output[0].startswith(KNOWN_PREFIXES) and node.output[0] not in initializers}
+
+
 def _anonymous_weights(graph: onnx.GraphProto, initializers: dict[str, np.ndarray], path: Path
                        ) -> dict[str, np.ndarray]:
     """The weights that lost their names on export, under their module keys (see module doc)."""
@@ -171,6 +184,7 @@ def load_onnx(path: str | Path) -> LoadedPolicy:
     if unsupported:
         raise PolicyLoadError(f"{path}: graph uses operators this loader cannot map: {unsupported}")
     named = {k: v for k, v in initializers.items() if k.startswith(KNOWN_PREFIXES)}
+    named.update(_aliased_weights(model.graph, initializers))
     tensors = {k: _tensor(v) for k, v in {**named, **_anonymous_weights(model.graph, initializers,
                                                                         path)}.items()}
     arch = infer_architecture(tensors, inputs, path)
