@@ -14,13 +14,15 @@ STATUS_FILE = Path("run_logs") / "training_status.json"
 
 @dataclass(frozen=True)
 class CheckpointEntry:
-    """One checkpoint of a run: its step, the local file (None when absent) and recorded reward."""
+    """One checkpoint of a run: its step, the local file (None when absent) and recorded reward;
+    `listed` when the trainer's status file lists it (its files were complete when listed)."""
 
     behavior: str
     step: int
     path: Path | None
     reward: float | None
     final: bool = False
+    listed: bool = False
 
 
 def _local_file(folder: Path, behavior: str, recorded: list[str]) -> Path | None:
@@ -75,7 +77,8 @@ def list_checkpoints(folder: str | Path) -> list[CheckpointEntry]:
                         f"with 'steps' (an integer) and 'file_path', received {item!r:.80}"
                         ) from None
                 entries[(behavior, steps)] = CheckpointEntry(
-                    behavior, steps, _local_file(folder, behavior, files), item.get("reward"))
+                    behavior, steps, _local_file(folder, behavior, files), item.get("reward"),
+                    listed=True)
     for file in sorted(folder.glob("*/*-*.onnx")) + sorted(folder.glob("*/*-*.pt")):
         step = step_from_filename(file)
         if step is not None and (file.parent.name, step) not in entries:
