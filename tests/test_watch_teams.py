@@ -11,12 +11,13 @@ import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deploy.evaluation import ratings
 from deploy.evaluation.matchmaking import Fixture
-from deploy.evaluation.tournament import Contender, TournamentEnv
+from deploy.evaluation.tournament import Contender, TournamentConfig, TournamentEnv
 from deploy.watch.store import WatchStore
 from deploy.watch.teams import (
     PlainMatchPlayer,
@@ -30,7 +31,9 @@ from deploy.watch.teams import (
     rate_pool,
     refit,
 )
+from envs.standin.launcher import builtin_soccertwos_path
 from tests.support.fixtures import EXTRA_FIXTURES
+from tests.support.ray_cluster import RayCluster
 
 
 def member(label: str, run: str | None = None, step: int | None = None) -> PoolMember:
@@ -357,3 +360,41 @@ def test_a_soccer_run_is_rated_live_and_agrees_with_huggy_tournament(tmp_path: P
         assert watched.elo_ci[0] <= other[1] and other[0] <= watched.elo_ci[1], (
             label, watched.elo_ci, other)
     assert rated.best == "heuristic:chaser" == max(tournament, key=lambda k: tournament[k]["elo"])
+
+
+@pytest.mark.standin
+@pytest.mark.ray
+def test_ray_runners_play_the_pools_matches_as_the_plain_loop_does(
+        tmp_path: Path, ray_cluster: RayCluster) -> None:
+    """Two Ray runners kept across the pool's growth, the stand-in started as a build of 3 arenas:
+    the same matches, results and ratings as in this process on 6 arenas."""
+    from deploy.evaluation.on_ray import ray_session
+    from deploy.watch.teams_ray import RayMatchPlayer
+
+    config = PoolConfig(seed=5, rounds=1, adaptive_rounds=1, resamples=300)
+    players = [opponent(name) for name in ("heuristic:chaser", "heuristic:random",
+                                           "heuristic:idle")]
+
+    def watch_pool(store: WatchStore, player: Any) -> dict[str, Any]:
+        for size in (2, 3):
+            step = rate_pool(players[:size], store, player, config)
+        return step.record()
+
+    plain = PlainMatchPlayer(TournamentEnv(arenas=6, parameters={"max_environment_steps": 1500}))
+    try:
+        expected = watch_pool(WatchStore(tmp_path / "plain.db"), plain)
+    finally:
+        plain.close()
+    with ray_session():
+        on_ray = RayMatchPlayer(
+            TournamentConfig(runners=2, accelerator="cpu", runner_cpus=0.5),
+            TournamentEnv(file_name=builtin_soccertwos_path(),
+                          parameters={"num_arenas": 3, "max_environment_steps": 1500}))
+        try:
+            assert on_ray.arenas == 3 and len(on_ray.runners) == 2
+            store = WatchStore(tmp_path / "ray.db")
+            found = watch_pool(store, on_ray)
+        finally:
+            on_ray.close()
+    assert found == expected and found["matches"] == 2 * 2 * (1 + 2)
+    assert [m.index for m in store.matches()] == list(range(12))
