@@ -23,6 +23,7 @@ from deploy.watch.teams import (
     PlainMatchPlayer,
     PoolConfig,
     PoolMember,
+    PoolStep,
     checkpoint,
     index_prefix,
     opponent,
@@ -143,6 +144,11 @@ def test_refit_of_two_members_is_the_log_odds_of_their_record() -> None:
     assert (a.wins, a.losses, b.wins, b.losses) == (3, 1, 1, 3)
     assert a.elo_ci[0] <= a.elo <= a.elo_ci[1]
     assert refit(["a", "b"], [], config) is None
+    step = PoolStep((member("a"), member("b"), member("d")), rated, 4, 4)
+    assert step.line("a") == (f"a: Elo {a.elo:.0f} [{a.elo_ci[0]:.0f}, {a.elo_ci[1]:.0f}] "
+                              f"after 4 matches (4 in the pool)")
+    assert round(a.elo) == 1200 + round(200 * math.log10(3))  # 1295
+    assert step.line("d") == "d: no match yet (4 in the pool)"
     anchored = refit(["a", "b"], [played(f, s) for f, s in zip(fixtures, results, strict=True)],
                      PoolConfig(smoothing=1e-9, resamples=200, anchor={"b": 1000.0}))
     assert anchored is not None and anchored.policies["b"].elo == pytest.approx(1000.0)

@@ -357,6 +357,23 @@ class PoolStep:
                 steps[member.label] = (run, step)
         return elo_scalars(self.ratings, steps)
 
+    def line(self, label: str) -> str:
+        """One progress line for a member, as a watch prints it after a refit.
+
+        Args:
+            label: the member.
+
+        Returns:
+            "LABEL: Elo E [LOW, HIGH] after N matches (M in the pool)", or that it has not
+                played yet.
+        """
+        rating = None if self.ratings is None else self.ratings.policies.get(label)
+        if rating is None:
+            return f"{label}: no match yet ({self.matches} in the pool)"
+        low, high = rating.elo_ci
+        return (f"{label}: Elo {rating.elo:.0f} [{low:.0f}, {high:.0f}] after {rating.matches} "
+                f"matches ({self.matches} in the pool)")
+
     def record(self) -> dict[str, Any]:
         """The JSON form kept in the database and in watch.json.
 
