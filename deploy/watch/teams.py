@@ -13,12 +13,10 @@ fit of every match before the round). Matches are numbered across the whole watc
 `seed + i`, so a watch started again after a kill owes and plays the same matches, and its
 ratings, from the matches taken in index order, are the same.
 
-    player = PlainMatchPlayer(TournamentEnv())          # --no-ray: matches in this process
-    members = [opponent("heuristic:chaser")]
-    for record in ...:                                   # each checkpoint the watch takes
-        members.append(checkpoint(record))
-        step = pool_step(members, store, player, config)   # one round, recorded, then a refit
-        ...  # step.ratings (Elo with intervals), step.scalars(); again while step.owed
+    members = [opponent("heuristic:chaser")]             # then, as the watch takes each one:
+    members.append(checkpoint(record))
+    step = pool_step(members, store, PlainMatchPlayer(TournamentEnv()), config)  # one round
+    ...  # step.ratings (Elo with intervals), step.scalars(); again while step.owed
 """
 
 from __future__ import annotations
@@ -278,8 +276,17 @@ class MatchPlayer(Protocol):
 
     def play(self, fixtures: Sequence[Fixture], entrants: Mapping[str, Contender],
              deterministic: bool) -> Iterator[tuple[list[ratings.Match], str]]:
-        """Play matches (each policy's mode where `deterministic`), yielding each batch's results
-        with the name of the runner that played them, as each batch finishes."""
+        """Play matches.
+
+        Args:
+            fixtures: the matches.
+            entrants: the members' contenders by label.
+            deterministic: play each policy's mode instead of sampling.
+
+        Returns:
+            An iterator of each batch's results as it finishes, with the name of the runner
+                that played it.
+        """
         ...
 
 
