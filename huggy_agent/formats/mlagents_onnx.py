@@ -5,7 +5,10 @@ Most initializers carry ML-Agents' own module names. Four kinds do not, and are 
 graph's structure: a normalizer's std (folded into the `Div` after `x - running_mean`), the
 LSTM's W, R and B (`LSTM` node; ONNX gate order i, o, f, c, torch's i, f, g, o), and the
 attention path's Linear weights, exported as `MatMul` with a transposed, anonymous weight, whose
-`Add` names the bias. Opset-9 exports of torch 1.x and 2.x are read alike.
+`Add` names the bias. Opset-9 exports of torch 1.x and 2.x are read alike. Where weights are
+equal (the zero biases of an untrained network: a checkpoint written before the first update),
+torch's exporter keeps one initializer and names the others as its `Identity` outputs; those
+names are read as the initializer they copy (`_with_aliases`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ SUPPORTED_OPS = {
 }
 KINDS: dict[int, InputKind] = {1: "vector", 3: "visual", 2: "variable"}
 ONNX_TO_TORCH_GATES = [0, 2, 3, 1]  # blocks i, o, f, c -> i, f, g (= c), o
+
+
+def _with_aliases(graph: onnx.GraphProto, initializers: dict[str, np.ndarray]
+                  ) -> dict[str, np.ndarray]:
+    """The initializers, and each `Identity` node's output that copies one, under that name."""
+    aliases = {node.output[0]: initializers[node.input[0]] for node in graph.node
+               if node.op_type == "Identity" and node.input[0] in initializers
+               and node.output[0] not in initializers}
+    return {**initializers, **aliases}
 
 
 def _read_model(path: Path) -> onnx.ModelProto:
@@ -165,6 +177,7 @@ def load_onnx(path: str | Path) -> LoadedPolicy:
         initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     except (TypeError, ValueError) as error:
         raise PolicyLoadError(f"{path}: corrupt ONNX initializer ({error})") from error
+    initializers = _with_aliases(model.graph, initializers)
     refuse_unsupported(list(initializers), path)
     inputs, memory = read_spec(model, initializers, path)
     unsupported = sorted({node.op_type for node in model.graph.node} - SUPPORTED_OPS)
