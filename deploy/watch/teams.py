@@ -11,7 +11,8 @@ rounds against every member before it (one couple per member a round), then `ada
 rounds whose couples go to its pairs whose order is least certain (`uncertain_shares`, from the
 fit of every match before the round). Matches are numbered across the whole watch, match i seeded
 `seed + i`, so a watch started again after a kill owes and plays the same matches, and its
-ratings, from the matches taken in index order, are the same.
+ratings, from the matches taken in index order, are the same. A watch does the following through
+`PoolRating`, its `TeamRating` where `is_team_scene`:
 
     members = [opponent("heuristic:chaser")]             # then, as the watch takes each one:
     members.append(checkpoint(record))
@@ -22,16 +23,20 @@ ratings, from the matches taken in index order, are the same.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, TextIO
 
 import torch
 
 from deploy.evaluation import ratings
 from deploy.evaluation.matchmaking import Fixture, couples, order_z, uncertain_shares
 from deploy.evaluation.plan import ENV_SEED_LIMIT
+from deploy.evaluation.runner import free_worker_id
+from deploy.evaluation.sinks import write_scalars
 from deploy.evaluation.tournament import (
     Contender,
     MatchRunner,
@@ -39,8 +44,11 @@ from deploy.evaluation.tournament import (
     play_batches,
 )
 from deploy.evaluation.tournament_report import elo_scalars
+from deploy.watch.loop import EVENTS_SUFFIX
 from deploy.watch.store import PolicyRecord, WatchStore
 from envs.heuristics import is_heuristic, load_heuristic
+from envs.matches import team_behaviors
+from envs.teams import BUILTIN, TeamsEnv, builtin_stand_in
 from huggy_agent import HuggyAgent
 
 
@@ -476,3 +484,119 @@ def rate_pool(members: Sequence[PoolMember], store: WatchStore, player: MatchPla
         if not step.owed:
             return step
 
+
+
+def is_team_scene(file_name: str) -> bool:
+    """Whether a watch's `--env` is a scene whose two teams share a behavior (`B?team=0`,
+    `B?team=1`), as `huggy tournament` plays: "builtin:soccertwos" is; "builtin" (Huggy) is
+    not; a build is opened once, headless, and its behaviors read.
+
+    Args:
+        file_name: "builtin", "builtin:<scene>" or a Unity build.
+
+    Returns:
+        True for a team scene.
+
+    Raises:
+        FileNotFoundError: a build that is not there.
+        EnvironmentStartError: a build that could not be started.
+    """
+    if file_name == BUILTIN or file_name.startswith(BUILTIN + ":"):
+        return builtin_stand_in(file_name) == "soccertwos"
+    with TeamsEnv(file_name, worker_id=free_worker_id()) as env:
+        try:
+            team_behaviors(env.behaviors)
+        except ValueError:
+            return False
+    return True
+
+
+class PoolRating:
+    """A watch's team scene (`deploy.watch.loop.TeamRating`): the fixed opponents enter the pool
+    first, then each checkpoint as the watch takes it; whenever the pool grew or owes matches,
+    `pool_step` plays its next round and refits it. After each refit: one progress line (the
+    newest member that has played, `PoolStep.line`), `Evaluation/Elo` and its bounds at each
+    checkpoint's step in its run's own TensorBoard folder (beside the trainer's scalars).
+
+    Args:
+        opponents: the fixed opponents, in order.
+        player: where matches run.
+        config: the schedule's and the ratings' settings.
+        tensorboard: write the scalars.
+        output: where progress lines go.
+    """
+
+    def __init__(self, opponents: Sequence[PoolMember], player: MatchPlayer, config: PoolConfig,
+                 tensorboard: bool = True, output: TextIO = sys.stdout) -> None:
+        self.opponents = list(opponents)
+        self.player = player
+        self.config = config
+        self.tensorboard = tensorboard
+        self._output = output
+        self.last: PoolStep | None = None
+        """The last refit."""
+
+    def rate(self, policies: Sequence[PolicyRecord], store: WatchStore) -> bool:
+        """Play the pool's next round and refit it, when it grew or owes matches.
+
+        Args:
+            policies: every checkpoint taken so far, in order.
+            store: the database.
+
+        Returns:
+            True when the pool was refitted; False before the first checkpoint, and when the pool
+                neither grew nor owes matches.
+
+        Raises:
+            ValueError: a policy without a file, or a database that holds another pool's matches.
+            EnvironmentCrashed: the scene died while playing (what came back before is kept).
+        """
+        if not policies:
+            return False
+        members = [*self.opponents, *(checkpoint(record) for record in policies)]
+        if (self.last is not None and not self.last.owed
+                and len(self.last.members) == len(members)):
+            return False
+        self.last = pool_step(members, store, self.player, self.config)
+        playing = [] if self.last.ratings is None else list(self.last.ratings.policies)
+        newest = next((m.label for m in reversed(members) if m.label in playing),
+                      members[-1].label)
+        print(self.last.line(newest), file=self._output, flush=True)
+        if self.tensorboard:
+            self._write_tensorboard(self.last, policies)
+        return True
+
+    def owes(self) -> bool:
+        """Whether the pool owes matches.
+
+        Returns:
+            True from a refit that left a round to play until the one that played the last.
+        """
+        return self.last is not None and bool(self.last.owed)
+
+    def summary(self) -> dict[str, Any]:
+        """The pool as watch.json holds it.
+
+        Returns:
+            "pool": the last refit's record (`PoolStep.record`, with its `rated_at`), None before
+                the first; "best": the checkpoint rated highest, None before one has played.
+        """
+        if self.last is None:
+            return {"pool": None, "best": None}
+        pool = {**self.last.record(), "rated_at": self.last.rated_at}
+        rated = pool.get("ratings", {})
+        checkpoints = [m.label for m in self.last.members
+                       if m.kind == "checkpoint" and m.label in rated]
+        best = max(checkpoints, key=lambda label: rated[label]["elo"], default=None)
+        return {"pool": pool, "best": best}
+
+    @staticmethod
+    def _write_tensorboard(step: PoolStep, policies: Sequence[PolicyRecord]) -> None:
+        """Every rated checkpoint of a run in that run's behavior folder, replacing the watch's
+        earlier event files there."""
+        places = {record.run: (record.folder, Path(record.source).parent.name)
+                  for record in policies if record.folder is not None}
+        for run, points in step.scalars().items():
+            if run in places:
+                folder, behavior = places[run]
+                write_scalars({behavior: points}, str(folder), EVENTS_SUFFIX)
