@@ -254,12 +254,17 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
             "scalars (Evaluation/IQM and its bounds) beside the trainer's. With --serve, a "
             "better checkpoint goes to that huggy serve: a canary share of the sessions, then "
             "all. Ends when every trainer has finished and every checkpoint is decided, or on "
-            "Ctrl-C once the running work is back."))
+            "Ctrl-C once the running work is back. In a team scene (SoccerTwos: two teams "
+            "sharing a behavior, as huggy tournament plays), each checkpoint instead plays "
+            "matches against a pool (the --opponent players, then every earlier checkpoint), "
+            "refitted as they arrive: Evaluation/Elo and its bounds, the pool in watch.json."))
     parser.add_argument("runs", nargs="*", metavar="RUN",
                         help="results folder of a run (results/<run_id>); several at once")
-    parser.add_argument("--env", metavar="builtin|PATH", default="builtin",
-                        help="'builtin' (the headless stand-in playing Huggy, default) or a "
-                             "Unity build's path")
+    parser.add_argument("--env", metavar="builtin|builtin:soccertwos|PATH", default="builtin",
+                        help="'builtin' (the headless stand-in playing Huggy, default), "
+                             "'builtin:soccertwos' (the stand-in SoccerTwos, a team scene) or a "
+                             "Unity build's path (a team scene where its two teams share a "
+                             "behavior)")
     parser.add_argument("--out", metavar="DIR", type=output_folder, default=Path("out/watch"),
                         help="folder for watch.json, watch.db and the checkpoints' copies "
                              "(default out/watch)")
@@ -302,12 +307,34 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="agents per environment (stand-in parameter)")
     parser.add_argument("--max-steps", metavar="N", type=positive_int, default=None,
                         help="decisions per episode before it is cut (stand-in parameter)")
+    add_env_parameter_option(parser)
+    teams = parser.add_argument_group(
+        "team scenes", "How checkpoints of a team scene are rated: matches as huggy tournament "
+        "plays them, match i seeded S+i (--seed S), Bradley-Terry Elo with bootstrap intervals "
+        "at --confidence.")
+    teams.add_argument("--opponent", metavar="SOURCE", dest="opponents", action="append",
+                       default=[],
+                       help="a fixed member of the pool, ahead of the checkpoints: "
+                            "heuristic:idle, heuristic:random, heuristic:chaser or a policy "
+                            "file; repeatable (default: heuristic:chaser)")
+    teams.add_argument("--rounds", metavar="N", type=positive_int, default=2,
+                       help="round-robin rounds each new checkpoint plays against every member "
+                            "before it, one match per side each (default 2)")
+    teams.add_argument("--adaptive-rounds", metavar="N", type=int, default=2,
+                       help="further rounds per checkpoint, given to its pairs whose order is "
+                            "least certain (default 2)")
+    teams.add_argument("--anchor", metavar="LABEL=ELO", type=anchor, default=None,
+                       help="fix an --opponent's Elo, so checkpoints stay comparable as the "
+                            "pool grows (default: the pool's mean is 1200)")
+    teams.add_argument("--arenas", metavar="K", type=positive_int, default=None,
+                       help="matches a runner plays at once, one per arena (as for huggy "
+                            "tournament)")
     serving = parser.add_argument_group(
         "promotion", "Change a running huggy serve (PUT /v1/policies, behind its API key): the "
         "server must be able to read --out, where the watch keeps its copies of checkpoints.")
     serving.add_argument("--serve", metavar="URL", default=None,
                          help="the huggy serve to promote into; its default policy is the first "
-                              "baseline")
+                              "baseline (single-behavior scenes only)")
     serving.add_argument("--api-key-file", metavar="PATH", type=Path, default=None,
                          help="file whose first line is the server's API key (default: "
                               "$HUGGY_API_KEY)")

@@ -92,6 +92,36 @@ def test_round_trip_keeps_the_fingerprint(tmp_path: Path) -> None:
     assert all(np.array_equal(first_init[k], second_init[k]) for k in first_init)
 
 
+def test_equal_weights_exported_once_load_back(tmp_path: Path) -> None:
+    """A checkpoint written before the first update has all its hidden biases still zero; torch's
+    exporter then writes one of them and names the others as `Identity` outputs of it. The
+    loader reads those names as the copied tensor: the file loads, with the zero biases, and acts
+    as onnxruntime runs it."""
+    import torch
+
+    pt = fixtures_dir() / "ppo_baseline" / "Huggy" / "Huggy-2000343.pt"
+    original = HuggyAgent(pt, device="cpu")
+    actor = original.loaded.build()
+    state = actor.state_dict()
+    biases = [key for key in state if key.startswith("network_body._body_endoder.seq_layers.")
+              and key.endswith(".bias")]
+    assert len(biases) == 3
+    for key in biases:
+        state[key] = torch.zeros_like(state[key])
+    actor.load_state_dict(state)
+    path = export_onnx(actor, tmp_path / "untrained.onnx")
+    graph = onnx.load(str(path)).graph
+    stored = {i.name for i in graph.initializer}
+    assert len([key for key in biases if key not in stored]) == 2  # written once
+    loaded = HuggyAgent(path, device="cpu")
+    for key in biases:
+        assert not loaded.loaded.tensors[key].any()
+    inputs = random_inputs(loaded.spec, 64, np.random.default_rng(3))
+    expected = run_onnx(_session(path), inputs, None, None)["deterministic_continuous_actions"]
+    (observations,) = inputs  # Huggy has one input
+    assert np.abs(loaded.compute_action(observations) - expected).max() <= FP32_ACTION_ATOL
+
+
 def test_half_precision_net_exports_float32(tmp_path: Path) -> None:
     agent = HuggyAgent(fixtures_dir() / "ppo_baseline" / "Huggy.onnx", device="cpu", precision="bf16")
     path = export_onnx(agent.net, tmp_path / "bf16.onnx")

@@ -21,7 +21,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,6 +336,28 @@ def batches(fixtures: Sequence[Fixture], arenas: int) -> list[list[Fixture]]:
     return [list(fixtures[start:start + arenas]) for start in range(0, len(fixtures), arenas)]
 
 
+def play_batches(runner: MatchRunner, fixtures: Sequence[Fixture],
+                 entrants: dict[str, Contender], deterministic: bool
+                 ) -> Iterator[list[ratings.Match]]:
+    """Matches on one runner in this process, `runner.arenas()` at a time.
+
+    Args:
+        runner: the runner.
+        fixtures: the matches, in order.
+        entrants: the contenders by label.
+        deterministic: play each policy's mode instead of sampling.
+
+    Yields:
+        Each batch's results as it finishes, in the order of `fixtures`.
+
+    Raises:
+        EnvironmentCrashed: the environment died (no retry here).
+    """
+    for batch in batches(fixtures, runner.arenas()):
+        found, _ = runner.run(batch, entrants, {}, deterministic)
+        yield found
+
+
 def progress_bar(config: TournamentConfig) -> Any:
     """The tournament's progress bar on stderr, in matches (up to the budget).
 
@@ -382,10 +404,9 @@ def play_plain(entrants: Sequence[Contender], config: TournamentConfig, env: Tou
         fixtures = schedule.next_round(played)
         while fixtures:
             round_played = []
-            for batch in batches(fixtures, runner.arenas()):
-                found, _ = runner.run(batch, by_label, {}, config.deterministic)
+            for found in play_batches(runner, fixtures, by_label, config.deterministic):
                 round_played += found
-                bar.update(len(batch))
+                bar.update(len(found))
             played += round_played
             fixtures = schedule.next_round(played)
     except KeyboardInterrupt:
@@ -413,4 +434,5 @@ def check_budget(entrants: Sequence[Contender], config: TournamentConfig) -> Non
 
 
 __all__ = ["Contender", "MatchRunner", "TournamentConfig", "TournamentEnv",
-           "TournamentResult", "batches", "check_budget", "contenders", "play_plain"]
+           "TournamentResult", "batches", "check_budget", "contenders", "play_batches",
+           "play_plain"]

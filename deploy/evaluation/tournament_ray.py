@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,43 +65,104 @@ def play_on_ray(entrants: Sequence[Contender], config: TournamentConfig, env: To
     by_label = {c.label: c for c in entrants}
     played: list[ratings.Match] = []
     with ray_session(address):
-        placement = runner_placement(config.accelerator, config.runner_cpus, config.runners)
-        options = runner_options(placement, config.max_attempts)
-        actors = [_remote_runner().options(**options).remote(
-            f"runner-{k}", env, placement.device, config.precision)
-            for k in range(config.runners)]
-        payloads = {c.label: [ray.put(Path(c.path).read_bytes())] for c in entrants
-                    if c.path is not None}
+        actors = start_runners(config, env)
+        payloads = payloads_of(entrants)
         bar = progress_bar(config)
         try:
-            result.runners = _started(actors)
-            # every runner opens the same scene: a build's count is the same on each
-            arenas = min(ray.get([actor.arenas.remote() for actor in actors]))
+            result.runners = wait_started(actors)
+            arenas = runner_arenas(actors)
             result.env = dataclasses.replace(env, arenas=arenas)
             fixtures = schedule.next_round(played)
             while fixtures:
-                found, retries = _play_round(actors, batches(fixtures, arenas), by_label,
-                                             payloads, config)
-                played += found
-                result.retries += retries
-                bar.update(len(found))
+                for found, attempt, _ in play_round(actors, batches(fixtures, arenas), by_label,
+                                                 payloads, config):
+                    played += found
+                    result.retries += attempt - 1
+                    bar.update(len(found))
                 fixtures = schedule.next_round(played)
         except KeyboardInterrupt:
             result.interrupted = True
         finally:
             bar.close()
-            closing = [actor.close.remote() for actor in actors]
-            ray.wait(closing, num_returns=len(closing), timeout=15)
-            for actor in actors:
-                ray.kill(actor, no_restart=True)
+            stop_runners(actors)
     result.matches = sorted(played, key=lambda match: match.index)
     result.selection = schedule.outcome(result.matches)
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _started(actors: list[Any]) -> list[Any]:
-    """Each runner's info once it is ready; EvaluationError when none could start."""
+def start_runners(config: TournamentConfig, env: TournamentEnv) -> list[Any]:
+    """`config.runners` `MatchRunner` actors on the connected cluster, placed as `config` says.
+
+    Args:
+        config: the runners' settings (`runners`, `accelerator`, `runner_cpus`, `precision`,
+            `max_attempts`).
+        env: the scene each opens.
+
+    Returns:
+        The actors (starting; `runner_arenas` waits for them).
+
+    Raises:
+        EvaluationError: the cluster cannot hold the runners.
+    """
+    placement = runner_placement(config.accelerator, config.runner_cpus, config.runners)
+    options = runner_options(placement, config.max_attempts)
+    return [_remote_runner().options(**options).remote(f"runner-{k}", env, placement.device,
+                                                       config.precision)
+            for k in range(config.runners)]
+
+
+def runner_arenas(actors: list[Any]) -> int:
+    """The matches each runner plays at once: every runner opens the same scene, so a build's
+    count is the same on each.
+
+    Args:
+        actors: the runners.
+
+    Returns:
+        The smallest count.
+    """
+    return int(min(ray.get([actor.arenas.remote() for actor in actors])))
+
+
+def payloads_of(entrants: Sequence[Contender]) -> dict[str, Any]:
+    """Each policy file's bytes in Ray's object store, so runners on other machines need no
+    shared file system.
+
+    Args:
+        entrants: the contenders.
+
+    Returns:
+        {label: [ObjectRef]} of the file contenders.
+    """
+    return {c.label: [ray.put(Path(c.path).read_bytes())] for c in entrants
+            if c.path is not None}
+
+
+def stop_runners(actors: list[Any]) -> None:
+    """Close the runners' environments (waiting up to 15 s), then end the actors.
+
+    Args:
+        actors: the runners.
+    """
+    closing = [actor.close.remote() for actor in actors]
+    ray.wait(closing, num_returns=len(closing), timeout=15)
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+
+
+def wait_started(actors: list[Any]) -> list[Any]:
+    """Wait for the runners to start.
+
+    Args:
+        actors: the runners.
+
+    Returns:
+        Each runner's `RunnerInfo`.
+
+    Raises:
+        EvaluationError: a runner could not start.
+    """
     infos = []
     for actor in actors:
         try:
@@ -111,16 +172,28 @@ def _started(actors: list[Any]) -> list[Any]:
     return infos
 
 
-def _play_round(actors: list[Any], queue: list[list[Fixture]], entrants: dict[str, Contender],
-                payloads: dict[str, Any], config: TournamentConfig
-                ) -> tuple[list[ratings.Match], int]:
-    """Every batch of one round, one batch per idle runner at a time: the matches, and the
-    retries Ray made. EvaluationError when a batch failed every try."""
+def play_round(actors: list[Any], queue: list[list[Fixture]], entrants: dict[str, Contender],
+               payloads: dict[str, Any], config: TournamentConfig
+               ) -> Iterator[tuple[list[ratings.Match], int, int]]:
+    """Every batch of one round, one batch per idle runner at a time.
+
+    Args:
+        actors: the runners.
+        queue: the batches (`batches`).
+        entrants: the contenders by label.
+        payloads: the files' bytes (`payloads_of`).
+        config: `deterministic` and `max_attempts`.
+
+    Yields:
+        Each batch's matches as it comes back, which try it was (1 + Ray's retries), and the
+            index of the runner that played it in `actors`.
+
+    Raises:
+        EvaluationError: a batch failed every try.
+    """
     pending = deque(queue)
     idle = list(actors)
     running: dict[Any, tuple[Any, list[Fixture]]] = {}
-    played: list[ratings.Match] = []
-    retries = 0
     while pending or running:
         while pending and idle:
             actor, batch = idle.pop(), pending.popleft()
@@ -135,7 +208,5 @@ def _play_round(actors: list[Any], queue: list[list[Fixture]], entrants: dict[st
             raise EvaluationError(
                 f"matches {batch[0].index}-{batch[-1].index} failed {config.max_attempts} "
                 f"times: {error}") from error
-        played += found
-        retries += attempt - 1
         idle.append(actor)
-    return played, retries
+        yield found, attempt, actors.index(actor)

@@ -239,13 +239,29 @@ def write_tensorboard(report: TournamentReport, log_dir: str | Path) -> list[Pat
     """
     if report.ratings is None:
         return []
+    return write_scalars(elo_scalars(report.ratings, checkpoints(report)), log_dir, EVENTS_SUFFIX)
+
+
+def elo_scalars(rated: ratings.Ratings, steps: dict[str, tuple[str, int]]
+                ) -> dict[str, list[tuple[int, dict[str, float | None]]]]:
+    """The TensorBoard scalars of rated checkpoints: `Evaluation/Elo` and its interval's bounds.
+
+    Args:
+        rated: the ratings.
+        steps: {label: (run, training step)} of the checkpoints to write; a label without a
+            rating is left out.
+
+    Returns:
+        {run: [(step, {tag: value})]}, as `deploy.evaluation.sinks.write_scalars` takes them.
+    """
     by_run: dict[str, list[tuple[int, dict[str, float | None]]]] = {}
-    for label, (run, step) in checkpoints(report).items():
-        rating = report.ratings.policies[label]
-        by_run.setdefault(run, []).append((step, {
-            "Evaluation/Elo": rating.elo, "Evaluation/Elo CI Low": rating.elo_ci[0],
-            "Evaluation/Elo CI High": rating.elo_ci[1]}))
-    return write_scalars(by_run, log_dir, EVENTS_SUFFIX)
+    for label, (run, step) in steps.items():
+        rating = rated.policies.get(label)
+        if rating is not None:
+            by_run.setdefault(run, []).append((step, {
+                "Evaluation/Elo": rating.elo, "Evaluation/Elo CI Low": rating.elo_ci[0],
+                "Evaluation/Elo CI High": rating.elo_ci[1]}))
+    return by_run
 
 
 def opponents(report: TournamentReport, label: str) -> list[str]:

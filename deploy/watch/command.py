@@ -1,5 +1,7 @@
 """The work behind `huggy watch` (its parser lives in deploy/cli.py): open the database, the
-followers and the runners, take the served baseline, run the watch; or `--rollback`."""
+followers and the runners, take the served baseline, run the watch; or `--rollback`. A team scene
+(`deploy.watch.teams.is_team_scene`) is watched with its pool (`deploy.watch.teams.PoolRating`)
+in place of the single-behavior rule."""
 
 from __future__ import annotations
 
@@ -8,22 +10,36 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from deploy.evaluation.on_ray import ray_session
 from deploy.evaluation.plan import EnvSpec, EvalConfig
 from deploy.evaluation.report import format_table, write_report
 from deploy.evaluation.sinks import write_tensorboard
 from deploy.evaluation.summary import build_report
+from deploy.evaluation.tournament import TournamentConfig, TournamentEnv
 from deploy.watch.decisions import RuleSettings, looks_for
-from deploy.watch.execution import Executor, PlainExecutor
+from deploy.watch.execution import Executor, NoItems, PlainExecutor
 from deploy.watch.follow import RunFollower
 from deploy.watch.loop import Watch, WatchOptions
 from deploy.watch.on_ray import RayExecutor
 from deploy.watch.promotion import Promoter, rollback
 from deploy.watch.store import WatchStore, evaluation_result, settings_of
+from deploy.watch.teams import (
+    MatchPlayer,
+    PlainMatchPlayer,
+    PoolConfig,
+    PoolRating,
+    is_team_scene,
+    opponent,
+)
+from deploy.watch.teams_ray import RayMatchPlayer
 from huggy_agent_client.http_api import load_api_key
 
 DB_FILE = "watch.db"
+DEFAULT_OPPONENTS = ("heuristic:chaser",)
+"""A team scene's fixed opponents when `--opponent` names none: the strongest scripted player,
+so the first checkpoint has a match to play and every rating a fixed reference."""
 
 
 def rule_settings(args: argparse.Namespace) -> RuleSettings:
@@ -53,28 +69,34 @@ def run_watch(args: argparse.Namespace) -> int:
             checkpoint decided), 130 when stopped with Ctrl-C.
 
     Raises:
-        ValueError: no RUN, `--rollback` without `--serve`, a database of a watch with other
-            settings, or settings the rule refuses.
+        ValueError: no RUN, `--rollback` without `--serve`, `--serve` with a team scene, a
+            database of a watch with other settings, or settings the rule refuses.
         FileNotFoundError: the `--env` build not found.
     """
     db = args.db if args.db is not None else args.out / DB_FILE
-    api_key = load_api_key(args.api_key_file) if args.serve else None
     if args.rollback:
         if not args.serve:
             raise ValueError("--rollback changes the server of --serve URL, which was not given")
         store = WatchStore(db)
         try:
-            print(rollback(args.serve, api_key, store))
+            print(rollback(args.serve, load_api_key(args.api_key_file), store))
         finally:
             store.close()
         return 0
     if not args.runs:
         raise ValueError("give the results folder of at least one run (RUN...), got none")
-    if args.env != "builtin" and not Path(args.env).exists():
-        raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin')")
+    if not args.env.startswith("builtin") and not Path(args.env).exists():
+        raise FileNotFoundError(f"--env: Unity build not found: {args.env} (or use 'builtin' "
+                                "or 'builtin:soccertwos')")
+    if is_team_scene(args.env):
+        return _watch_teams(args, db)
+    if args.opponents:
+        raise ValueError(f"--opponent plays matches in a team scene; --env {args.env} is a "
+                         "single-behavior scene, rated by episodes: drop --opponent")
+    api_key = load_api_key(args.api_key_file) if args.serve else None
     env = EnvSpec(file_name=None if args.env == "builtin" else args.env,
                   num_agents=args.num_agents, max_steps=args.max_steps,
-                  instances=args.instances_per_runner)
+                  parameters=dict(args.env_param), instances=args.instances_per_runner)
     rule = rule_settings(args)
     config = EvalConfig(episodes=rule.looks[-1] * args.episodes_per_item,
                         episodes_per_item=args.episodes_per_item, seed=args.seed,
@@ -87,16 +109,100 @@ def run_watch(args: argparse.Namespace) -> int:
             args.serve, api_key, store, args.canary_share, args.canary_s)
         with _executor(args, config, env) as executor:
             watch = Watch(store, [RunFollower(run) for run in args.runs], executor, config,
-                          rule, WatchOptions(out=args.out, follow=not args.no_follow), promoter, api_key)
+                          rule, WatchOptions(out=args.out, follow=not args.no_follow), promoter,
+                          api_key)
             if promoter is not None and not store.policies():
                 _take_served(watch, promoter, args.serve)
-            print(f"huggy watch: following {', '.join(map(str, args.runs))}; "
-                  f"{'in this process' if args.no_ray else f'{args.runners} Ray runner(s)'}; "
-                  f"database {db}; {args.out / 'watch.json'}", file=sys.stderr, flush=True)
+            _announce(args, db)
             ended = watch.run()
         return 0 if ended else 130
     finally:
         store.close()
+
+
+def _announce(args: argparse.Namespace, db: Path) -> None:
+    print(f"huggy watch: following {', '.join(map(str, args.runs))}; "
+          f"{'in this process' if args.no_ray else f'{args.runners} Ray runner(s)'}; "
+          f"database {db}; {args.out / 'watch.json'}", file=sys.stderr, flush=True)
+
+
+def pool_config(args: argparse.Namespace) -> PoolConfig:
+    """A team scene's pool settings a command line asks for.
+
+    Args:
+        args: the parsed `huggy watch` command line.
+
+    Returns:
+        The schedule (`--rounds`, `--adaptive-rounds`, match i seeded `--seed` + i) and the
+            ratings' settings (`--confidence`, `--anchor`).
+
+    Raises:
+        ValueError: settings the pool refuses (naming them).
+    """
+    return PoolConfig(seed=args.seed, rounds=args.rounds, adaptive_rounds=args.adaptive_rounds,
+                      confidence=args.confidence,
+                      anchor=None if args.anchor is None else dict([args.anchor]))
+
+
+def _watch_teams(args: argparse.Namespace, db: Path) -> int:
+    """Watch the runs of a team scene: each checkpoint joins the pool of `--opponent`s and the
+    checkpoints before it, and the pool is refitted as its matches arrive."""
+    if args.serve:
+        raise ValueError(f"--serve promotes checkpoints of a single-behavior scene; --env "
+                         f"{args.env} is a team scene, whose checkpoints are rated against a pool "
+                         "and never promoted: drop --serve")
+    config = pool_config(args)
+    opponents = [opponent(source) for source in args.opponents or DEFAULT_OPPONENTS]
+    env = TournamentEnv(file_name=args.env, arenas=args.arenas,
+                        parameters=dict(args.env_param))
+    if args.anchor is not None and args.anchor[0] not in [m.label for m in opponents]:
+        raise ValueError(f"--anchor names {args.anchor[0]!r}; in a team scene it fixes an "
+                         f"opponent's Elo: one of {[m.label for m in opponents]}")
+    store = WatchStore(db)
+    try:
+        store.check_settings(_team_settings(config, env, [m.fingerprint for m in opponents]))
+        with _match_player(args, env) as player:
+            rating = PoolRating(opponents, player, config)
+            watch = Watch(store, [RunFollower(run) for run in args.runs], NoItems(),
+                          EvalConfig(seed=args.seed, progress=False),
+                          rule_settings(args), WatchOptions(out=args.out,
+                                                            follow=not args.no_follow),
+                          rate_teams=rating)
+            _announce(args, db)
+            ended = watch.run()
+        return 0 if ended else 130
+    finally:
+        store.close()
+
+
+def _team_settings(config: PoolConfig, env: TournamentEnv, opponents: list[str]
+                   ) -> dict[str, Any]:
+    """What decides a team scene's matches and ratings: the pool's settings, the scene, and the
+    opponents' fingerprints in order (not the arenas: a match's result does not depend on the
+    arena it is played in)."""
+    parameters = {key: value for key, value in env.parameters.items() if key != "num_arenas"}
+    return {**config.settings(), "env": {"file_name": env.file_name, "parameters": parameters},
+            "opponents": opponents}
+
+
+@contextlib.contextmanager
+def _match_player(args: argparse.Namespace, env: TournamentEnv) -> Iterator[MatchPlayer]:
+    """Where a team scene's matches run for the whole watch: in this process (`--no-ray`), else
+    on Ray runners of one cluster."""
+    if args.no_ray:
+        plain = PlainMatchPlayer(env)
+        try:
+            yield plain
+        finally:
+            plain.close()
+        return
+    with ray_session(args.address):
+        runners = RayMatchPlayer(TournamentConfig(runners=args.runners,
+                                                  accelerator=args.accelerator), env)
+        try:
+            yield runners
+        finally:
+            runners.close()
 
 
 @contextlib.contextmanager

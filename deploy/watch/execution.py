@@ -59,6 +59,58 @@ class Executor(Protocol):
         ...
 
 
+class NoItems:
+    """The executor of a team scene's watch, whose matches run elsewhere
+    (`deploy.watch.teams.PoolRating`): it runs no item."""
+
+    batch_size = 1
+
+    def free(self) -> int:
+        """No batch may be submitted.
+
+        Returns:
+            0.
+        """
+        return 0
+
+    def submit(self, key: str, spec: PolicySpec, items: list[WorkItem]) -> None:
+        """Refuse a batch.
+
+        Args:
+            key: the policy's fingerprint.
+            spec: the policy.
+            items: its items.
+
+        Raises:
+            RuntimeError: always; a team scene runs matches, not items.
+        """
+        raise RuntimeError(f"a team scene's watch runs no work items, got {len(items)} of "
+                           f"{spec.label!r}")
+
+    def wait(self, timeout_s: float) -> list[Finished]:
+        """A pause: nothing comes back.
+
+        Args:
+            timeout_s: how long to pause.
+
+        Returns:
+            [].
+        """
+        time.sleep(timeout_s)
+        return []
+
+    def busy(self) -> int:
+        """Nothing runs.
+
+        Returns:
+            0.
+        """
+        return 0
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
 class PlainExecutor:
     """Items in this process, one batch at a time on one environment, with one torch thread while
     it runs (as `deploy.evaluation.scheduling.evaluate_plain`). A batch runs when submitted; its

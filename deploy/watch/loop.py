@@ -11,13 +11,13 @@ One pass of the loop (`Watch.run`):
 4. for each new decision: its progress line, the database, TensorBoard scalars in the run's own
    folder, `watch.json` (rewritten atomically), and with a new best, the promotion.
 
-Team scenes plug in at `Watch.rate_teams` (a `TeamRating`: a function of the policies taken and
-the database), called after step 3 with every policy taken so far.
+In a team scene a `TeamRating` (`deploy.watch.teams.PoolRating`) replaces steps 2 to 4: it plays
+the next round the pool owes and refits the pool (no rule, no items, no promotion).
 
-The watch ends when every run's trainer has finished and every checkpoint taken is decided, or
-on Ctrl-C once the batches running then have come back and are recorded. Started again on the
-same database, it takes the policies recorded there in the same order and recomputes their
-decisions from the recorded items, so it decides exactly as an uninterrupted watch would.
+The watch ends when every run's trainer has finished and every checkpoint taken is decided (in a
+team scene: the pool owes no match), or on Ctrl-C once the batches running then are recorded.
+Started again on the same database, it takes the policies recorded there in the same order and
+recomputes their decisions from the recorded items, as an uninterrupted watch would decide.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from deploy.evaluation.plan import EvalConfig, PolicySpec, WorkItem, file_stem
 from deploy.evaluation.sinks import write_scalars
@@ -55,9 +56,40 @@ STATISTIC_TAGS = {"iqm": "IQM", "mean": "Mean", "median": "Median"}
 POLL_S = 1.0
 """How long a pass waits for a batch before it polls the runs again, seconds."""
 
-TeamRating = Callable[[Sequence[PolicyRecord], WatchStore], None]
-"""A team scene's rating step: given every policy taken so far (in order) and the database, it
-schedules and records its matches and refits its pool."""
+
+
+class TeamRating(Protocol):
+    """A team scene's rating (`deploy.watch.teams.PoolRating`): the checkpoints play matches
+    against a pool, which is refitted as they arrive."""
+
+    def rate(self, policies: Sequence[PolicyRecord], store: WatchStore) -> bool:
+        """Play the next round the pool owes (each batch recorded as it comes back) and refit it.
+
+        Args:
+            policies: every policy taken so far, in order.
+            store: the database.
+
+        Returns:
+            True when the pool was refitted; False when it owed nothing and did not grow.
+        """
+        ...
+
+    def owes(self) -> bool:
+        """Whether the pool owes matches.
+
+        Returns:
+            True until every member has played its rounds.
+        """
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """What watch.json holds of the pool.
+
+        Returns:
+            "pool": the last refit's record (the ratings), or None before it; "best": the
+                top-rated checkpoint, or None.
+        """
+        ...
 
 
 def utc_now() -> str:
@@ -124,12 +156,13 @@ class Watch:
         promotion: what a new best starts (default: nothing beyond the log).
         api_key: the key a served baseline's URL asks for.
         output: where progress lines go.
+        rate_teams: a team scene's rating, in place of the rule (None: a single-behavior scene).
     """
 
     def __init__(self, store: WatchStore, followers: Sequence[RunFollower], executor: Executor,
                  config: EvalConfig, rule: RuleSettings, options: WatchOptions,
                  promotion: Promotion | None = None, api_key: str | None = None,
-                 output: TextIO = sys.stdout) -> None:
+                 output: TextIO = sys.stdout, rate_teams: TeamRating | None = None) -> None:
         self.store = store
         self.followers = list(followers)
         self.executor = executor
@@ -137,8 +170,7 @@ class Watch:
         self.rule = rule
         self.options = options
         self.promotion = promotion or Promotion()
-        self.rate_teams: TeamRating | None = None
-        """The team scenes' rating step (`TeamRating`); None: single-behavior scenes only."""
+        self.rate_teams = rate_teams
         self._api_key = api_key
         self._output = output
         self._decider = Decider(rule)
@@ -179,7 +211,10 @@ class Watch:
                   flush=True)
         while self.executor.busy():
             self._collect(self.executor.wait(self.options.poll_s))
-        self._decide()
+        if self.rate_teams is None:
+            self._decide()
+        else:
+            self.write_summary()
         return False
 
     def step(self, timeout_s: float) -> None:
@@ -191,17 +226,22 @@ class Watch:
         for follower in self.followers:
             for checkpoint in follower.poll():
                 self.take(checkpoint)
+        if self.rate_teams is not None:
+            if self.rate_teams.rate(self._records, self.store):
+                self.write_summary()
+            else:  # nothing owed: wait for a new checkpoint
+                time.sleep(timeout_s)
+            return
         self._decide()
         self._schedule()
         self._collect(self.executor.wait(timeout_s))
-        if self.rate_teams is not None:
-            self.rate_teams(self._records, self.store)
         self._decide()
         self.promotion.tick()
 
     def finished(self) -> bool:
         """Whether the watch is done: every trainer finished and its files taken, every checkpoint
-        decided, nothing running, no promotion under way.
+        decided (in a team scene: the pool owes no match), nothing running, no promotion under
+        way.
 
         Returns:
             True when it is.
@@ -209,7 +249,8 @@ class Watch:
         return (all((follower.finished() or not self.options.follow) and not follower.settling
                     for follower in self.followers)
                 and self._progress.pending is None and not self.executor.busy()
-                and self.promotion.done())
+                and self.promotion.done()
+                and (self.rate_teams is None or not self.rate_teams.owes()))
 
     # --- taking policies -----------------------------------------------------------------------
 
@@ -401,8 +442,12 @@ class Watch:
         Returns:
             The rule's settings; per policy its label, step, seen_at, its first rating at its
                 first look (first_rated_at, first_rating), decided_at, estimate, episodes,
-                decision (and the comparison behind it); the best; the promotions.
+                decision (and the comparison behind it); the best; the promotions. In a team
+                scene: per checkpoint its `rating` in the pool (Elo, interval, matches), the
+                pool (`TeamRating.summary`) and its top-rated checkpoint as the best.
         """
+        if self.rate_teams is not None:
+            return self._team_summary(self.rate_teams)
         decided = self.store.decisions()
         checkpoints = []
         for record in self._records:
@@ -427,6 +472,16 @@ class Watch:
                 "checkpoints": checkpoints, "best": None if best is None else best.label,
                 "pending": None if self._progress.pending is None
                 else self._progress.pending.label,
+                "promotions": self.store.promotions()}
+
+    def _team_summary(self, rate_teams: TeamRating) -> dict[str, Any]:
+        pool = rate_teams.summary()
+        rated = (pool["pool"] or {}).get("ratings", {})
+        checkpoints = [{"label": record.label, "step": record.step, "kind": record.kind,
+                        "fingerprint": record.fingerprint, "source": record.source,
+                        "seen_at": record.seen_at, "rating": rated.get(record.label)}
+                       for record in self._records]
+        return {"seed": self.config.seed, "checkpoints": checkpoints, **pool,
                 "promotions": self.store.promotions()}
 
     def write_summary(self) -> Path:

@@ -1,5 +1,6 @@
 """The watch's record: an embedded SQLite database (WAL mode) of every policy taken, every
-finished work item with its episodes, every decision and every promotion.
+finished work item with its episodes, every match of a team scene and the pool's ratings,
+every decision and every promotion.
 
 A finished item is written in one transaction keyed by (policy fingerprint, item seed, item
 index), with its episodes, so a killed watch leaves each item wholly there or not at all, and an
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from deploy.evaluation.plan import EnvSpec, EvalConfig, PolicySpec
+from deploy.evaluation.ratings import Match
 from deploy.evaluation.results import EvaluationResult, ItemResult, PolicyResult
 
 SCHEMA_VERSION = 1
@@ -48,6 +50,13 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE TABLE IF NOT EXISTS promotions (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, kind TEXT NOT NULL,
     label TEXT NOT NULL, previous TEXT, evidence TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS matches (
+    seed INTEGER NOT NULL, match_index INTEGER NOT NULL, team0 TEXT NOT NULL,
+    team1 TEXT NOT NULL, fingerprint0 TEXT NOT NULL, fingerprint1 TEXT NOT NULL,
+    score REAL NOT NULL, reward0 REAL, reward1 REAL, steps INTEGER, runner TEXT NOT NULL,
+    finished_at TEXT NOT NULL, PRIMARY KEY (seed, match_index));
+CREATE TABLE IF NOT EXISTS pool_ratings (
+    matches INTEGER PRIMARY KEY, rated_at TEXT NOT NULL, record TEXT NOT NULL);
 """
 
 
@@ -357,6 +366,73 @@ class WatchStore:
                  "evidence": json.loads(evidence)}
                 for at, kind, label, previous, evidence in self._db.execute(
                     "SELECT at, kind, label, previous, evidence FROM promotions ORDER BY id")]
+
+    def add_matches(self, played: Sequence[Match], fingerprints: Mapping[str, str], runner: str,
+                    finished_at: str) -> int:
+        """Record a batch of a team scene's matches, in one transaction, each keyed by (its seed,
+        its index), so a match played again is never counted twice.
+
+        Args:
+            played: the matches.
+            fingerprints: each label's policy fingerprint.
+            runner: the runner that played them.
+            finished_at: when they came back (UTC ISO).
+
+        Returns:
+            How many were new (a match recorded before is left as it was).
+
+        Raises:
+            KeyError: a label without a fingerprint.
+        """
+        rows = [(m.seed, m.index, m.team0, m.team1, fingerprints[m.team0],
+                 fingerprints[m.team1], m.score, m.reward0, m.reward1, m.steps, runner,
+                 finished_at) for m in played]
+        with self._transaction():
+            before = self._db.total_changes
+            self._db.executemany(
+                "INSERT OR IGNORE INTO matches (seed, match_index, team0, team1, fingerprint0, "
+                "fingerprint1, score, reward0, reward1, steps, runner, finished_at) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            return self._db.total_changes - before
+
+    def matches(self) -> list[Match]:
+        """Every recorded match of a team scene.
+
+        Returns:
+            The matches, by index.
+        """
+        return [Match(index, seed, team0, team1, score, reward0, reward1, steps)
+                for index, seed, team0, team1, score, reward0, reward1, steps in self._db.execute(
+                    "SELECT match_index, seed, team0, team1, score, reward0, reward1, steps "
+                    "FROM matches ORDER BY match_index, seed")]
+
+    def record_pool_ratings(self, matches: int, rated_at: str, record: Mapping[str, Any]) -> str:
+        """Keep the pool's ratings after its first `matches` matches (once: ratings recomputed
+        after a restart keep the time they were first made).
+
+        Args:
+            matches: how many matches, in index order, the ratings are of.
+            rated_at: now (UTC ISO).
+            record: the ratings, JSON-ready.
+
+        Returns:
+            When they were first rated.
+        """
+        with self._transaction():
+            self._db.execute("INSERT OR IGNORE INTO pool_ratings (matches, rated_at, record) "
+                             "VALUES (?, ?, ?)", (matches, rated_at, json.dumps(record)))
+            row = self._db.execute("SELECT rated_at FROM pool_ratings WHERE matches = ?",
+                                   (matches,)).fetchone()
+        return str(row[0])
+
+    def pool_ratings(self) -> list[tuple[int, str, dict[str, Any]]]:
+        """The pool's ratings kept so far.
+
+        Returns:
+            [(matches, rated_at, record)], by matches.
+        """
+        return [(count, at, json.loads(record)) for count, at, record in self._db.execute(
+            "SELECT matches, rated_at, record FROM pool_ratings ORDER BY matches")]
 
 
 def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
