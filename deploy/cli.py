@@ -246,8 +246,9 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
             "Follow each RUN (an ML-Agents results/<run_id> folder, written by mlagents-learn "
             "now or later) and rate every complete checkpoint as it lands against the best so "
             "far: work items as huggy evaluate runs them (item i seeded S+i), compared at looks "
-            "after 1/2^k of --budget-items until the difference's interval says better, tied "
-            "within --margin, or not better. Over a whole watch, the chance that a checkpoint is "
+            "spaced geometrically from 1/16 of --budget-items to all of it, until the "
+            "difference's interval says better, tied within --margin, or not better. Over a "
+            "whole watch, the chance that a checkpoint is "
             "promoted though it is not better than the best is at most 1 - --confidence. Every "
             "episode goes into an SQLite database (--db), so a watch started again resumes with "
             "the same decisions. Writes --out/watch.json after each decision and TensorBoard "
@@ -285,8 +286,9 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--budget-items", metavar="N", type=positive_int, default=64,
                         help="work items a checkpoint gets at most; undecided then, never "
                              "promoted (default 64)")
-    parser.add_argument("--looks", metavar="L", type=positive_int, default=6,
-                        help="looks per comparison, at N, N/2, N/4, ... items (default 6)")
+    parser.add_argument("--looks", metavar="L", type=positive_int, default=10,
+                        help="looks per comparison, spaced geometrically from N/16 to N items "
+                             "(default 10)")
     parser.add_argument("--episodes-per-item", metavar="N", type=positive_int, default=18,
                         help="episodes per work item, one environment reset each (default 18)")
     parser.add_argument("--seed", metavar="S", type=int, default=0,

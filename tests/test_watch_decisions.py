@@ -18,6 +18,7 @@ from deploy.watch.decisions import (
     difference,
     look_level,
     looks_for,
+    stop_level,
     verdict,
 )
 
@@ -39,10 +40,14 @@ def test_a_comparisons_looks_share_its_error_in_proportion_to_their_items() -> N
     assert look_level(2, 1, settings) == pytest.approx(alpha_2 * 3 / 4)
 
 
-def test_looks_double_up_to_the_budget() -> None:
-    assert looks_for(64, 6) == (2, 4, 8, 16, 32, 64)
-    assert looks_for(10, 3) == (3, 5, 10)
-    assert looks_for(2, 5) == (1, 2)
+def test_looks_are_spaced_geometrically_from_a_sixteenth_of_the_budget() -> None:
+    # 4 * 16^(j/9), rounded up: 4, 5.44, 7.41, 10.08, 13.72, 18.66, 25.40, 34.56, 47.03, 64
+    assert looks_for(64, 10) == (4, 6, 8, 11, 14, 19, 26, 35, 48, 64)
+    assert looks_for(64, 2) == (4, 64)
+    assert looks_for(64, 1) == (64,)
+    # a sixteenth of 10 is under one item: from 1, 1 * 10^(1/2) = 3.16 -> 4
+    assert looks_for(10, 3) == (1, 4, 10)
+    assert looks_for(2, 5) == (1, 2)  # rounding makes looks equal: fewer of them
     with pytest.raises(ValueError, match="items and 0 looks"):
         looks_for(8, 0)
 
@@ -86,7 +91,25 @@ def test_the_difference_of_means_by_hand() -> None:
     (-0.2, 0.1, None),
 ])
 def test_what_an_interval_decides(low: float, high: float, expected: str | None) -> None:
-    assert verdict(stats.Estimate((low + high) / 2, low, high), 0.1) == expected
+    interval = stats.Estimate((low + high) / 2, low, high)
+    assert verdict(interval, interval, 0.1) == expected
+
+
+def test_better_is_read_on_the_promotion_interval_and_stops_on_the_stopping_one() -> None:
+    # the same difference, 0.05: its narrow stopping interval says tied, its wide promotion one
+    # nothing; a wide promotion interval above 0 says better whatever the other says
+    narrow, wide = stats.Estimate(0.05, -0.02, 0.09), stats.Estimate(0.05, -0.15, 0.25)
+    assert verdict(wide, narrow, 0.1) == "tied"
+    assert verdict(wide, wide, 0.1) is None
+    assert verdict(stats.Estimate(0.3, 0.01, 0.6), stats.Estimate(0.3, 0.2, 0.4), 0.1) == "better"
+
+
+def test_a_stop_spends_the_comparisons_own_error_not_the_watchs() -> None:
+    settings = RuleSettings(looks=(2, 6), confidence=0.9)
+    assert stop_level(0, settings) == pytest.approx(0.1 / 4)
+    assert stop_level(1, settings) == pytest.approx(0.1 * 3 / 4)
+    # wider than any comparison's promotion level: 6 / (pi^2 k^2) < 1 for every k
+    assert stop_level(1, settings) > look_level(1, 1, settings)
 
 
 def _items(value: float, count: int, spread: float = 0.1) -> list[tuple[float, ...]]:

@@ -13,12 +13,10 @@ and the client (`huggy_agent_client.remote.RemoteAgent`) both follow it.
                               API key; applied by `huggy serve`'s own process; not in the
                               OpenAPI document, which describes what clients call)
 
-Errors are `{"error": "<kind>", "message": "<what was expected and what came>"}`. A server that
-cannot answer for now (starting, or a replica restarting) answers 503 with `Retry-After`. gRPC
-carries the act route as `GRPC_ACT_METHOD`, its errors as `GRPC_STATUS_FOR_HTTP` says.
-
-A/B splits: `Split.assign(session)` is the same pure rule on every machine (BLAKE2b of the
-session key), so a client that knows the split knows which policy a session gets.
+Errors are `{"error": "<kind>", "message": "<what was expected and what came>"}`; 503 with
+`Retry-After` while no replica can answer. gRPC carries the act route as `GRPC_ACT_METHOD`, its
+errors as `GRPC_STATUS_FOR_HTTP` says. A/B splits: `Split.assign(session)` is the same pure rule
+on every machine (BLAKE2b of the session key).
 """
 
 from __future__ import annotations

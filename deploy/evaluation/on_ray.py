@@ -135,6 +135,7 @@ class RunnerPool:
         config: the evaluation's settings.
         env: the runners' environment.
         placement: what each runner holds.
+        command: the command that runs them, named in the messages printed about them.
     """
 
     def __init__(self, config: EvalConfig, env: EnvSpec, placement: Any,

@@ -16,10 +16,8 @@ The replica that receives the request checks its form (`parse_change`) and hands
 change desk (`ChangeDesk`), a Ray actor of `huggy serve`'s own process, which applies the
 changes one at a time (`changed_set`, then the redeploy) and gives each replica its answer:
 the served set once every replica runs it. A server without `huggy serve`'s process (an app of
-`serve run` or `serve deploy`) has no desk and answers 501: change its config file instead.
-
-No Ray and no web framework here: the desk is a plain class that `huggy serve` starts as an
-actor.
+`serve run` or `serve deploy`) has no desk and answers 501. No Ray and no web framework here:
+the desk is a plain class that `huggy serve` starts as an actor.
 """
 
 from __future__ import annotations

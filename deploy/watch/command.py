@@ -49,7 +49,7 @@ def rule_settings(args: argparse.Namespace) -> RuleSettings:
         args: the parsed `huggy watch` command line.
 
     Returns:
-        The settings: looks that double up to `--budget-items`, `--looks` of them.
+        The settings: `--looks` looks spaced geometrically up to `--budget-items`.
 
     Raises:
         ValueError: settings the rule refuses (naming them).

@@ -13,11 +13,11 @@ The rule (RULE):
   level_kj = alpha_k n_j / (n_1 + ... + n_L) and alpha_k = alpha 6 / (pi^2 k^2),
   alpha = 1 - confidence.
 - The first look whose interval says so decides: "better" (its lower bound above 0: X becomes the
-  best), "tied" (inside [-margin, +margin]) or "not better" (its upper bound below the margin).
-  None by the last look: "undecided" (never the best).
-
-Decisions depend only on the items by index, never on which runner finished first or when, and
-the looks happen at fixed item counts: a watch restarted from its database decides the same.
+  best), "tied" (inside [-margin, +margin]) or "not better" (its upper bound below the margin);
+  none by the last look: "undecided" (never the best). The two stops, which promote nothing, are
+  read at level alpha n_j / (n_1 + ... + n_L) (`stop_level`), spending none of the watch's error.
+Decisions depend only on the items by index, never on which runner finished first or when: a
+watch restarted from its database decides the same.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ class RuleSettings:
     """1 - the chance, over a whole watch, that a policy not better than the best is promoted."""
     margin: float = 0.1
     """In return units: differences within +-margin count as a tie."""
-    looks: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
-    """Work items of a compared policy at each look; the last is its budget."""
+    looks: tuple[int, ...] = (4, 6, 8, 11, 14, 19, 26, 35, 48, 64)
+    """Work items of a compared policy at each look (`looks_for(64, 10)`); the last is its
+    budget."""
     seed: int = 0
     """Seeds the bootstraps (the watch's `--seed`)."""
 
@@ -86,15 +87,19 @@ class RuleSettings:
 
 
 def looks_for(budget_items: int, count: int) -> tuple[int, ...]:
-    """Looks that double up to a budget: budget, budget/2, budget/4, ... (rounded up), `count` of
-    them at most.
+    """`count` looks spaced geometrically from a sixteenth of a budget (at least 1 item) to the
+    budget, rounded up.
+
+    Geometric spacing looks often while a look's items are few and cheap, so a comparison stops
+    soon after its evidence suffices (doubling overshot by up to half the items); the first look
+    at budget/16 spends little of the error where only a large difference could be decided.
 
     Args:
         budget_items: the items of the last look.
         count: how many looks, >= 1.
 
     Returns:
-        The increasing item counts (fewer than `count` where halving reaches 1 item first).
+        The increasing item counts (fewer than `count` where rounding makes two equal).
 
     Raises:
         ValueError: a budget or a count below 1.
@@ -102,7 +107,11 @@ def looks_for(budget_items: int, count: int) -> tuple[int, ...]:
     if budget_items < 1 or count < 1:
         raise ValueError(f"expected a budget and a number of looks >= 1, got {budget_items} "
                          f"items and {count} looks")
-    looks = {math.ceil(budget_items / 2**j) for j in range(count)}
+    if count == 1:
+        return (budget_items,)
+    first = max(1.0, budget_items / 16)
+    looks = {math.ceil(first * (budget_items / first) ** (j / (count - 1)) - 1e-9)
+             for j in range(count)}
     return tuple(sorted(looks))
 
 
@@ -149,6 +158,24 @@ def look_level(k: int, look: int, settings: RuleSettings) -> float:
     return comparison_alpha(k, settings.alpha) * settings.looks[look] / sum(settings.looks)
 
 
+def stop_level(look: int, settings: RuleSettings) -> float:
+    """The level of each side of the interval that stops a comparison without a promotion ("tied"
+    or "not better") at look `look`.
+
+    A stop promotes nothing, so it spends none of the watch's error: its level is the
+    comparison's own, alpha n_look / sum(n), bounding at alpha the chance that a policy better
+    than the best by more than the margin is called tied or not better.
+
+    Args:
+        look: the look, from 0.
+        settings: the rule.
+
+    Returns:
+        alpha n_look / sum(n).
+    """
+    return settings.alpha * settings.looks[look] / sum(settings.looks)
+
+
 def difference(x: stats.Strata, y: stats.Strata, statistic: str, level: float, seed: int = 0
                ) -> stats.Estimate:
     """stat(X) - stat(Y) with the interval d +- z(1 - level) sqrt(se_X^2 + se_Y^2): each side's
@@ -183,22 +210,23 @@ def _values(strata: stats.Strata) -> np.ndarray:
     return np.concatenate(values)
 
 
-def verdict(diff: stats.Estimate, margin: float) -> str | None:
-    """What an interval of the difference decides.
+def verdict(promote: stats.Estimate, stop: stats.Estimate, margin: float) -> str | None:
+    """What the intervals of the difference decide.
 
     Args:
-        diff: X - best, with its interval.
+        promote: X - best, with its interval at the promotion level (`look_level`).
+        stop: the same difference, with its interval at the stopping level (`stop_level`).
         margin: the tie margin.
 
     Returns:
-        "better" (low > 0), "tied" (inside [-margin, margin]), "not better" (high < margin), or
-            None (look again).
+        "better" (promote.low > 0), "tied" (stop inside [-margin, margin]), "not better"
+            (stop.high < margin), or None (look again).
     """
-    if diff.low > 0:
+    if promote.low > 0:
         return "better"
-    if -margin <= diff.low and diff.high <= margin:
+    if -margin <= stop.low and stop.high <= margin:
         return "tied"
-    if diff.high < margin:
+    if stop.high < margin:
         return "not better"
     return None
 
@@ -335,7 +363,7 @@ class Decider:
     def __init__(self, settings: RuleSettings) -> None:
         self.settings = settings
         self._estimates: dict[tuple[str, int], stats.Estimate] = {}
-        self._differences: dict[tuple[str, str, int, int], stats.Estimate] = {}
+        self._differences: dict[tuple[str, str, int, float], stats.Estimate] = {}
 
     def run(self, candidates: Sequence[Candidate], strata_of: StrataOf) -> Progress:
         """Decide what the recorded items decide.
@@ -383,21 +411,28 @@ class Decider:
             theirs = strata_of(best.fingerprint, items)
             if mine is None or theirs is None:
                 return None, [Need(candidate.fingerprint, items), Need(best.fingerprint, items)]
-            level = look_level(seq, look, settings)
-            key = (candidate.fingerprint, best.fingerprint, items, seq)
-            if key not in self._differences:
-                self._differences[key] = difference(mine, theirs, settings.statistic, level,
-                                                    settings.seed)
-            diff = self._differences[key]
-            found = verdict(diff, settings.margin)
+            levels = look_level(seq, look, settings), stop_level(look, settings)
+            promote, stop = (self._difference(candidate, best, mine, theirs, level)
+                             for level in levels)
+            found = verdict(promote, stop, settings.margin)
             if found is None and look < len(settings.looks) - 1:
                 continue
+            diff, level = (promote, levels[0]) if found == "better" else (stop, levels[1])
             winner = candidate.label if found == "better" else best.label
             return Decision(seq, candidate.label, candidate.fingerprint, found or "undecided",
                             items, _episodes(mine),
                             self.estimate(candidate.fingerprint, mine), settings.statistic,
                             winner, best.label, diff, seq, look + 1, level), []
         raise AssertionError("the last look always decides")
+
+    def _difference(self, candidate: Candidate, best: Candidate, mine: stats.Strata,
+                    theirs: stats.Strata, level: float) -> stats.Estimate:
+        """The difference of two policies' first items at a level, computed once."""
+        key = (candidate.fingerprint, best.fingerprint, len(mine), level)
+        if key not in self._differences:
+            self._differences[key] = difference(mine, theirs, self.settings.statistic, level,
+                                                self.settings.seed)
+        return self._differences[key]
 
     def estimate(self, fingerprint: str, strata: stats.Strata) -> stats.Estimate:
         """A policy's statistic with its 95% stratified-bootstrap interval, computed once.

@@ -39,19 +39,40 @@ class Executor(Protocol):
     """Items of one policy a runner takes at once (its Unity instances)."""
 
     def free(self) -> int:
-        """How many batches may be submitted now."""
+        """How many batches may be submitted now.
+
+        Returns:
+            The count, >= 0.
+        """
         ...
 
     def submit(self, key: str, spec: PolicySpec, items: list[WorkItem]) -> None:
-        """Start a batch of one policy's items (1 to `batch_size`)."""
+        """Start a batch of one policy's items.
+
+        Args:
+            key: the policy's key, given back with the batch's results.
+            spec: the policy.
+            items: 1 to `batch_size` of its work items.
+        """
         ...
 
     def wait(self, timeout_s: float) -> list[Finished]:
-        """The batches that came back, waiting up to `timeout_s` for the first."""
+        """The batches that came back.
+
+        Args:
+            timeout_s: the longest wait for the first one, seconds.
+
+        Returns:
+            Every batch finished by then (none after the timeout).
+        """
         ...
 
     def busy(self) -> int:
-        """How many batches are running."""
+        """How many batches are running.
+
+        Returns:
+            The count, >= 0.
+        """
         ...
 
     def close(self) -> None:

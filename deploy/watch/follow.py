@@ -16,9 +16,7 @@ The trainer has finished when `run_logs/timers.json` holds `metadata.end_time_se
 written after the newest checkpoint file: a resumed run writes new checkpoints after the
 `timers.json` of its earlier session. A follower is finished once, besides, every checkpoint on
 disk has been taken: the trainer writes its last checkpoints and `timers.json` within a second,
-often between two polls.
-
-No Ray and no evaluation here: a follower only reads the file system.
+often between two polls. A follower only reads the file system.
 """
 
 from __future__ import annotations
