@@ -275,6 +275,9 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-follow", action="store_true",
                         help="rate the checkpoints there now and end once they are decided, "
                              "without waiting for the trainers to finish")
+    parser.add_argument("--no-report", action="store_true",
+                        help="do not rewrite huggy evaluate's report (OUT/report: JSON, CSV, "
+                             "figures) and the runs' model cards after each decision")
     parser.add_argument("--confidence", metavar="P", type=float, default=0.95,
                         help="1 - the chance over the whole watch that a checkpoint not better "
                              "than the best is promoted (default 0.95)")

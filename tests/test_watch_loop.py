@@ -26,7 +26,7 @@ from deploy.watch.decisions import RuleSettings
 from deploy.watch.execution import PlainExecutor
 from deploy.watch.follow import RunFollower
 from deploy.watch.loop import Watch, WatchOptions
-from deploy.watch.store import WatchStore
+from deploy.watch.store import WatchStore, settings_of
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "watch"))
 from generate import write_checkpoint
@@ -70,6 +70,7 @@ def test_a_copied_checkpoint_is_seen_rated_and_written(tmp_path: Path) -> None:
     config = EvalConfig(episodes=4 * 18, episodes_per_item=18, progress=False)
     rule = RuleSettings(looks=(2, 4))
     store = WatchStore(out / "watch.db")
+    store.check_settings(settings_of(config, EnvSpec(), rule.as_dict()))  # as `huggy watch` does
     executor = PlainExecutor(config, EnvSpec())
     lines: list[str] = []
 
@@ -82,7 +83,8 @@ def test_a_copied_checkpoint_is_seen_rated_and_written(tmp_path: Path) -> None:
 
     try:
         watch = Watch(store, [RunFollower(run, settle_s=0.0)], executor, config, rule,
-                      WatchOptions(out=out), output=Lines())  # type: ignore[arg-type]
+                      WatchOptions(out=out, report=True),
+                      output=Lines())  # type: ignore[arg-type]
         step_until(watch, lambda: "run@100000" in decided(out))
         assert decided(out)["run@100000"]["decision"] == "first"
         # the trainer writes the next checkpoint: copied in whole, as a trainer's file lands
@@ -117,6 +119,12 @@ def test_a_copied_checkpoint_is_seen_rated_and_written(tmp_path: Path) -> None:
     assert iqm == pytest.approx({100_000: first["estimate"]["value"],
                                  200_000: second["estimate"]["value"]}, rel=1e-6)
     assert low[200_000] == pytest.approx(second["estimate"]["ci"][0], rel=1e-6)
+    # huggy evaluate's report of the database, rewritten at the last decision: every episode
+    # the database holds, and the run's model card in its results folder
+    report = json.loads((out / "report" / "evaluation.json").read_text())
+    assert sum(policy["episodes"] for policy in report["policies"]) == episodes
+    assert {policy["label"] for policy in report["policies"]} == {"run@100000", "run@200000"}
+    assert "run@200000" in (run / "README.md").read_text()
 
 
 def make_finished_run(folder: Path) -> None:

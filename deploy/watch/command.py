@@ -109,7 +109,8 @@ def run_watch(args: argparse.Namespace) -> int:
             args.serve, api_key, store, args.canary_share, args.canary_s)
         with _executor(args, config, env) as executor:
             watch = Watch(store, [RunFollower(run) for run in args.runs], executor, config,
-                          rule, WatchOptions(out=args.out, follow=not args.no_follow), promoter,
+                          rule, WatchOptions(out=args.out, follow=not args.no_follow,
+                                             report=not args.no_report), promoter,
                           api_key)
             if promoter is not None and not store.policies():
                 _take_served(watch, promoter, args.serve)

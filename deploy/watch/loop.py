@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from deploy.evaluation.plan import EvalConfig, PolicySpec, WorkItem, file_stem
-from deploy.evaluation.sinks import write_scalars
+from deploy.evaluation.report import write_report
+from deploy.evaluation.sinks import write_model_cards, write_scalars
+from deploy.evaluation.summary import build_report
 from deploy.watch.decisions import (
     Candidate,
     Decider,
@@ -45,11 +47,13 @@ from deploy.watch.decisions import (
 )
 from deploy.watch.execution import Executor, Finished
 from deploy.watch.follow import Checkpoint, RunFollower
-from deploy.watch.store import PolicyRecord, WatchStore
+from deploy.watch.store import PolicyRecord, WatchStore, evaluation_result
 from huggy_agent.agent import weights_fingerprint
 from huggy_agent.formats import load_policy
 
 WATCH_FILE = "watch.json"
+REPORT_FOLDER = "report"
+"""Where, in the output folder, a watch keeps `huggy evaluate`'s report of its database."""
 EVENTS_SUFFIX = ".huggy-watch"
 """The file-name suffix of the watch's TensorBoard event files (rewritten at each decision)."""
 STATISTIC_TAGS = {"iqm": "IQM", "mean": "Mean", "median": "Median"}
@@ -141,6 +145,9 @@ class WatchOptions:
     finished run without `run_logs/timers.json`, one downloaded, say)."""
     stop: Callable[[], bool] | None = None
     """Asked at each pass: True ends the watch as Ctrl-C does (tests, benchmarks)."""
+    report: bool = False
+    """After each decision, rewrite `huggy evaluate`'s report of the database (its JSON, CSV and
+    figures) in `out/report/` and each run's model card."""
 
 
 class Watch:
@@ -394,6 +401,21 @@ class Watch:
             self._write_tensorboard({by_label[d.label].folder for d in new}
                                     | {record.folder for record in rated})
         self.write_summary()
+        if self.options.report:
+            self.write_report()
+
+    def write_report(self) -> list[Path]:
+        """Rewrite `huggy evaluate`'s report of every episode recorded so far in
+        `out/report/`, and each run's model card (in its results folder where that is writable,
+        else in `out/report/model_cards/`).
+
+        Returns:
+            The files written.
+        """
+        report = build_report(evaluation_result(self.store))
+        folder = self.options.out / REPORT_FOLDER
+        paths = list(write_report(report, folder).values())
+        return paths + write_model_cards(report, folder / "model_cards")
 
     def _rate_first_looks(self) -> list[PolicyRecord]:
         """The policies whose first look is recorded now, their first rating noted."""
