@@ -171,7 +171,7 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
             "is seeded S+i (--seed S). Rates them by Bradley-Terry maximum likelihood on the "
             "Elo scale with 95% bootstrap intervals. Writes tournament.json, tournament.csv, "
             "ratings.png and win_rate.png to --out."))
-    parser.add_argument("policies", nargs="+", metavar="POLICY",
+    parser.add_argument("policies", nargs="*", metavar="POLICY",
                         help="a .onnx, a .pt, a results folder (every checkpoint), "
                              "hf://owner/repo[@revision][/path], or a scripted player: "
                              "heuristic:idle, heuristic:random, heuristic:chaser")
@@ -218,6 +218,10 @@ def add_tournament_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-ray", action="store_true",
                         help="play every match in this process, without Ray")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--db", metavar="PATH", type=Path, default=None,
+                        help="play nothing: write the report (and --tensorboard scalars, "
+                             "--model-card) of every match in a team scene's huggy watch "
+                             "database, instead of POLICY...")
     add_env_parameter_option(parser)
     parser.set_defaults(handler=run_tournament)
 
@@ -231,6 +235,11 @@ def run_tournament(args: argparse.Namespace) -> int:
     Returns:
         The exit code: 0, or 130 when interrupted.
     """
+    if args.db is not None:
+        # start-up time: only `huggy tournament --db` imports the watch
+        from deploy.watch.command import tournament_from_db
+
+        return tournament_from_db(args)
     # start-up time: `huggy --help` and the other commands import none of the tournament
     from deploy.evaluation.tournament_command import run_tournament as run
 

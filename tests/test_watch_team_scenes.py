@@ -16,7 +16,11 @@ from typing import Any
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.test_watch_teams import SOCCER_STEPS, write_soccer_run
+from deploy.evaluation.plan import EnvSpec, EvalConfig
+from deploy.watch.decisions import RuleSettings
+from deploy.watch.store import WatchStore, settings_of
+from deploy.watch.teams import tournament_result
+from tests.support.soccer_run import SOCCER_STEPS, write_soccer_run
 
 HUGGY = str(Path(sys.executable).with_name("huggy"))
 SAFETY_S = 600
@@ -118,6 +122,21 @@ def test_a_soccer_run_is_rated_in_a_pool_and_a_second_watch_plays_nothing_again(
         assert again["ratings"][label]["elo_ci"] == pytest.approx(rating["elo_ci"])
     assert again["rated_at"] == pool["rated_at"]  # the ratings of 24 matches, kept once
 
+    # huggy tournament's report of the database, playing nothing: its 24 matches, each member's
+    # record counted from the database rows, and the pool's fit (the same maximum likelihood
+    # over the same matches, so the same Elo up to float rounding)
+    report = subprocess.run([HUGGY, "tournament", "--db", str(out / "watch.db"), "--out",
+                             str(tmp_path / "tournament")], capture_output=True, text=True,
+                            timeout=SAFETY_S)
+    assert report.returncode == 0, report.stderr
+    tournament = json.loads((tmp_path / "tournament" / "tournament.json").read_text())
+    assert [m["index"] for m in tournament["matches"]] == list(range(24))
+    assert [p["label"] for p in tournament["policies"]] == ["heuristic:chaser", *LABELS]
+    for label, rating in tournament["ratings"].items():
+        assert (rating["wins"], rating["draws"], rating["losses"]) == record_of(label, matches)
+        assert rating["elo"] == pytest.approx(pool["ratings"][label]["elo"], abs=1e-6)
+    assert (tmp_path / "tournament" / "ratings.png").is_file()
+
 
 def test_serve_with_a_team_scene_is_refused_in_one_line(tmp_path: Path) -> None:
     run = tmp_path / "results" / "SoccerTwos"
@@ -142,3 +161,13 @@ def test_opponents_in_a_single_behavior_scene_are_refused(tmp_path: Path) -> Non
     assert refused.stderr.splitlines() == [
         "huggy watch: error: --opponent plays matches in a team scene; --env builtin is a "
         "single-behavior scene, rated by episodes: drop --opponent"]
+
+
+def test_tournament_db_refuses_a_single_behavior_watch(tmp_path: Path) -> None:
+    store = WatchStore(tmp_path / "watch.db")
+    try:
+        store.check_settings(settings_of(EvalConfig(), EnvSpec(), RuleSettings().as_dict()))
+        with pytest.raises(ValueError, match=r"no team scene's watch .* huggy evaluate --db"):
+            tournament_result(store)
+    finally:
+        store.close()

@@ -33,8 +33,8 @@ from deploy.watch.teams import (
     refit,
 )
 from envs.standin.launcher import builtin_soccertwos_path
-from tests.support.fixtures import EXTRA_FIXTURES
 from tests.support.ray_cluster import RayCluster
+from tests.support.soccer_run import SOCCER_STEPS, write_soccer_run
 
 
 def member(label: str, run: str | None = None, step: int | None = None) -> PoolMember:
@@ -285,32 +285,6 @@ def test_members_are_made_from_opponents_and_records(tmp_path: Path) -> None:
 
 
 # --- the target, on the stand-in SoccerTwos -------------------------------------------------------
-
-SOCCER_STEPS = {10000: {0: 0, 1: 0, 2: 0}, 20000: {}, 30000: {0: 1}}
-"""Each checkpoint of the stand-in run: the trained SoccerTwos fixture with its branches' logits
-shifted by +6 toward the action named ({branch: action}): at 10,000 toward standing still in
-every branch (it never scores), at 20,000 as trained, at 30,000 toward running forward."""
-
-
-def write_soccer_run(folder: Path) -> list[Path]:
-    """A results folder of three SoccerTwos checkpoints, written by the project's exporter as
-    `mlagents-learn` lays them out."""
-    from huggy_agent import HuggyAgent
-    from huggy_agent.formats.export_onnx import export_onnx
-
-    trained = EXTRA_FIXTURES / "soccertwos_standin" / "SoccerTwos.onnx"
-    written = []
-    for step, shifts in SOCCER_STEPS.items():
-        actor = HuggyAgent.from_checkpoint(trained, device="cpu").loaded.build()
-        state = actor.state_dict()
-        for branch, action in shifts.items():
-            state[f"action_model._discrete_distribution.branches.{branch}.bias"][action] += 6.0
-        actor.load_state_dict(state)
-        path = folder / "SoccerTwos" / f"SoccerTwos-{step}.onnx"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        written.append(export_onnx(actor, path))
-    return written
-
 
 @pytest.mark.standin
 def test_a_soccer_run_is_rated_live_and_agrees_with_huggy_tournament(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from deploy.evaluation.tournament import (
     TournamentConfig,
     TournamentEnv,
+    TournamentResult,
     check_budget,
     contenders,
     play_plain,
@@ -59,8 +60,25 @@ def run_tournament(args: argparse.Namespace) -> int:
         from deploy.evaluation.tournament_ray import play_on_ray  # Ray: only where it runs
 
         result = play_on_ray(entrants, config, env, address=args.address)
-    report = build_tournament_report(result, None if args.anchor is None
-                                     else dict([args.anchor]))
+    report_tournament(result, None if args.anchor is None else dict([args.anchor]), args)
+    return 130 if result.interrupted else 0
+
+
+def report_tournament(result: TournamentResult, anchor: dict[str, float] | None,
+                      args: argparse.Namespace) -> None:
+    """Rate what a tournament played, print the table, and write the report, with the
+    TensorBoard scalars and model cards the command line asks for.
+
+    Args:
+        result: the matches played (by `huggy tournament`, or recorded by a watch).
+        anchor: `{label: elo}` fixing one rating, or None (the mean at 1200).
+        args: the parsed `huggy tournament` command line (`--out`, `--tensorboard`,
+            `--model-card`).
+
+    Raises:
+        ValueError: an anchor that is not a contender.
+    """
+    report = build_tournament_report(result, anchor)
     print(format_tournament_table(report))
     paths = write_tournament_report(report, args.out)
     print("wrote " + ", ".join(str(path) for path in paths.values()), file=sys.stderr)
@@ -72,4 +90,3 @@ def run_tournament(args: argparse.Namespace) -> int:
         cards = write_model_cards(report, args.out / "model_cards")
         print("wrote model cards " + (", ".join(map(str, cards)) or "(none: no policy file "
               "among the contenders)"), file=sys.stderr)
-    return 130 if result.interrupted else 0

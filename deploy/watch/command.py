@@ -18,6 +18,7 @@ from deploy.evaluation.report import format_table, write_report
 from deploy.evaluation.sinks import write_tensorboard
 from deploy.evaluation.summary import build_report
 from deploy.evaluation.tournament import TournamentConfig, TournamentEnv
+from deploy.evaluation.tournament_command import report_tournament
 from deploy.watch.decisions import RuleSettings, looks_for
 from deploy.watch.execution import Executor, NoItems, PlainExecutor
 from deploy.watch.follow import RunFollower
@@ -32,6 +33,7 @@ from deploy.watch.teams import (
     PoolRating,
     is_team_scene,
     opponent,
+    tournament_result,
 )
 from deploy.watch.teams_ray import RayMatchPlayer
 from huggy_agent_client.http_api import load_api_key
@@ -267,4 +269,33 @@ def evaluate_from_db(args: argparse.Namespace) -> int:
         folders, _ = write_tensorboard(report.summaries, args.tensorboard)
         print("wrote TensorBoard scalars to " + (", ".join(map(str, folders)) or "nothing"),
               file=sys.stderr)
+    return 0
+
+
+def tournament_from_db(args: argparse.Namespace) -> int:
+    """`huggy tournament --db PATH`: the usual report of every match a team scene's watch
+    recorded, running nothing: the table, the report's files in `--out`, and the `--tensorboard`
+    scalars and `--model-card`s asked for.
+
+    Args:
+        args: the parsed `huggy tournament` command line.
+
+    Returns:
+        0.
+
+    Raises:
+        ValueError: POLICY... beside --db, or a file that is no team scene's watch database.
+        FileNotFoundError: no file at PATH.
+    """
+    if args.policies:
+        raise ValueError("--db reports a watch's matches without playing any: give no POLICY... "
+                         f"beside it, got {len(args.policies)}")
+    if not args.db.is_file():
+        raise FileNotFoundError(f"--db: no watch database at {args.db}")
+    store = WatchStore(args.db)
+    try:
+        result, anchor = tournament_result(store)
+    finally:
+        store.close()
+    report_tournament(result, anchor, args)
     return 0

@@ -40,7 +40,9 @@ from deploy.evaluation.sinks import write_scalars
 from deploy.evaluation.tournament import (
     Contender,
     MatchRunner,
+    TournamentConfig,
     TournamentEnv,
+    TournamentResult,
     play_batches,
 )
 from deploy.evaluation.tournament_report import elo_scalars
@@ -484,6 +486,40 @@ def rate_pool(members: Sequence[PoolMember], store: WatchStore, player: MatchPla
         if not step.owed:
             return step
 
+
+
+def tournament_result(store: WatchStore) -> tuple[TournamentResult, dict[str, float] | None]:
+    """A team scene's watch database as a tournament's result, for `huggy tournament --db`: every
+    member that played (the fixed opponents, then the checkpoints in the order taken) and every
+    match taken in index order, as `huggy tournament` would have played them.
+
+    Args:
+        store: the database.
+
+    Returns:
+        The result, and the pool's anchor (None: the mean at 1200).
+
+    Raises:
+        ValueError: a database of a single-behavior scene's watch, or of no watch yet.
+    """
+    settings = store.settings()
+    if "pool" not in settings:
+        raise ValueError(f"{store.path} holds no team scene's watch (no pool settings); a "
+                         "single-behavior scene's database is read by huggy evaluate --db")
+    played = index_prefix(store.matches())
+    taken = {record.label: checkpoint(record).contender for record in store.policies()}
+    labels = dict.fromkeys(label for match in played for label in (match.team0, match.team1))
+    fixed = [Contender(label, heuristic=label) if is_heuristic(label) else Contender(label,
+                                                                                    path=label)
+             for label in labels if label not in taken]
+    contenders = fixed + [contender for label, contender in taken.items() if label in labels]
+    pool = settings["pool"]
+    config = TournamentConfig(matches=len(played), seed=pool["seed"],
+                              deterministic=pool["deterministic"], confidence=pool["confidence"],
+                              progress=False)
+    env = TournamentEnv(file_name=settings["env"]["file_name"],
+                        parameters=settings["env"]["parameters"])
+    return TournamentResult(contenders, config, env, played), pool["anchor"]
 
 
 def is_team_scene(file_name: str) -> bool:
