@@ -285,7 +285,8 @@ def add_watch_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="rate the checkpoints there now and end once they are decided, "
                              "without waiting for the trainers to finish")
     parser.add_argument("--no-report", action="store_true",
-                        help="do not rewrite huggy evaluate's report (OUT/report: JSON, CSV, "
+                        help="do not rewrite the report (OUT/report: huggy evaluate's, or in a "
+                             "team scene huggy tournament's: JSON, CSV, "
                              "figures) and the runs' model cards after each decision")
     parser.add_argument("--confidence", metavar="P", type=float, default=0.95,
                         help="1 - the chance over the whole watch that a checkpoint not better "

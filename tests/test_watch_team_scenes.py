@@ -136,6 +136,12 @@ def test_a_soccer_run_is_rated_in_a_pool_and_a_second_watch_plays_nothing_again(
         assert (rating["wins"], rating["draws"], rating["losses"]) == record_of(label, matches)
         assert rating["elo"] == pytest.approx(pool["ratings"][label]["elo"], abs=1e-6)
     assert (tmp_path / "tournament" / "ratings.png").is_file()
+    # the watch rewrote the same report after its last refit
+    kept = json.loads((out / "report" / "tournament.json").read_text())["ratings"]
+    assert set(kept) == set(tournament["ratings"])
+    for label, rating in tournament["ratings"].items():
+        assert kept[label]["elo"] == pytest.approx(rating["elo"], abs=1e-6)
+        assert kept[label]["matches"] == rating["matches"]
 
 
 def test_serve_with_a_team_scene_is_refused_in_one_line(tmp_path: Path) -> None:

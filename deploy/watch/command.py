@@ -22,7 +22,7 @@ from deploy.evaluation.tournament_command import report_tournament
 from deploy.watch.decisions import RuleSettings, looks_for
 from deploy.watch.execution import Executor, NoItems, PlainExecutor
 from deploy.watch.follow import RunFollower
-from deploy.watch.loop import Watch, WatchOptions
+from deploy.watch.loop import REPORT_FOLDER, Watch, WatchOptions
 from deploy.watch.on_ray import RayExecutor
 from deploy.watch.promotion import Promoter, rollback
 from deploy.watch.store import WatchStore, evaluation_result, settings_of
@@ -165,7 +165,8 @@ def _watch_teams(args: argparse.Namespace, db: Path) -> int:
     try:
         store.check_settings(_team_settings(config, env, [m.fingerprint for m in opponents]))
         with _match_player(args, env) as player:
-            rating = PoolRating(opponents, player, config)
+            rating = PoolRating(opponents, player, config, report_dir=None if args.no_report
+                                else args.out / REPORT_FOLDER)
             watch = Watch(store, [RunFollower(run) for run in args.runs], NoItems(),
                           EvalConfig(seed=args.seed, progress=False),
                           rule_settings(args), WatchOptions(out=args.out,

@@ -45,7 +45,11 @@ from deploy.evaluation.tournament import (
     TournamentResult,
     play_batches,
 )
-from deploy.evaluation.tournament_report import elo_scalars
+from deploy.evaluation.tournament_report import (
+    build_tournament_report,
+    elo_scalars,
+    write_tournament_report,
+)
 from deploy.watch.loop import EVENTS_SUFFIX
 from deploy.watch.store import PolicyRecord, WatchStore
 from envs.heuristics import is_heuristic, load_heuristic
@@ -552,7 +556,8 @@ class PoolRating:
     first, then each checkpoint as the watch takes it; whenever the pool grew or owes matches,
     `pool_step` plays its next round and refits it. After each refit: one progress line (the
     newest member that has played, `PoolStep.line`), `Evaluation/Elo` and its bounds at each
-    checkpoint's step in its run's own TensorBoard folder (beside the trainer's scalars).
+    checkpoint's step in its run's own TensorBoard folder (beside the trainer's scalars), and with
+    `report_dir`, `huggy tournament`'s report of every match recorded (`tournament_result`).
 
     Args:
         opponents: the fixed opponents, in order.
@@ -560,14 +565,17 @@ class PoolRating:
         config: the schedule's and the ratings' settings.
         tensorboard: write the scalars.
         output: where progress lines go.
+        report_dir: where to rewrite the tournament's report after each refit (None: nowhere).
     """
 
     def __init__(self, opponents: Sequence[PoolMember], player: MatchPlayer, config: PoolConfig,
-                 tensorboard: bool = True, output: TextIO = sys.stdout) -> None:
+                 tensorboard: bool = True, output: TextIO = sys.stdout,
+                 report_dir: Path | None = None) -> None:
         self.opponents = list(opponents)
         self.player = player
         self.config = config
         self.tensorboard = tensorboard
+        self.report_dir = report_dir
         self._output = output
         self.last: PoolStep | None = None
         """The last refit."""
@@ -600,6 +608,9 @@ class PoolRating:
         print(self.last.line(newest), file=self._output, flush=True)
         if self.tensorboard:
             self._write_tensorboard(self.last, policies)
+        if self.report_dir is not None:
+            result, anchor = tournament_result(store)
+            write_tournament_report(build_tournament_report(result, anchor), self.report_dir)
         return True
 
     def owes(self) -> bool:
