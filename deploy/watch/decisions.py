@@ -176,6 +176,48 @@ def stop_level(look: int, settings: RuleSettings) -> float:
     return settings.alpha * settings.looks[look] / sum(settings.looks)
 
 
+def spread(x: stats.Strata, y: stats.Strata, statistic: str, seed: int = 0
+           ) -> tuple[float, float]:
+    """stat(X) - stat(Y) and the spread of its normal approximation, sqrt(se_X^2 + se_Y^2), X and
+    Y independent: what every interval of the difference is made of (`interval`).
+
+    Args:
+        x: X's returns grouped by work item.
+        y: Y's returns grouped by work item.
+        statistic: "iqm", "mean" or "median".
+        seed: seeds the bootstrap standard errors (of the IQM and the median).
+
+    Returns:
+        (difference, spread).
+
+    Raises:
+        ValueError: no episodes on a side.
+    """
+    metric = stats.METRICS[statistic]
+    value = float(metric(_values(x)[None, :])[0] - metric(_values(y)[None, :])[0])
+    return value, math.hypot(standard_error(x, statistic, seed), standard_error(y, statistic, seed))
+
+
+def interval(value: float, scale: float, level: float) -> stats.Estimate:
+    """value +- z(1 - level) scale: each side's error is `level` under the normal approximation.
+
+    Args:
+        value: the difference.
+        scale: its spread (`spread`).
+        level: the error of each side, in (0, 0.5).
+
+    Returns:
+        The difference with its interval.
+
+    Raises:
+        ValueError: a level outside (0, 0.5).
+    """
+    if not 0.0 < level < 0.5:
+        raise ValueError(f"level must be in (0, 0.5), got {level!r}")
+    half = NormalDist().inv_cdf(1.0 - level) * scale
+    return stats.Estimate(value, value - half, value + half)
+
+
 def difference(x: stats.Strata, y: stats.Strata, statistic: str, level: float, seed: int = 0
                ) -> stats.Estimate:
     """stat(X) - stat(Y) with the interval d +- z(1 - level) sqrt(se_X^2 + se_Y^2): each side's
@@ -194,13 +236,7 @@ def difference(x: stats.Strata, y: stats.Strata, statistic: str, level: float, s
     Raises:
         ValueError: no episodes on a side, or a level outside (0, 0.5).
     """
-    if not 0.0 < level < 0.5:
-        raise ValueError(f"level must be in (0, 0.5), got {level!r}")
-    metric = stats.METRICS[statistic]
-    value = float(metric(_values(x)[None, :])[0] - metric(_values(y)[None, :])[0])
-    half = NormalDist().inv_cdf(1.0 - level) * math.hypot(standard_error(x, statistic, seed),
-                                                          standard_error(y, statistic, seed))
-    return stats.Estimate(value, value - half, value + half)
+    return interval(*spread(x, y, statistic, seed), level)
 
 
 def _values(strata: stats.Strata) -> np.ndarray:
@@ -363,7 +399,7 @@ class Decider:
     def __init__(self, settings: RuleSettings) -> None:
         self.settings = settings
         self._estimates: dict[tuple[str, int], stats.Estimate] = {}
-        self._differences: dict[tuple[str, str, int, float], stats.Estimate] = {}
+        self._spreads: dict[tuple[str, str, int], tuple[float, float]] = {}
 
     def run(self, candidates: Sequence[Candidate], strata_of: StrataOf) -> Progress:
         """Decide what the recorded items decide.
@@ -427,12 +463,12 @@ class Decider:
 
     def _difference(self, candidate: Candidate, best: Candidate, mine: stats.Strata,
                     theirs: stats.Strata, level: float) -> stats.Estimate:
-        """The difference of two policies' first items at a level, computed once."""
-        key = (candidate.fingerprint, best.fingerprint, len(mine), level)
-        if key not in self._differences:
-            self._differences[key] = difference(mine, theirs, self.settings.statistic, level,
-                                                self.settings.seed)
-        return self._differences[key]
+        """The difference of two policies' first items at a level; its spread (two bootstraps)
+        computed once for every level."""
+        key = (candidate.fingerprint, best.fingerprint, len(mine))
+        if key not in self._spreads:
+            self._spreads[key] = spread(mine, theirs, self.settings.statistic, self.settings.seed)
+        return interval(*self._spreads[key], level)
 
     def estimate(self, fingerprint: str, strata: stats.Strata) -> stats.Estimate:
         """A policy's statistic with its 95% stratified-bootstrap interval, computed once.
