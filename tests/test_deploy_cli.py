@@ -323,6 +323,42 @@ def test_huggy_serve_answers_the_grpc_calls_in_flight_when_it_stops() -> None:
 
 
 @pytest.mark.ray  # starts a Ray cluster of its own
+def test_huggy_serve_stops_cleanly_while_it_changes_its_policies(tmp_path: Path) -> None:
+    """SIGTERM while a `PUT /v1/policies` is being applied (the line "changing policies" printed,
+    its redeploy under way): the thread that applies changes ends before Ray is shut down, so the
+    process exits 0 with one shutdown line and no traceback (a Ray call under `ray.shutdown` ends
+    it with exit code 1 or SIGSEGV), and the PUT is answered: 200 where the redeploy finished
+    first, else 503 naming the shutdown."""
+    import requests
+
+    key_file = tmp_path / "api-key"
+    key_file.write_text("change-key\n")
+    other = Path("tests/fixtures/huggy/ppo_num_layers_2/Huggy.onnx").resolve()
+    with own_server((), "--api-key-file", str(key_file)) as server:
+        answer: list[requests.Response] = []
+        put = threading.Thread(target=lambda: answer.append(requests.put(
+            f"{server.url}/v1/policies", json={"policies": [{"id": "other", "path": str(other)}]},
+            headers={"Authorization": "Bearer change-key"}, timeout=120)))
+        put.start()
+        deadline = time.monotonic() + 60
+        while "huggy serve: changing policies to other" not in server.output():
+            assert put.is_alive() and time.monotonic() < deadline, server.output()[-3000:]
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0, server.output()[-3000:]
+        put.join(timeout=60)
+        output = server.output()
+    assert "Traceback" not in output and "core worker" not in output, output
+    assert output.count("huggy serve: shutting down (SIGTERM)") == 1, output
+    (reply,) = answer
+    assert reply.status_code in {200, 503}, reply.text
+    if reply.status_code == 503:
+        assert "huggy serve is shutting down" in reply.json()["message"], reply.text
+    else:
+        assert reply.json()["policies"] == ["other"], reply.text
+
+
+@pytest.mark.ray  # starts a Ray cluster of its own
 @pytest.mark.parametrize("case", ["SIGTERM", "SIGINT", "SIGINT, ignored as in a background job",
                                   "SIGTERM to the process group"])
 def test_huggy_serve_on_its_own_cluster_stops_cleanly_on_a_signal(case: str) -> None:

@@ -180,6 +180,11 @@ def served_summary(served: PolicySet) -> dict[str, Any]:
             "split": None if served.split is None else served.split.shares()}
 
 
+SHUTTING_DOWN = {"status": 503, "error": "huggy serve is shutting down; the change may not have "
+                 "reached every replica, and is gone with the server"}
+"""The outcome of a change that `huggy serve`'s shutdown cut short (`ChangeDesk.close`)."""
+
+
 class ChangeDesk:
     """Where replicas hand in changes and `huggy serve`'s process takes them, one at a time (run
     as a named Ray actor: `desk_name`).
@@ -192,6 +197,7 @@ class ChangeDesk:
         self._queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._tickets = 0
+        self._closed = False
 
     async def submit(self, change: dict[str, Any]) -> dict[str, Any]:
         """Hand in a change and wait until it is applied or refused.
@@ -200,8 +206,10 @@ class ChangeDesk:
             change: `PolicyChange.as_dict()`.
 
         Returns:
-            The outcome.
+            The outcome; `SHUTTING_DOWN` once the desk is closed.
         """
+        if self._closed:
+            return SHUTTING_DOWN
         ticket = self._tickets
         self._tickets += 1
         outcome = asyncio.get_running_loop().create_future()
@@ -233,3 +241,11 @@ class ChangeDesk:
         waiting = self._waiting.pop(ticket, None)
         if waiting is not None and not waiting.done():
             waiting.set_result(outcome)
+
+    def close(self) -> None:
+        """Answer every change not answered yet, and each one handed in from now on, with
+        `SHUTTING_DOWN`: `huggy serve` calls this as it stops, so that no replica waits on a desk
+        that ends with its process (it would answer 500, the desk's actor died)."""
+        self._closed = True
+        for ticket in list(self._waiting):
+            self.finish(ticket, SHUTTING_DOWN)

@@ -49,6 +49,7 @@ from deploy.serving.app import build_app
 from deploy.serving.catalogue import PolicySet, catalogue
 from deploy.serving.changes import (
     DESK_NAMESPACE,
+    SHUTTING_DOWN,
     ChangeDesk,
     PolicyChange,
     changed_set,
@@ -394,7 +395,8 @@ def _refuse_running_serve() -> None:
 
 
 def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
-           timeout_s: float = 180.0, policies: PolicySet | None = None) -> None:
+           timeout_s: float = 180.0, policies: PolicySet | None = None,
+           stop: threading.Event | None = None) -> None:
     """Deploy the policy app and wait until it runs.
 
     Redeploying an app whose only change is its batch settings reconfigures the running replicas
@@ -410,16 +412,19 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
         route_prefix: its route prefix.
         timeout_s: the longest wait, in seconds.
         policies: the served set where it was built already; None: `args.policy_set()`.
+        stop: once set, the wait ends (`huggy serve` stopping under a redeploy); None: never.
 
     Raises:
         RuntimeError: with Serve's own messages, when the app fails to start (for example a
             replica whose accelerator is unusable) or is still not running at the deadline (for
-            example replicas that cannot be scheduled), or HAProxy does not route to it in time.
+            example replicas that cannot be scheduled), or HAProxy does not route to it in time;
+            when `stop` ended the wait.
         ValueError: bad settings.
     """
     if _haproxy_folder is not None and args.haproxy_folder is None:
         args = args.model_copy(update={"haproxy_folder": str(_haproxy_folder),
                                        "route_prefix": route_prefix})
+    stop = stop or threading.Event()
     application = build_app(args, policies)
     serve.run_many([RunTarget(target=application, name=name, route_prefix=route_prefix)],
                    wait_for_ingress_deployment_creation=False,
@@ -433,7 +438,8 @@ def deploy(args: AppArgs, name: str = APP_NAME, route_prefix: str = "/",
         if state.endswith("DEPLOY_FAILED") or time.monotonic() > deadline:
             raise RuntimeError(f"application {name!r} did not start ({state}): "
                                f"{_status_messages(status)}")
-        time.sleep(0.5)
+        if stop.wait(0.5):
+            raise RuntimeError(f"application {name!r}: the wait was stopped ({state})")
     if _haproxy_url is not None and _haproxy_folder is not None:
         wait_until_answering(f"{_haproxy_url}{route_prefix.rstrip('/')}{HEALTH_PATH}",
                              max(deadline - time.monotonic(), 10.0))
@@ -663,6 +669,9 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
         if _binds_here(address):  # again: the cluster's own processes may have taken one
             _refuse_busy_ports(host, port, grpc_port)
         _raise_on_stop_signals()  # after ray.init, which installs its own SIGTERM handlers
+        stop_changes = threading.Event()
+        desk: Any = None
+        changes: threading.Thread | None = None
         try:
             served = policies if policies is not None else args.policy_set()
             several = len(served.entries) > 1
@@ -674,23 +683,47 @@ def serve_forever(args: AppArgs, host: str = "127.0.0.1", port: int = 8000,
                 print(line, file=sys.stderr, flush=True)
             running = args.model_copy(update={"ingress": ingress})
             deploy(running, timeout_s=start_timeout_s, policies=served)
-            stop_changes = threading.Event()
-            threading.Thread(target=apply_changes, name="policy-changes", daemon=True, args=(
-                start_change_desk(), running, served, start_timeout_s, stop_changes)).start()
+            desk = start_change_desk()
+            # a daemon: `_joined` leaves it behind in a call to a cluster that ended under it
+            changes = threading.Thread(target=apply_changes, name="policy-changes", daemon=True,
+                                       args=(desk, running, served, start_timeout_s, stop_changes))
+            changes.start()
             print(banner(served, host, port, ingress, grpc_port, grpc_ingress), flush=True)
-            try:
-                while True:
-                    signal.pause()
-            finally:
-                stop_changes.set()
+            while True:
+                signal.pause()
         except _Stop as stop:
             print(f"huggy serve: shutting down ({stop.name})", flush=True)
         finally:
             _ignore_stop_signals()  # from here on the shutdown runs to its end
-            stop_serve(port, give_up=None if address else a_child_process_ended)
+            # before any shutdown: a Ray call of that thread under `ray.shutdown` ends the
+            # process with exit code 1 or SIGSEGV
+            stop_changes.set()
+            give_up = None if address else a_child_process_ended
+            if changes is not None and _joined(changes, give_up):
+                # answered before the drain below, which waits for those answers
+                desk.close.remote()
+            stop_serve(port, give_up=give_up)
     finally:
         ray.shutdown()
     return 0
+
+
+def _joined(thread: threading.Thread, give_up: Callable[[], bool] | None) -> bool:
+    """Wait until a thread ends, unless `give_up` (asked every `GIVE_UP_POLL_S`) says the cluster
+    ended under it first: its Ray call would then never return.
+
+    Args:
+        thread: the thread.
+        give_up: see `shutdown_serve`; None: never.
+
+    Returns:
+        Whether the thread ended.
+    """
+    while thread.is_alive():
+        if give_up is not None and give_up():
+            return False
+        thread.join(GIVE_UP_POLL_S)
+    return True
 
 
 def _not_ignored_http_options(record: logging.LogRecord) -> bool:
@@ -703,6 +736,10 @@ def _not_ignored_http_options(record: logging.LogRecord) -> bool:
 CHANGE_POLL_S = 1.0
 """How long `apply_next_change` waits for a change before it returns (and `apply_changes` looks
 whether `huggy serve` stops), seconds."""
+
+CHANGE_TAKE_GRACE_S = 10.0
+"""How much longer than `CHANGE_POLL_S` `apply_next_change` waits for the desk's answer, seconds:
+bounded, so that `huggy serve` stops on a joined cluster that ended under it."""
 
 
 def start_change_desk(app: str = APP_NAME) -> Any:
@@ -726,16 +763,23 @@ def apply_changes(desk: Any, args: AppArgs, served: PolicySet, timeout_s: float,
     thread of its own: its main thread waits for the stop signals, whose handlers must not run
     inside Ray's calls.
 
+    Join the thread before Ray is shut down: a Ray call under `ray.shutdown` ends the process
+    (exit code 1, or SIGSEGV). Once `stop` is set it returns within `CHANGE_POLL_S` plus
+    `CHANGE_TAKE_GRACE_S`, or, under a redeploy, once Serve answers its next status call.
+
     Args:
         desk: the change desk (`start_change_desk`).
         args: the running app's arguments.
         served: what is served now.
         timeout_s: the longest wait for a redeploy.
-        stop: set when `huggy serve` stops (Ray may be shut down under a call then).
+        stop: set when `huggy serve` stops.
+
+    Raises:
+        Exception: what a change raised other than the refusals it answers, while `stop` is unset.
     """
     while not stop.is_set():
         try:
-            served = apply_next_change(desk, args, served, timeout_s)
+            served = apply_next_change(desk, args, served, timeout_s, stop)
         except Exception:
             if stop.is_set():
                 return
@@ -743,7 +787,7 @@ def apply_changes(desk: Any, args: AppArgs, served: PolicySet, timeout_s: float,
 
 
 def apply_next_change(desk: Any, args: AppArgs, served: PolicySet,
-                      timeout_s: float = 180.0) -> PolicySet:
+                      timeout_s: float = 180.0, stop: threading.Event | None = None) -> PolicySet:
     """Wait up to `CHANGE_POLL_S` for a change from the desk, and apply it: the new set checked and
     its new policies loaded here first, then the redeploy (`deploy`). The desk answers the replica
     that handed it in.
@@ -753,11 +797,15 @@ def apply_next_change(desk: Any, args: AppArgs, served: PolicySet,
         args: the running app's arguments.
         served: what is served now.
         timeout_s: the longest wait for the redeploy.
+        stop: once set, a redeploy's wait ends (see `deploy`); None: never.
 
     Returns:
-        What is served afterwards (`served` when no change came, or it was refused).
+        What is served afterwards (`served` when no change came in time, or it was refused).
     """
-    taken = ray.get(desk.take.remote(CHANGE_POLL_S))
+    try:
+        taken = ray.get(desk.take.remote(CHANGE_POLL_S), timeout=CHANGE_POLL_S + CHANGE_TAKE_GRACE_S)
+    except ray.exceptions.GetTimeoutError:
+        return served
     if taken is None:
         return served
     ticket, asked = taken
@@ -768,10 +816,12 @@ def apply_next_change(desk: Any, args: AppArgs, served: PolicySet,
     except (ValueError, FileNotFoundError, PolicyLoadError) as error:
         desk.finish.remote(ticket, {"status": 422, "error": str(error)})
         return served
+    print(f"huggy serve: changing policies to {', '.join(changed.ids)}", flush=True)
     try:
-        deploy(args, timeout_s=timeout_s, policies=changed)
+        deploy(args, timeout_s=timeout_s, policies=changed, stop=stop)
     except RuntimeError as error:
-        desk.finish.remote(ticket, {"status": 500, "error": f"the redeploy failed: {error}"})
+        desk.finish.remote(ticket, SHUTTING_DOWN if stop is not None and stop.is_set()
+                           else {"status": 500, "error": f"the redeploy failed: {error}"})
         return served
     summary = served_summary(changed)
     desk.finish.remote(ticket, {"served": summary})
