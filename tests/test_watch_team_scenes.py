@@ -20,6 +20,7 @@ from deploy.evaluation.plan import EnvSpec, EvalConfig
 from deploy.watch.decisions import RuleSettings
 from deploy.watch.store import WatchStore, settings_of
 from deploy.watch.teams import tournament_result
+from huggy_agent.cli import main
 from tests.support.soccer_run import SOCCER_STEPS, write_soccer_run
 
 HUGGY = str(Path(sys.executable).with_name("huggy"))
@@ -144,29 +145,34 @@ def test_a_soccer_run_is_rated_in_a_pool_and_a_second_watch_plays_nothing_again(
         assert kept[label]["matches"] == rating["matches"]
 
 
-def test_serve_with_a_team_scene_is_refused_in_one_line(tmp_path: Path) -> None:
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    """`huggy ARGV` in this process (a refusal starts nothing): (exit code, stderr's lines)."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:  # argparse's refusals
+        code = int(exit_info.code or 0)
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_serve_with_a_team_scene_is_refused_in_one_line(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "results" / "SoccerTwos"
     out = tmp_path / "out"
-    refused = subprocess.run(
-        [HUGGY, "watch", str(run), "--env", "builtin:soccertwos", "--serve",
-         "http://127.0.0.1:9", "--out", str(out)], capture_output=True, text=True,
-        timeout=SAFETY_S)
-    assert refused.returncode == 2
-    assert refused.stderr.splitlines() == [
+    assert refusal(["watch", str(run), "--env", "builtin:soccertwos", "--serve",
+                    "http://127.0.0.1:9", "--out", str(out)], capsys) == (2, [
         "huggy watch: error: --serve promotes checkpoints of a single-behavior scene; --env "
         "builtin:soccertwos is a team scene, whose checkpoints are rated against a pool and "
-        "never promoted: drop --serve"]
+        "never promoted: drop --serve"])
     assert not (out / "watch.db").exists()
 
 
-def test_opponents_in_a_single_behavior_scene_are_refused(tmp_path: Path) -> None:
-    refused = subprocess.run(
-        [HUGGY, "watch", str(tmp_path / "results" / "Huggy"), "--opponent", "heuristic:idle",
-         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=SAFETY_S)
-    assert refused.returncode == 2
-    assert refused.stderr.splitlines() == [
+def test_opponents_in_a_single_behavior_scene_are_refused(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    assert refusal(["watch", str(tmp_path / "results" / "Huggy"), "--opponent",
+                    "heuristic:idle", "--out", str(tmp_path / "out")], capsys) == (2, [
         "huggy watch: error: --opponent plays matches in a team scene; --env builtin is a "
-        "single-behavior scene, rated by episodes: drop --opponent"]
+        "single-behavior scene, rated by episodes: drop --opponent"])
 
 
 def test_tournament_db_refuses_a_single_behavior_watch(tmp_path: Path) -> None:

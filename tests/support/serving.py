@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import re
 import subprocess
 import threading
 import time
@@ -114,11 +115,13 @@ class FrontDoor:
     in front of a live listener of the replica `REPLICA_ID` whose service is a `Recorder` (or
     `service`, a replica's real one), all on 127.0.0.1; a stand-in for the replica's Serve port
     answers the health checks. Use as a context manager; `call(coroutine)` runs one on the
-    listener's event loop."""
+    listener's event loop. `check_interval`: HAProxy's health check interval instead of Ray's
+    (`inter` of its `default-server` line), for a test that waits for a check."""
 
     def __init__(self, tmp_path: Path, page: Path, limits: ServingLimits | None = None,
                  grpc: bool = False, service_limit: int = 1_000,
-                 service: HttpService | None = None) -> None:
+                 service: HttpService | None = None, check_interval: str | None = None) -> None:
+        self.check_interval = check_interval
         self.tmp_path = tmp_path
         self.page = page
         self.limits = limits or ServingLimits()
@@ -142,9 +145,14 @@ class FrontDoor:
         sock.parent.mkdir(exist_ok=True)
         self.call(self.listener.start(sock))
         front = Front(self.limits, ("127.0.0.1", self.grpc_port) if self.grpc else None)
-        self.config.write_text(patch_config(ray_config(
+        config = patch_config(ray_config(
             self.tmp_path, self.port, self.serve_port.server_address[1], self.fallback,
-            metrics=self.metrics, stats=self.stats), self.page, front))
+            metrics=self.metrics, stats=self.stats), self.page, front)
+        if self.check_interval is not None:
+            config, changed = re.subn(r"^(\s*default-server .*\binter )\S+", rf"\g<1>{self.check_interval}",
+                                      config, flags=re.MULTILINE)
+            assert changed, "no default-server line with an inter in Ray's configuration"
+        self.config.write_text(config)
         self.haproxy = subprocess.Popen([real_binary(), "-db", "-f", str(self.config)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + WAIT_S
