@@ -239,7 +239,8 @@ class RemoteAgent:
         Raises:
             RemoteRequestError: the server refused the change (4xx: no or a wrong key, a change it
                 cannot apply, naming why).
-            RemoteServerError: the redeploy failed, or the server could not be reached.
+            RemoteServerError: the redeploy failed, the server stopped before it answered
+                the change (503), or it could not be reached.
         """
         body = json.dumps({"policies": policies, "default": default, "split": split}).encode()
         return self._request("PUT", POLICIES_PATH, body)
