@@ -18,6 +18,7 @@ from huggy_agent import benchmark
 from huggy_agent.cli import build_parser, main
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent.tables import format_table
+from tests.support.cli import huggy_in_process
 from tests.support.fixtures import fixtures_dir, mlagents_fixtures_dir
 
 pytestmark = pytest.mark.numerics  # rerun by .ci/run under other CPU kernel paths
@@ -121,12 +122,9 @@ def test_sample_spread_follows_log_sigma(capsys) -> None:
 def refusal(capsys, *argv: str) -> str:
     """The one line `huggy` ends with for bad input, with exit status 2 (argparse's own
     refusals exit through SystemExit)."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_info:
-        code = exit_info.code
+    code, errors = huggy_in_process(capsys, argv)
     assert code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
+    lines = errors.strip().splitlines()
     assert "Traceback" not in "\n".join(lines)
     return lines[-1]
 

@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 
 from huggy_agent import HuggyAgent
-from huggy_agent.cli import main
 from huggy_agent.numerics import FP32_ACTION_ATOL
 from huggy_agent_client.http_api import GRPC_ACT_METHOD
 from huggy_agent_client.remote import RemoteAgent
+from tests.support.cli import huggy_in_process
 from tests.support.processes import (
     OutputFollower,
     free_port,
@@ -51,11 +51,7 @@ def serve_in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mon
                      *args: str, key: str = "") -> tuple[int, str]:
     """`huggy serve ARGS` in this process, with `$HUGGY_API_KEY` = `key`: (exit code, stderr)."""
     monkeypatch.setenv("HUGGY_API_KEY", key)
-    try:
-        code = main(["serve", *args])
-    except SystemExit as exit_info:  # argparse's refusals
-        code = int(exit_info.code or 0)
-    return code, capsys.readouterr().err
+    return huggy_in_process(capsys, ["serve", *args])
 
 
 def test_serve_arguments_are_checked_before_anything_starts(tmp_path, capsys, monkeypatch) -> None:

@@ -20,7 +20,7 @@ from deploy.evaluation.plan import EnvSpec, EvalConfig
 from deploy.watch.decisions import RuleSettings
 from deploy.watch.store import WatchStore, settings_of
 from deploy.watch.teams import tournament_result
-from huggy_agent.cli import main
+from tests.support.cli import huggy_in_process
 from tests.support.soccer_run import SOCCER_STEPS, write_soccer_run
 
 HUGGY = str(Path(sys.executable).with_name("huggy"))
@@ -147,11 +147,8 @@ def test_a_soccer_run_is_rated_in_a_pool_and_a_second_watch_plays_nothing_again(
 
 def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
     """`huggy ARGV` in this process (a refusal starts nothing): (exit code, stderr's lines)."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:  # argparse's refusals
-        code = int(exit_info.code or 0)
-    return code, capsys.readouterr().err.splitlines()
+    code, errors = huggy_in_process(capsys, argv)
+    return code, errors.splitlines()
 
 
 def test_serve_with_a_team_scene_is_refused_in_one_line(tmp_path: Path,
